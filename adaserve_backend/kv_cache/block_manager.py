@@ -1,0 +1,137 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, a free list, one block table per sequence.
+
+A sequence's slots hold, in order, its *committed* tokens (part of its real history) followed by an
+*uncommitted region*: tokens written speculatively this iteration (a chunk being prefilled, a draft
+beam, a token tree under verification). Each region token records its parent inside the region (-1:
+it hangs directly off the committed prefix), so attention can tell which region tokens a query may
+see. `commit` keeps one root-to-node path of the region, moves it right after the committed prefix
+and releases everything else.
+
+Check-then-act: `can_append` answers whether an append fits; `append` either succeeds completely or
+raises `KVCacheFull` without changing any state. Pure Python; the tensor side lives in `kv_cache.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class KVCacheFull(RuntimeError):
+    """Not enough free blocks: the scheduler should queue or preempt, nothing is corrupted."""
+
+
+@dataclass
+class SequenceSlots:
+    block_table: list[int] = field(default_factory=list)
+    num_committed: int = 0
+    region_parents: list[int] = field(default_factory=list)
+    region_depths: list[int] = field(default_factory=list)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_committed + len(self.region_parents)
+
+
+def chain_parents(region_len: int, n: int) -> list[int]:
+    """Parents for `n` tokens appended as a chain after a region of `region_len` tokens."""
+    return list(range(region_len - 1, region_len + n - 1))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self._seqs: dict[int, SequenceSlots] = {}
+
+    # ---- queries -------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def has(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def seq(self, seq_id: int) -> SequenceSlots:
+        return self._seqs[seq_id]
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def extra_blocks_needed(self, seq_id: int, n_new: int) -> int:
+        s = self._seqs.get(seq_id)
+        used, have = (s.num_slots, len(s.block_table)) if s else (0, 0)
+        return max(0, self.blocks_for(used + n_new) - have)
+
+    def can_append(self, seq_id: int, n_new: int) -> bool:
+        return self.extra_blocks_needed(seq_id, n_new) <= len(self._free)
+
+    def check_parents(self, seq_id: int, parents: Sequence[int]) -> None:
+        base = len(self._seqs[seq_id].region_parents) if seq_id in self._seqs else 0
+        for i, p in enumerate(parents):
+            if not -1 <= p < base + i:
+                raise ValueError(f"parent {p} of region token {base + i} must be -1 or an earlier token")
+
+    def slot(self, seq: SequenceSlots, index: int) -> int:
+        return seq.block_table[index // self.block_size] * self.block_size + index % self.block_size
+
+    # ---- actions -------------------------------------------------------------------------------
+    def append(self, seq_id: int, parents: Sequence[int]) -> list[int]:
+        """Append len(parents) region tokens; returns their slot ids. Creates the sequence if new."""
+        self.check_parents(seq_id, parents)
+        need = self.extra_blocks_needed(seq_id, len(parents))
+        if need > len(self._free):
+            raise KVCacheFull(f"sequence {seq_id} needs {need} blocks, {len(self._free)} free")
+        s = self._seqs.setdefault(seq_id, SequenceSlots())
+        for _ in range(need):
+            s.block_table.append(self._free.pop())
+        first = s.num_slots
+        for p in parents:
+            s.region_parents.append(p)
+            s.region_depths.append(0 if p < 0 else s.region_depths[p] + 1)
+        return [self.slot(s, i) for i in range(first, first + len(parents))]
+
+    def commit(self, seq_id: int, keep: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Keep region tokens `keep` (a path from the prefix down: keep[0] has parent -1 and each next
+        one is the child of the previous), drop the rest of the region, free surplus blocks.
+
+        Returns (src, dst) slot lists: the KV entries to move so the kept path sits contiguously after
+        the committed prefix. Path indices only grow, so copying in order never clobbers a source.
+        """
+        s = self._seqs[seq_id]
+        prev = -1
+        for k in keep:
+            if not 0 <= k < len(s.region_parents) or s.region_parents[k] != prev:
+                raise ValueError(f"keep={list(keep)} is not a path from the committed prefix")
+            prev = k
+        src, dst = [], []
+        for j, k in enumerate(keep):
+            if k != j:
+                src.append(self.slot(s, s.num_committed + k))
+                dst.append(self.slot(s, s.num_committed + j))
+        s.num_committed += len(keep)
+        s.region_parents.clear()
+        s.region_depths.clear()
+        self._release_tail(s)
+        return src, dst
+
+    def commit_all(self, seq_id: int) -> None:
+        """Commit a region that is a single chain (prefill chunks, plain decode)."""
+        src, _ = self.commit(seq_id, range(len(self._seqs[seq_id].region_parents)))
+        assert not src
+
+    def rollback(self, seq_id: int) -> None:
+        """Drop the whole uncommitted region."""
+        self.commit(seq_id, [])
+
+    def free(self, seq_id: int) -> None:
+        s = self._seqs.pop(seq_id, None)
+        if s is not None:
+            self._free.extend(reversed(s.block_table))
+
+    def _release_tail(self, s: SequenceSlots) -> None:
+        while len(s.block_table) > self.blocks_for(s.num_slots):
+            self._free.append(s.block_table.pop())

@@ -1,0 +1,121 @@
+"""Runs one batched model forward over the paged KV cache.
+
+The caller says, per sequence, which tokens to add to its uncommitted region (a chain for prefill and
+decode, a tree for draft beams and verification) and how many logits it wants back; after looking at
+the logits it commits the path it accepts. The runner owns the model, its KV cache and the block
+bookkeeping, so the target and the draft model each get one runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .attention import build_metadata, make_backend
+from .config import CacheConfig
+from .kv_cache import BlockManager, KVCache, KVCacheFull, bytes_per_block, chain_parents
+from .models.llama import LlamaModel
+
+
+@dataclass(frozen=True)
+class SeqInput:
+    """New tokens for one sequence.
+
+    parents: for each new token, the index of its parent in the sequence's uncommitted region (new
+      tokens are numbered after the tokens already there; -1 hangs it off the committed prefix).
+      None appends the tokens as a chain after the region's last token (prefill, decode).
+    num_logits: logits are returned for the last `num_logits` new tokens (0 for none).
+    """
+
+    seq_id: int
+    token_ids: Sequence[int]
+    parents: Sequence[int] | None = None
+    num_logits: int = 1
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # float32 [sum(num_logits), vocab]
+    offsets: list[int]  # start row of each input's logits, plus the total at the end
+
+    def of(self, i: int) -> torch.Tensor:
+        return self.logits[self.offsets[i] : self.offsets[i + 1]]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, cache: CacheConfig, attention_backend: str = "torch") -> None:
+        spec = model.spec
+        self.model = model
+        self.device = model.embed_tokens.weight.device
+        dtype = model.embed_tokens.weight.dtype
+        per_block = bytes_per_block(spec.num_layers, spec.num_kv_heads, spec.head_dim, cache.block_size, dtype)
+        num_blocks = cache.memory_mb * 2**20 // per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv cache memory_mb={cache.memory_mb} holds not even one block of {per_block} bytes")
+        self.blocks = BlockManager(num_blocks, cache.block_size)
+        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks, cache.block_size, dtype, self.device)
+        self.attn = make_backend(attention_backend, self.kv)
+
+    @property
+    def max_len(self) -> int:
+        return self.model.max_len
+
+    def region_len(self, seq_id: int) -> int:
+        return len(self.blocks.seq(seq_id).region_parents) if self.blocks.has(seq_id) else 0
+
+    def num_committed(self, seq_id: int) -> int:
+        return self.blocks.seq(seq_id).num_committed if self.blocks.has(seq_id) else 0
+
+    def can_forward(self, inputs: Sequence[SeqInput]) -> bool:
+        need = sum(self.blocks.extra_blocks_needed(x.seq_id, len(x.token_ids)) for x in inputs)
+        return need <= self.blocks.num_free_blocks
+
+    @torch.inference_mode()
+    def forward(self, inputs: Sequence[SeqInput]) -> ForwardOutput:
+        """Append every input's tokens to its region and run them in one forward. Raises KVCacheFull
+        (with nothing appended) if the batch does not fit: check `can_forward` first."""
+        if not self.can_forward(inputs):
+            raise KVCacheFull(f"batch needs more than the {self.blocks.num_free_blocks} free KV blocks")
+        if len({x.seq_id for x in inputs}) != len(inputs):
+            raise ValueError("a sequence may appear only once per forward")
+        for x in inputs:  # validate everything before touching any state
+            n = len(x.token_ids)
+            if n == 0 or not 0 <= x.num_logits <= n or (x.parents is not None and len(x.parents) != n):
+                raise ValueError(f"sequence {x.seq_id}: {n} tokens, num_logits={x.num_logits}, bad parents")
+            if self.num_committed(x.seq_id) + self.region_len(x.seq_id) + n > self.max_len:
+                raise ValueError(f"sequence {x.seq_id} would exceed max_model_len={self.max_len}")
+            if x.parents is not None:
+                self.blocks.check_parents(x.seq_id, x.parents)
+        ids, positions, logit_rows, offsets = [], [], [], [0]
+        row = 0
+        for x in inputs:
+            n = len(x.token_ids)
+            parents = list(x.parents) if x.parents is not None else chain_parents(self.region_len(x.seq_id), n)
+            self.blocks.append(x.seq_id, parents)
+            s = self.blocks.seq(x.seq_id)
+            ids.extend(x.token_ids)
+            positions.extend(s.num_committed + d for d in s.region_depths[-n:])
+            logit_rows.extend(range(row + n - x.num_logits, row + n))
+            offsets.append(offsets[-1] + x.num_logits)
+            row += n
+        meta = build_metadata(self.blocks, [(x.seq_id, len(x.token_ids)) for x in inputs], self.device)
+        self.attn.plan(meta)
+        hidden = self.model(
+            torch.tensor(ids, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            self.attn,
+        )
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+        return ForwardOutput(self.model.compute_logits(hidden.index_select(0, rows)), offsets)
+
+    def commit(self, seq_id: int, keep: Sequence[int]) -> None:
+        """Keep one root-to-node path of the region (region indices), release the rest."""
+        self.kv.move(*self.blocks.commit(seq_id, keep))
+
+    def commit_all(self, seq_id: int) -> None:
+        self.blocks.commit_all(seq_id)
+
+    def free(self, seq_id: int) -> None:
+        self.blocks.free(seq_id)

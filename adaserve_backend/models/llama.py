@@ -1,0 +1,178 @@
+"""A Llama-family decoder (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5) over a paged KV cache.
+
+One forward serves prefill, draft beam steps and tree verification: it takes the flattened new tokens
+of many sequences with their positions, and leaves who-sees-whom to the planned attention backend.
+Q/K/V and gate/up projections are fused into one matmul each (fewer, larger GEMMs on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention.backend import AttentionBackend
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    sliding_window: int | None
+    hidden_act: str
+
+    @classmethod
+    def from_hf_config(cls, config) -> "LlamaSpec":
+        heads = config.num_attention_heads
+        window = getattr(config, "sliding_window", None)
+        if getattr(config, "use_sliding_window", True) is False:  # Qwen2 ships a window it does not use
+            window = None
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            intermediate_size=config.intermediate_size,
+            rms_norm_eps=config.rms_norm_eps,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            max_position_embeddings=config.max_position_embeddings,
+            sliding_window=window,
+            hidden_act=config.hidden_act,
+        )
+
+
+def rope_tables(config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_len, head_dim] in float32, computed by transformers' own RoPE initialisers so every
+    scaling variant (linear, llama3, yarn, longrope, ...) matches the reference exactly."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(config)
+    freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * rotary.inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * rotary.attention_scaling, emb.sin() * rotary.attention_scaling
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D]; cos/sin [T, 1, D] (rotate-half convention, as transformers)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: LlamaSpec, qkv_bias: bool, o_bias: bool, mlp_bias: bool) -> None:
+        super().__init__()
+        self.spec = spec
+        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.qkv_proj = nn.Linear(spec.hidden_size, q + 2 * kv, bias=qkv_bias)
+        self.o_proj = nn.Linear(q, spec.hidden_size, bias=o_bias)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=mlp_bias)
+        self.act = {"silu": F.silu, "gelu": F.gelu}[spec.hidden_act]
+
+    def forward(self, layer: int, x, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+        s = self.spec
+        h = self.input_layernorm(x)
+        q, k, v = self.qkv_proj(h).split(
+            [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1
+        )
+        q = apply_rope(q.view(-1, s.num_heads, s.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
+        v = v.view(-1, s.num_kv_heads, s.head_dim)
+        x = x + self.o_proj(attn.forward(layer, q, k, v).reshape(x.shape[0], -1))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(self.act(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, spec: LlamaSpec, hf_config, state_dict: dict[str, torch.Tensor], max_len: int) -> None:
+        super().__init__()
+        self.spec = spec
+        has = lambda suffix: f"model.layers.0.{suffix}" in state_dict  # noqa: E731
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, has("self_attn.q_proj.bias"), has("self_attn.o_proj.bias"), has("mlp.gate_proj.bias"))
+            for _ in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.max_len = max_len
+        # Plain attributes, not buffers: the tables stay float32 whatever dtype the weights take.
+        self.rope_cos, self.rope_sin = rope_tables(hf_config, max_len)
+        self._load(state_dict)
+
+    def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaModel":
+        self.to(device=device, dtype=dtype)
+        self.rope_cos, self.rope_sin = self.rope_cos.to(device), self.rope_sin.to(device)
+        return self
+
+    @torch.no_grad()
+    def _load(self, sd: dict[str, torch.Tensor]) -> None:
+        def take(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise KeyError(f"checkpoint lacks {name}")
+            return sd[name]
+
+        def cat(*names: str) -> torch.Tensor:
+            return torch.cat([take(n) for n in names], dim=0)
+
+        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
+        self.norm.weight.copy_(take("model.norm.weight"))
+        head = "model.embed_tokens.weight" if self.spec.tie_word_embeddings or "lm_head.weight" not in sd else "lm_head.weight"
+        self.lm_head.weight.copy_(take(head))
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            layer.input_layernorm.weight.copy_(take(p + "input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.copy_(take(p + "post_attention_layernorm.weight"))
+            layer.qkv_proj.weight.copy_(cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"))
+            if layer.qkv_proj.bias is not None:
+                layer.qkv_proj.bias.copy_(cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"))
+            layer.o_proj.weight.copy_(take(a + "o_proj.weight"))
+            if layer.o_proj.bias is not None:
+                layer.o_proj.bias.copy_(take(a + "o_proj.bias"))
+            layer.gate_up_proj.weight.copy_(cat(m + "gate_proj.weight", m + "up_proj.weight"))
+            if layer.gate_up_proj.bias is not None:
+                layer.gate_up_proj.bias.copy_(cat(m + "gate_proj.bias", m + "up_proj.bias"))
+            layer.down_proj.weight.copy_(take(m + "down_proj.weight"))
+            if layer.down_proj.bias is not None:
+                layer.down_proj.bias.copy_(take(m + "down_proj.bias"))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns final-norm hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        cos = self.rope_cos[positions].to(x.dtype)[:, None, :]
+        sin = self.rope_sin[positions].to(x.dtype)[:, None, :]
+        for i, layer in enumerate(self.layers):
+            x = layer(i, x, cos, sin, attn)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,82 @@
+"""Tiny randomly initialised checkpoints written to disk, and the real embedded model, for tests."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+
+import torch
+
+from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
+from adaserve_backend.models import load_model
+
+TINY_LLAMA = dict(
+    model="llama",
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # GQA
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    rope_parameters={  # Llama 3.1-style scaled RoPE
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+)
+TINY_QWEN2 = dict(
+    model="qwen2",
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+)
+
+
+@functools.cache
+def tiny_checkpoint(kind: str, seed: int = 0) -> str:
+    """Save a random tiny model (safetensors + config.json) and return its directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    spec = dict({"llama": TINY_LLAMA, "qwen2": TINY_QWEN2}[kind])
+    spec.pop("model")
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**spec))
+    with torch.no_grad():  # random init leaves biases at zero; make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    path = tempfile.mkdtemp(prefix=f"tiny-{kind}-")
+    model.save_pretrained(path)
+    return path
+
+
+@functools.cache
+def hf_reference(path: str):
+    """transformers' own model for a checkpoint, float32, eval mode: the oracle."""
+    from transformers import AutoModelForCausalLM
+
+    from adaserve_backend.models.loader import locate
+
+    loc = locate(path)
+    return AutoModelForCausalLM.from_pretrained(loc.directory, dtype=torch.float32, **loc.kwargs).eval()
+
+
+@functools.cache
+def our_model(path: str, dtype: str = "float32"):
+    return load_model(ModelConfig(path=path, dtype=dtype, max_model_len=512))
+
+
+def embedded() -> str:
+    return EMBEDDED_DEFAULT
