@@ -55,11 +55,141 @@ class CacheConfig:
     block_size: tokens per block (page). 16 matches vLLM's default and FlashInfer page sizes.
     memory_mb: bytes reserved for one model's KV cache; the number of blocks follows from the model's
       layer count, KV heads, head size and dtype.
+    num_blocks: an explicit block count instead (wins over memory_mb).
     """
 
     block_size: int = 16
     memory_mb: int = 512
+    num_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.memory_mb <= 0:
             raise ValueError("block_size and memory_mb must be positive")
+
+
+POLICIES = ("adaserve", "continuous", "sarathi", "priority", "spec:N")
+
+
+@dataclass(frozen=True)
+class SLOClass:
+    name: str
+    tpot_ms: float
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """policy: `adaserve` (SLO-customized tree speculation), `continuous` (vLLM-style continuous
+      batching, prefill iterations first), `sarathi` (chunked prefill piggybacked on decode under
+      `token_budget`), `priority` (sarathi-style batching, tightest SLO first, preempts the loosest),
+      or `spec:N` (every request drafts a chain of N tokens).
+    max_num_seqs: running requests at most; the rest wait.
+    prefill_chunk: prompt tokens prefilled per iteration across requests (chunked prefill cap).
+    token_budget: sarathi/priority iteration budget (decode tokens + prefill chunk tokens).
+    slo_classes / default_slo_class: named TPOT targets a request may pick instead of a number.
+    """
+
+    policy: str = "adaserve"
+    max_num_seqs: int = 64
+    prefill_chunk: int = 256
+    token_budget: int = 256
+    slo_classes: tuple[SLOClass, ...] = (SLOClass("coding", 60.0), SLOClass("chat", 100.0), SLOClass("summary", 300.0))
+    default_slo_class: str = "chat"
+
+    def __post_init__(self) -> None:
+        classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
+        object.__setattr__(self, "slo_classes", classes)
+        policy_name(self.policy)  # validates
+        if self.default_slo_class not in {c.name for c in classes}:
+            raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
+        if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
+            raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
+
+    @property
+    def speculative(self) -> bool:
+        return policy_name(self.policy)[0] in ("adaserve", "spec")
+
+    def slo_ms(self, name: str) -> float:
+        for c in self.slo_classes:
+            if c.name == name:
+                return c.tpot_ms
+        raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
+
+
+def policy_name(policy: str) -> tuple[str, int]:
+    """('spec', N) for `spec:N`, (policy, 0) for the others."""
+    if policy.startswith("spec:"):
+        n = policy[5:]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"spec:N needs a positive integer N, got {policy!r}")
+        return "spec", int(n)
+    if policy not in ("adaserve", "continuous", "sarathi", "priority"):
+        raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+    return policy, 0
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """AdaServe's knobs (paper section 5, adaptive control):
+      d = clip(floor(B1 / (n + c1)) - 1, d_min, d_max)   with B1 = budget
+      w = clip(floor(B2 / n) + c2, 1, w_max)            with B2 = draft_budget
+    budget: B, tokens verified per iteration (roots included); `profile_path`, when the file exists,
+      overrides it with the knee of the profiled roofline.
+    n_max: largest tree the SLO-customized phase builds for one request (root included).
+    order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
+    """
+
+    budget: int = 48
+    draft_budget: int = 16
+    d_min: int = 1
+    d_max: int = 6
+    w_max: int = 4
+    c1: int = 2
+    c2: int = 0
+    n_max: int = 8
+    order: str = "desc"
+    profile_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.order not in ("desc", "asc"):
+            raise ValueError("order must be 'desc' or 'asc'")
+        if min(self.budget, self.draft_budget, self.d_max, self.w_max, self.n_max) < 1 or self.d_min < 1:
+            raise ValueError("budgets, depths, widths and n_max must be >= 1")
+        if self.d_min > self.d_max:
+            raise ValueError("d_min must not exceed d_max")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    target: ModelConfig = ModelConfig()
+    draft: ModelConfig | None = None  # None: the target drafts for itself (exact, slow) until a draft ships
+    target_cache: CacheConfig = CacheConfig()
+    draft_cache: CacheConfig = CacheConfig(memory_mb=256)
+    scheduler: SchedulerConfig = SchedulerConfig()
+    speculation: SpeculationConfig = SpeculationConfig()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
+        data = dict(data)
+        parts = {
+            "target": ModelConfig,
+            "draft": ModelConfig,
+            "target_cache": CacheConfig,
+            "draft_cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+            "speculation": SpeculationConfig,
+        }
+        kwargs = {}
+        for key, part in parts.items():
+            if key in data:
+                value = data.pop(key)
+                kwargs[key] = None if value is None else from_dict(part, value)
+        if data:
+            raise ValueError(f"EngineConfig: unknown keys {sorted(data)}")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, path: str) -> "EngineConfig":
+        import json
+
+        with open(path) as f:
+            return cls.from_dict(json.load(f))

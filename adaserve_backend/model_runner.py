@@ -51,7 +51,7 @@ class ModelRunner:
         self.device = model.embed_tokens.weight.device
         dtype = model.embed_tokens.weight.dtype
         per_block = bytes_per_block(spec.num_layers, spec.num_kv_heads, spec.head_dim, cache.block_size, dtype)
-        num_blocks = cache.memory_mb * 2**20 // per_block
+        num_blocks = cache.num_blocks or cache.memory_mb * 2**20 // per_block
         if num_blocks < 1:
             raise ValueError(f"kv cache memory_mb={cache.memory_mb} holds not even one block of {per_block} bytes")
         self.blocks = BlockManager(num_blocks, cache.block_size)
@@ -84,10 +84,10 @@ class ModelRunner:
             n = len(x.token_ids)
             if n == 0 or not 0 <= x.num_logits <= n or (x.parents is not None and len(x.parents) != n):
                 raise ValueError(f"sequence {x.seq_id}: {n} tokens, num_logits={x.num_logits}, bad parents")
-            if self.num_committed(x.seq_id) + self.region_len(x.seq_id) + n > self.max_len:
+            parents = x.parents if x.parents is not None else chain_parents(self.region_len(x.seq_id), n)
+            self.blocks.check_parents(x.seq_id, parents)
+            if self.num_committed(x.seq_id) + max(self.blocks.depths_after(x.seq_id, parents)) >= self.max_len:
                 raise ValueError(f"sequence {x.seq_id} would exceed max_model_len={self.max_len}")
-            if x.parents is not None:
-                self.blocks.check_parents(x.seq_id, x.parents)
         ids, positions, logit_rows, offsets = [], [], [], [0]
         row = 0
         for x in inputs:

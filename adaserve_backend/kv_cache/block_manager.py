@@ -75,6 +75,13 @@ class BlockManager:
             if not -1 <= p < base + i:
                 raise ValueError(f"parent {p} of region token {base + i} must be -1 or an earlier token")
 
+    def depths_after(self, seq_id: int, parents: Sequence[int]) -> list[int]:
+        """Depths (position offsets past the committed prefix) that tokens with these parents get."""
+        depths = list(self._seqs[seq_id].region_depths) if seq_id in self._seqs else []
+        for p in parents:
+            depths.append(0 if p < 0 else depths[p] + 1)
+        return depths[len(depths) - len(parents) :]
+
     def slot(self, seq: SequenceSlots, index: int) -> int:
         return seq.block_table[index // self.block_size] * self.block_size + index % self.block_size
 
@@ -89,9 +96,8 @@ class BlockManager:
         for _ in range(need):
             s.block_table.append(self._free.pop())
         first = s.num_slots
-        for p in parents:
-            s.region_parents.append(p)
-            s.region_depths.append(0 if p < 0 else s.region_depths[p] + 1)
+        s.region_depths.extend(self.depths_after(seq_id, parents))
+        s.region_parents.extend(parents)
         return [self.slot(s, i) for i in range(first, first + len(parents))]
 
     def commit(self, seq_id: int, keep: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -1,0 +1,403 @@
+"""The continuous-batching engine: admits requests at any time, runs iterations, reports outputs.
+
+One iteration under a speculative policy (the paper's Algorithm 2):
+  1. speculation: d batched draft forwards of width-w beam search for every decoding request
+     (prefill chunks of other requests ride along in the first one);
+  2. SLO-customized, 3. throughput-optimized selection of the nodes to verify, within budget B;
+  4. verification: one target forward holding every selected tree and the prefill chunks; the
+     accepted path of each tree is committed in the target and draft caches, the rest released.
+Baseline policies share everything but the decode step (one token per request, no draft).
+
+Thread-safety: `add_request` and `abort` may be called from any thread; everything else runs on the
+thread that calls `step` (the engine loop), which owns the models.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import EngineConfig, ModelConfig, policy_name
+from .model_runner import ModelRunner, SeqInput
+from .models import LlamaModel, load_model
+from .request import FinishReason, Request, RequestOutput
+from .sampling import choose_token
+from .scheduler.control import adaptive_depth_width
+from .speculation.beam import BeamRequest, beam_search
+from .speculation.selection import SelectionParams, required_accepted, select_tokens
+from .speculation.token_tree import CandidateTree, TokenTree
+from .verification.acceptance import accept
+
+
+@dataclass(eq=False)  # identity semantics: sequences key per-iteration dicts
+class Sequence:
+    request: Request
+    seq_id: int
+    tpot_slo_s: float
+    arrival: float
+    eos_ids: frozenset[int]
+    generator: torch.Generator | None
+    prefill_goal: int  # tokens to prefill: the prompt, or after a preemption all but the last token
+    output: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
+    prefilled: int = 0  # of those, already in the target (and draft) cache
+    verifications: int = 0
+    draft_tokens: int = 0
+    accepted_drafts: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.request.prompt_ids + self.output
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled >= self.prefill_goal and bool(self.output)
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        target: LlamaModel | None = None,
+        draft: LlamaModel | None = None,
+        eos_token_ids: Iterable[int] = (),
+        tokenizer=None,
+    ) -> None:
+        self.config = config
+        self.policy, self.spec_n = policy_name(config.scheduler.policy)
+        target = target or load_model(config.target)
+        self.target = ModelRunner(target, config.target_cache)
+        self.vocab_size = target.spec.vocab_size
+        self.max_model_len = self.target.max_len
+        self.draft: ModelRunner | None = None
+        if config.scheduler.speculative:
+            if draft is None:
+                draft_cfg = config.draft or config.target
+                draft = target if config.draft is None else load_model(
+                    ModelConfig(draft_cfg.path, draft_cfg.dtype, draft_cfg.device, self.max_model_len)
+                )
+            self.draft = ModelRunner(draft, config.draft_cache)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.tokenizer = tokenizer  # only needed for stop strings
+        self.budget = config.speculation.budget
+        self.t_iter = 0.0  # EMA of decode-iteration latency: t_spec in A(r)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._next_seq_id = 0
+        self.iteration_stats: list[dict] = []
+        self.num_preemptions = 0
+
+    # ---- API for other threads ------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Validate (raising ValueError for bad input) and enqueue. Safe from any thread."""
+        request.validate(self.vocab_size, self.max_model_len)
+        if request.stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need an engine built with a tokenizer")
+        if request.tpot_slo_ms is None:
+            self.config.scheduler.slo_ms(request.slo_class or self.config.scheduler.default_slo_class)
+        self._inbox.put(("add", request, time.monotonic()))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id, None))
+
+    # ---- engine loop ----------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or not self._inbox.empty())
+
+    def step(self) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        self._drain_inbox(outputs)
+        self._admit()
+        if not self.running:
+            return outputs
+        start = time.monotonic()
+        decode = [s for s in self.running if s.decoding]
+        prefill = [s for s in self.running if not s.decoding]
+        if self.policy == "continuous" and prefill:
+            decode = []  # vLLM-style: prefill iterations take precedence over decode
+        chunks = self._prefill_chunks(prefill, len(decode))
+        if self.draft is not None and decode:
+            depth, width = self._depth_width(decode)
+        else:
+            depth = width = 0
+        decode, depth, width = self._ensure_capacity(decode, chunks, depth, width, outputs)
+        chunks = {s: n for s, n in chunks.items() if s in self.running}
+
+        cands = self._speculate(decode, chunks, depth, width)
+        trees = self._select(decode, cands, depth, start)
+        target_in = [SeqInput(s.seq_id, t.tokens, parents=t.parents, num_logits=len(t.tokens)) for s, t in zip(decode, trees)]
+        target_in += [self._prefill_input(s, n) for s, n in chunks.items()]
+        if not target_in:
+            return outputs
+        out = self.target.forward(target_in)
+        now = time.monotonic()
+        accepted = 0
+        for i, (seq, tree) in enumerate(zip(decode, trees)):
+            accepted += self._verify(seq, tree, cands[i] if cands else None, out.of(i), now, outputs)
+        for j, (seq, n) in enumerate(chunks.items()):
+            self._finish_prefill_chunk(seq, n, out.of(len(decode) + j), now, outputs)
+        if decode:
+            elapsed = time.monotonic() - start
+            self.t_iter = elapsed if self.t_iter == 0 else 0.7 * self.t_iter + 0.3 * elapsed
+            self.iteration_stats.append(
+                {
+                    "n": len(decode),
+                    "depth": depth,
+                    "width": width,
+                    "verified_tokens": sum(len(t.tokens) for t in trees),
+                    "accepted": accepted,  # tokens produced by the verifications, bonus tokens included
+                    "latency": elapsed,
+                }
+            )
+        return outputs
+
+    def mean_accepted(self) -> float:
+        """Mean tokens produced per verification (bonus included) over this engine's lifetime."""
+        verifications = sum(it["n"] for it in self.iteration_stats)
+        return sum(it["accepted"] for it in self.iteration_stats) / max(verifications, 1)
+
+    def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, list[int]]:
+        """Drive the loop until every request finished; returns output ids per request id."""
+        results: dict[str, list[int]] = {}
+        for _ in range(max_steps):
+            if not self.has_work():
+                return results
+            for o in self.step():
+                results.setdefault(o.request_id, []).extend(o.new_token_ids)
+        raise RuntimeError("engine did not finish within max_steps")
+
+    # ---- admission, prefill, capacity -----------------------------------------------------------
+    def _drain_inbox(self, outputs: list[RequestOutput]) -> None:
+        while not self._inbox.empty():
+            kind, payload, t = self._inbox.get()
+            if kind == "add":
+                self._enqueue(payload, t)
+            else:
+                self._abort(payload, outputs)
+
+    def _enqueue(self, req: Request, received: float) -> None:
+        slo_ms = req.tpot_slo_ms or self.config.scheduler.slo_ms(req.slo_class or self.config.scheduler.default_slo_class)
+        gen = None
+        if not req.sampling.greedy:
+            gen = torch.Generator().manual_seed(req.sampling.seed if req.sampling.seed is not None else torch.seed())
+        eos = frozenset() if req.ignore_eos else self.eos_token_ids
+        seq = Sequence(req, self._next_seq_id, slo_ms / 1e3, req.arrival_time or received, eos, gen, len(req.prompt_ids))
+        self._next_seq_id += 1
+        self.waiting.append(seq)
+        if self.policy == "priority":
+            self._sort_waiting()
+
+    def _sort_waiting(self) -> None:
+        self.waiting = deque(sorted(self.waiting, key=lambda s: (s.tpot_slo_s, s.arrival)))
+
+    def _abort(self, request_id: str, outputs: list[RequestOutput]) -> None:
+        for pool in (self.waiting, self.running):
+            for seq in list(pool):
+                if seq.request.request_id == request_id:
+                    pool.remove(seq)
+                    self._release(seq)
+                    outputs.append(self._output(seq, [], time.monotonic(), FinishReason.ABORT))
+
+    def _admit(self) -> None:
+        sched = self.config.scheduler
+        reserved = 0
+        while self.waiting:
+            seq = self.waiting[0]
+            need = self.target.blocks.blocks_for(seq.prefill_goal + 1)
+            fits = reserved + need <= self.target.blocks.num_free_blocks
+            if len(self.running) < sched.max_num_seqs and fits:
+                self.running.append(self.waiting.popleft())
+                reserved += need
+            elif self.policy == "priority" and self.running and self._victim().tpot_slo_s > seq.tpot_slo_s:
+                self._preempt(self._victim())  # re-sorted behind the more urgent head
+            else:
+                return
+
+    def _prefill_chunks(self, prefill: list[Sequence], num_decode: int) -> dict[Sequence, int]:
+        sched = self.config.scheduler
+        cap = sched.token_budget - num_decode if self.policy in ("sarathi", "priority") else sched.prefill_chunk
+        chunks: dict[Sequence, int] = {}
+        for seq in prefill:
+            n = min(seq.prefill_goal - seq.prefilled, cap)
+            if n <= 0:
+                break
+            chunks[seq] = n
+            cap -= n
+        return chunks
+
+    def _prefill_input(self, seq: Sequence, n: int) -> SeqInput:
+        last = seq.prefilled + n == seq.prefill_goal and not seq.output
+        return SeqInput(seq.seq_id, seq.tokens[seq.prefilled : seq.prefilled + n], num_logits=1 if last else 0)
+
+    def _depth_width(self, decode: list[Sequence]) -> tuple[int, int]:
+        if self.policy == "spec":
+            return self.spec_n, 1
+        return adaptive_depth_width(len(decode), self.budget, self.config.speculation)
+
+    def _ensure_capacity(self, decode, chunks, depth, width, outputs):
+        """Preempt the least urgent requests until this iteration's worst-case KV needs fit; a lone
+        request that still does not fit decodes without speculation, or fails if even that cannot fit.
+        Returns the surviving decode list, depth and width."""
+        while True:
+            decode = [s for s in decode if s in self.running]
+            tree = 1 + depth * width
+            t_need = sum(self.target.blocks.extra_blocks_needed(s.seq_id, tree) for s in decode)
+            t_need += sum(self.target.blocks.extra_blocks_needed(s.seq_id, n) for s, n in chunks.items() if s in self.running)
+            d_need = 0
+            if self.draft is not None:
+                d_need = sum(
+                    self.draft.blocks.extra_blocks_needed(s.seq_id, len(s.tokens) - self.draft.num_committed(s.seq_id) + depth * width)
+                    for s in decode
+                )
+                d_need += sum(self.draft.blocks.extra_blocks_needed(s.seq_id, n) for s, n in chunks.items() if s in self.running)
+            if t_need <= self.target.blocks.num_free_blocks and (self.draft is None or d_need <= self.draft.blocks.num_free_blocks):
+                return decode, depth, width
+            if len(self.running) > 1:
+                self._preempt(self._victim())
+            elif depth:
+                depth = width = 0
+            else:
+                seq = self.running.pop()
+                self._release(seq)
+                msg = "the KV cache cannot hold this request; raise the cache's memory_mb"
+                outputs.append(self._output(seq, [], time.monotonic(), FinishReason.ERROR, error=msg))
+                return [], 0, 0
+
+    def _victim(self) -> Sequence:
+        if self.policy in ("adaserve", "priority"):  # the loosest SLO waits; ties: the newest
+            return max(self.running, key=lambda s: (s.tpot_slo_s, s.arrival))
+        return max(self.running, key=lambda s: s.arrival)  # vLLM: the most recent arrival
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute later: the request keeps its output and re-prefills it when re-admitted."""
+        self.running.remove(seq)
+        self._release(seq)
+        self.num_preemptions += 1
+        seq.prefilled, seq.prefill_goal = 0, len(seq.tokens) - (1 if seq.output else 0)
+        self.waiting.appendleft(seq)
+        if self.policy == "priority":
+            self._sort_waiting()
+
+    def _release(self, seq: Sequence) -> None:
+        self.target.free(seq.seq_id)
+        if self.draft is not None:
+            self.draft.free(seq.seq_id)
+
+    # ---- speculation, selection, verification ---------------------------------------------------
+    def _speculate(self, decode, chunks, depth, width) -> list[CandidateTree]:
+        if self.draft is None:
+            return []
+        extra = [SeqInput(s.seq_id, s.tokens[s.prefilled : s.prefilled + n], num_logits=0) for s, n in chunks.items()]
+        reqs = [BeamRequest(s.seq_id, s.tokens[self.draft.num_committed(s.seq_id) :]) for s in decode]
+        cands = beam_search(self.draft, reqs, depth, width, extra)
+        for s in chunks:
+            self.draft.commit_all(s.seq_id)
+        for seq, cand in zip(decode, cands):  # no tree may outgrow max_tokens or the context
+            room = min(seq.request.max_tokens - len(seq.output), self.max_model_len - len(seq.tokens)) - 1
+            _truncate_depth(cand, max(room, 0))
+        return cands
+
+    def _select(self, decode, cands, depth, start) -> list[TokenTree]:
+        if not cands:
+            return [TokenTree.chain([s.tokens[-1]]) for s in decode]
+        if self.policy == "spec":
+            return [TokenTree.from_selection(c, list(range(len(c)))) for c in cands]
+        a_caps = []
+        for seq in decode:
+            a = required_accepted(start - seq.first_token_time, self.t_iter, seq.tpot_slo_s, len(seq.output) - 1)
+            a_caps.append(min(a, depth + 1))
+        spec = self.config.speculation
+        params = SelectionParams(budget=max(self.budget, len(decode)), n_max=spec.n_max, order=spec.order)
+        return [TokenTree.from_selection(c, nodes) for c, nodes in zip(cands, select_tokens(cands, a_caps, params))]
+
+    def _verify(self, seq, tree, cand, logits, now, outputs) -> int:
+        """Accept a path of `tree`, commit it in both caches, emit; returns the tokens it produced."""
+        depths = tree.depths()
+        result = accept(tree, lambda node: self._choose(seq, logits[node], len(seq.output) + depths[node]))
+        self.target.commit(seq.seq_id, result.path)
+        if self.draft is not None and cand is not None:
+            keep = list(range(cand.draft_region[0] + 1))  # the uncached chain that ended in the root
+            for node in result.path[1:]:
+                region = cand.draft_region[tree.source[node]]
+                if region < 0:
+                    break
+                keep.append(region)
+            self.draft.commit(seq.seq_id, keep)
+        seq.verifications += 1
+        seq.draft_tokens += len(tree.tokens) - 1
+        seq.accepted_drafts += result.num_accepted_drafts
+        self._emit(seq, result.tokens, now, outputs)
+        return len(result.tokens)
+
+    def _choose(self, seq: Sequence, logits: torch.Tensor, num_output: int) -> int:
+        """The target's next token after `num_output` output tokens (min_tokens holds off stops)."""
+        if num_output < seq.request.min_tokens:
+            banned = list(seq.eos_ids | set(seq.request.stop_token_ids))
+            if banned:
+                logits = logits.clone()
+                logits[banned] = float("-inf")
+        return choose_token(logits, seq.request.sampling, seq.generator)
+
+    def _finish_prefill_chunk(self, seq, n, logits, now, outputs) -> None:
+        self.target.commit_all(seq.seq_id)
+        seq.prefilled += n
+        if seq.prefilled == seq.prefill_goal and not seq.output:
+            seq.first_token_time = now
+            self._emit(seq, [self._choose(seq, logits[0], 0)], now, outputs)
+
+    def _emit(self, seq: Sequence, tokens: list[int], now: float, outputs: list[RequestOutput]) -> None:
+        req, new, reason = seq.request, [], None
+        for tok in tokens:
+            new.append(tok)
+            seq.output.append(tok)
+            stops = tok in seq.eos_ids or tok in req.stop_token_ids or self._ends_with_stop_string(seq)
+            if stops and len(seq.output) > req.min_tokens:
+                reason = FinishReason.STOP
+            elif len(seq.output) >= req.max_tokens:
+                reason = FinishReason.LENGTH
+            if reason:
+                break
+        if reason:
+            self.running.remove(seq)
+            self._release(seq)
+        outputs.append(self._output(seq, new, now, reason))
+
+    def _ends_with_stop_string(self, seq: Sequence) -> bool:
+        stops = seq.request.stop_strings
+        if not stops:
+            return False
+        # Each token adds at least one character, so this window holds any freshly completed match;
+        # earlier matches would have stopped the request already.
+        tail = self.tokenizer.decode(seq.output[-(max(map(len, stops)) + 2) :])
+        return any(s in tail for s in stops)
+
+    def _output(self, seq, new, now, reason, error=None) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request.request_id,
+            new_token_ids=new,
+            finished=reason is not None,
+            finish_reason=reason,
+            error=error,
+            arrival_time=seq.arrival,
+            first_token_time=seq.first_token_time,
+            emit_time=now,
+            num_prompt_tokens=len(seq.request.prompt_ids),
+            num_output_tokens=len(seq.output),
+            tpot_slo_ms=seq.tpot_slo_s * 1e3,
+            stats={"verifications": seq.verifications, "draft_tokens": seq.draft_tokens, "accepted_drafts": seq.accepted_drafts},
+        )
+
+
+def _truncate_depth(cand: CandidateTree, max_depth: int) -> None:
+    """Drop nodes deeper than `max_depth` (levels are stored in order, so this is a list cut)."""
+    depth = [0]
+    for p in cand.parents[1:]:
+        depth.append(depth[p] + 1)
+    keep = next((i for i, d in enumerate(depth) if d > max_depth), len(depth))
+    del cand.tokens[keep:], cand.parents[keep:], cand.scores[keep:], cand.draft_region[keep:]

@@ -1,0 +1,69 @@
+"""What a request carries in, and what the engine reports back."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+
+
+class FinishReason:
+    STOP = "stop"  # an end-of-sequence token, a stop token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # cancelled by the client
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request. `tpot_slo_ms` wins over `slo_class`; with neither, the configured
+    default class applies. `arrival_time` (time.monotonic()) defaults to when the engine receives it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int = 64
+    min_tokens: int = 0
+    sampling: SamplingParams = SamplingParams()
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    tpot_slo_ms: float | None = None
+    slo_class: str | None = None
+    arrival_time: float | None = None
+
+    def validate(self, vocab_size: int, max_model_len: int) -> None:
+        """Raise ValueError with a message a client can act on."""
+        if not self.prompt_ids:
+            raise ValueError("the prompt is empty")
+        if any(not 0 <= t < vocab_size for t in self.prompt_ids):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if len(self.prompt_ids) + self.max_tokens > max_model_len:
+            raise ValueError(
+                f"prompt ({len(self.prompt_ids)} tokens) + max_tokens ({self.max_tokens}) exceeds "
+                f"the model's context of {max_model_len} tokens"
+            )
+        if self.tpot_slo_ms is not None and not (math.isfinite(self.tpot_slo_ms) and self.tpot_slo_ms > 0):
+            raise ValueError(f"tpot_slo_ms must be a positive finite number, got {self.tpot_slo_ms}")
+
+
+@dataclass
+class RequestOutput:
+    """Incremental: `new_token_ids` holds only what this iteration produced. Times are monotonic."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    emit_time: float = 0.0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    tpot_slo_ms: float = 0.0
+    stats: dict = field(default_factory=dict)  # verifications, draft tokens sent, drafts accepted

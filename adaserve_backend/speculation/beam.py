@@ -1,0 +1,73 @@
+"""Speculation: depth-d, width-w beam search with the draft model for many requests at once.
+
+Step 1 feeds each request's uncached chain (tokens the draft has not seen, ending in the root) and
+takes the root's w most likely children. Steps 2..d feed the w nodes of the previous level as a tree
+and keep, per request, the w best (parent, token) extensions by path probability. Every step is one
+batched draft forward for all requests (prefill chunks of other requests may ride along in step 1).
+The deepest level is never fed to the draft, so d forwards build d levels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..model_runner import ModelRunner, SeqInput
+from .token_tree import CandidateTree
+
+
+@dataclass(frozen=True)
+class BeamRequest:
+    seq_id: int
+    chain: list[int]  # tokens the draft cache lacks, ending with the root (the request's last token)
+
+
+@torch.inference_mode()
+def beam_search(
+    draft: ModelRunner, requests: Sequence[BeamRequest], depth: int, width: int, extra: Sequence[SeqInput] = ()
+) -> list[CandidateTree]:
+    if depth <= 0 or not requests:
+        if extra:
+            draft.forward(list(extra))
+        return [CandidateTree([r.chain[-1]], [-1], [1.0], [-1]) for r in requests]
+    trees = [CandidateTree([r.chain[-1]], [-1], [1.0], [len(r.chain) - 1]) for r in requests]
+    for r in requests:
+        assert draft.region_len(r.seq_id) == 0, "draft region must be empty before speculation"
+    out = draft.forward([SeqInput(r.seq_id, r.chain) for r in requests] + list(extra))
+    logp = torch.log_softmax(out.logits[: len(requests)], dim=-1)  # [n, V]
+    beams = _extend(trees, [[0] for _ in requests], logp.unsqueeze(1), width)
+    for step in range(1, depth):
+        inputs = []
+        for r, tree, level in zip(requests, trees, beams):
+            parents = [tree.draft_region[tree.parents[j]] for j in level]
+            base = draft.region_len(r.seq_id)
+            for k, j in enumerate(level):
+                tree.draft_region[j] = base + k
+            inputs.append(SeqInput(r.seq_id, [tree.tokens[j] for j in level], parents=parents, num_logits=len(level)))
+        out = draft.forward(inputs)
+        logp = [torch.log_softmax(out.of(i), dim=-1) for i in range(len(requests))]
+        beams = _extend(trees, beams, logp, width)
+    return trees
+
+
+def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: int) -> list[list[int]]:
+    """Add, per tree, the `width` best children of its current beam nodes; returns the new beams."""
+    new_beams = []
+    for tree, beam, logp in zip(trees, beams, logps):
+        parent_log = torch.tensor([math.log(tree.scores[j]) for j in beam], dtype=logp.dtype)
+        total = (logp + parent_log[:, None]).reshape(-1)  # [len(beam) * V]
+        top = torch.topk(total, min(width, total.numel()))
+        vocab = logp.shape[-1]
+        level = []
+        for score, flat in zip(top.values.tolist(), top.indices.tolist()):
+            tree.tokens.append(flat % vocab)
+            tree.parents.append(beam[flat // vocab])
+            tree.scores.append(math.exp(score))
+            tree.draft_region.append(-1)
+            level.append(len(tree.tokens) - 1)
+        new_beams.append(level)
+    return new_beams
+

@@ -1,0 +1,105 @@
+"""Token selection, as pure functions over candidate trees (the paper's Algorithms 1 and 2).
+
+Budget accounting: every tree's root costs one token of the budget B (it is verified too and yields
+the bonus token), and counts 1.0 toward the request's expected accepted tokens.
+Ties between equal scores are broken by node index, so a parent (same or higher score, lower index)
+is always taken before its child: every selected set is a connected subtree containing the root.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .token_tree import CandidateTree
+
+ROOT_CREDIT = 1.0
+
+
+def required_accepted(elapsed_s: float, t_spec_s: float, tpot_slo_s: float, decoded: int) -> float:
+    """A(r) = (l + t_spec) / t_TPOT - o: tokens this iteration must accept for the request to be on its
+    SLO afterwards (l: time since its first decode step, o: tokens decoded since then)."""
+    return (elapsed_s + t_spec_s) / tpot_slo_s - decoded
+
+
+@dataclass(frozen=True)
+class SelectionParams:
+    budget: int  # B: tokens verified this iteration, roots included
+    n_max: int  # largest tree (root included) the SLO-customized phase may build for one request
+    order: str = "desc"  # SLO phase visits larger A first ("desc", the paper) or smaller first ("asc")
+
+
+def select_tokens(
+    cands: Sequence[CandidateTree], a_caps: Sequence[float], params: SelectionParams
+) -> list[list[int]]:
+    """Algorithm 2's selection phases. Returns, per request, the selected candidate node indices
+    (sorted, root first). Requests beyond the budget get only their root."""
+    selected, budget = slo_customized_selection(cands, a_caps, params)
+    return throughput_selection(cands, selected, budget)
+
+
+def slo_customized_selection(
+    cands: Sequence[CandidateTree], a_caps: Sequence[float], params: SelectionParams
+) -> tuple[list[list[int]], int]:
+    """Each request, in order of A_cap, takes its best nodes until its expected accepted tokens reach
+    A_cap, its tree holds n_max nodes, or the budget is spent. Returns the selections and the budget
+    left."""
+    n = len(cands)
+    selected: list[list[int]] = [[0] for _ in range(n)]
+    budget = params.budget - n
+    for i in sorted(range(n), key=lambda i: a_caps[i], reverse=params.order == "desc"):
+        acc, heap = ROOT_CREDIT, [(-s, j) for j, s in enumerate(cands[i].scores) if j != 0]
+        heapq.heapify(heap)
+        while acc < a_caps[i] and len(selected[i]) < params.n_max and budget > 0 and heap:
+            neg, j = heapq.heappop(heap)
+            selected[i].append(j)
+            acc -= neg
+            budget -= 1
+    return selected, max(budget, 0)
+
+
+def throughput_selection(
+    cands: Sequence[CandidateTree], selected: Sequence[list[int]], budget: int
+) -> list[list[int]]:
+    """The remaining budget goes to the globally highest-scoring nodes not yet selected."""
+    out = [list(s) for s in selected]
+    if budget > 0:
+        taken = [set(s) for s in selected]
+        heap = [(-s, i, j) for i, c in enumerate(cands) for j, s in enumerate(c.scores) if j not in taken[i]]
+        for _, i, j in heapq.nsmallest(budget, heap):
+            out[i].append(j)
+    return [sorted(s) for s in out]
+
+
+def optimal_trees(
+    f: Sequence[CandidateTree], a: Sequence[float], budget: int
+) -> list[list[int]] | None:
+    """Algorithm 1, the optimal construction when every node's acceptance probability f(v) is known
+    (here `scores` of finite trees standing in for the infinite ones). None means INVALID: the SLO
+    constraints cannot all be met within the budget. A reference for tests."""
+    n = len(f)
+    selected = [[0] for _ in range(n)]
+    budget -= n
+    if budget < 0:
+        return None
+    for i in range(n):
+        acc = ROOT_CREDIT
+        rest = sorted((j for j in range(1, len(f[i]))), key=lambda j: (-f[i].scores[j], j))
+        while acc < a[i] - 1e-12:
+            if budget <= 0 or not rest:
+                return None
+            j = rest.pop(0)
+            selected[i].append(j)
+            acc += f[i].scores[j]
+            budget -= 1
+    remaining = [(-f[i].scores[j], i, j) for i in range(n) for j in range(len(f[i])) if j not in selected[i]]
+    for _, i, j in sorted(remaining)[: max(budget, 0)]:
+        selected[i].append(j)
+    return [sorted(s) for s in selected]
+
+
+def expected_accepted(tree: CandidateTree, nodes: Sequence[int]) -> float:
+    """E[acc(T)] = sum of f(v) over the tree (the root counting 1.0)."""
+    return ROOT_CREDIT + math.fsum(tree.scores[j] for j in nodes if j != 0)

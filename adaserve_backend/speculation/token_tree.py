@@ -1,0 +1,58 @@
+"""Token trees as plain data: node 0 is the root (the request's last token, not yet in the target's KV
+cache); every other node's parent comes before it, so a list order is a topological order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CandidateTree:
+    """One request's beam-search result.
+
+    scores: the draft's path probability of each node (product of conditional probabilities along the
+      root-to-node path); the root's is 1.0. Scores never increase from a parent to a child.
+    draft_region: for each node, its index in the draft model's uncommitted KV region, or -1 when the
+      draft never processed it (the deepest level): what to keep in the draft cache after acceptance.
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]
+    draft_region: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """A selected (draft) token tree, sent to the target for verification."""
+
+    tokens: list[int]
+    parents: list[int]  # indices into this tree; -1 for the root
+    source: list[int]  # index of each node in the candidate tree it came from
+
+    @classmethod
+    def from_selection(cls, cand: CandidateTree, nodes: list[int]) -> "TokenTree":
+        nodes = sorted(nodes)  # candidate order is topological, so sorted selection is too
+        where = {c: i for i, c in enumerate(nodes)}
+        parents = [-1 if cand.parents[c] < 0 else where[cand.parents[c]] for c in nodes]
+        return cls([cand.tokens[c] for c in nodes], parents, nodes)
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> "TokenTree":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), list(range(len(tokens))))
+
+    def depths(self) -> list[int]:
+        out: list[int] = []
+        for p in self.parents:
+            out.append(0 if p < 0 else out[p] + 1)
+        return out
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.tokens]
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                kids[p].append(i)
+        return kids
