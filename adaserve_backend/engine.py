@@ -14,6 +14,7 @@ thread that calls `step` (the engine loop), which owns the models.
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 from collections import deque
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import EngineConfig, ModelConfig, policy_name
+from .cost_model.cost_model import CostModel
 from .model_runner import ModelRunner, SeqInput
 from .models import LlamaModel, load_model
 from .request import FinishReason, Request, RequestOutput
@@ -84,8 +86,14 @@ class Engine:
             self.draft = ModelRunner(draft, config.draft_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tokenizer = tokenizer  # only needed for stop strings
-        self.budget = config.speculation.budget
-        self.t_iter = 0.0  # EMA of decode-iteration latency: t_spec in A(r)
+        spec = config.speculation
+        profiled = spec.profile_path and os.path.exists(spec.profile_path)
+        self.cost: CostModel | None = CostModel.load(spec.profile_path) if profiled else None
+        self.budget = self.cost.budget if self.cost else spec.budget
+        # t_spec in A(r): the cost model's prediction times an EMA of measured/predicted, or without a
+        # profile an EMA of measured decode iterations.
+        self.t_iter = 0.0
+        self._cost_correction = 1.0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -130,7 +138,7 @@ class Engine:
         chunks = {s: n for s, n in chunks.items() if s in self.running}
 
         cands = self._speculate(decode, chunks, depth, width)
-        trees = self._select(decode, cands, depth, start)
+        trees = self._select(decode, cands, depth, width, start)
         target_in = [SeqInput(s.seq_id, t.tokens, parents=t.parents, num_logits=len(t.tokens)) for s, t in zip(decode, trees)]
         target_in += [self._prefill_input(s, n) for s, n in chunks.items()]
         if not target_in:
@@ -145,6 +153,9 @@ class Engine:
         if decode:
             elapsed = time.monotonic() - start
             self.t_iter = elapsed if self.t_iter == 0 else 0.7 * self.t_iter + 0.3 * elapsed
+            if self.cost:
+                predicted = self.cost.iteration_ms(len(decode), depth, width, sum(len(t.tokens) for t in trees)) / 1e3
+                self._cost_correction = 0.7 * self._cost_correction + 0.3 * elapsed / predicted
             self.iteration_stats.append(
                 {
                     "n": len(decode),
@@ -303,14 +314,17 @@ class Engine:
             _truncate_depth(cand, max(room, 0))
         return cands
 
-    def _select(self, decode, cands, depth, start) -> list[TokenTree]:
+    def _select(self, decode, cands, depth, width, start) -> list[TokenTree]:
         if not cands:
             return [TokenTree.chain([s.tokens[-1]]) for s in decode]
         if self.policy == "spec":
             return [TokenTree.from_selection(c, list(range(len(c)))) for c in cands]
+        t_spec = self.t_iter
+        if self.cost:
+            t_spec = self.cost.iteration_ms(len(decode), depth, width, self.budget) / 1e3 * self._cost_correction
         a_caps = []
         for seq in decode:
-            a = required_accepted(start - seq.first_token_time, self.t_iter, seq.tpot_slo_s, len(seq.output) - 1)
+            a = required_accepted(start - seq.first_token_time, t_spec, seq.tpot_slo_s, len(seq.output) - 1)
             a_caps.append(min(a, depth + 1))
         spec = self.config.speculation
         params = SelectionParams(budget=max(self.budget, len(decode)), n_max=spec.n_max, order=spec.order)

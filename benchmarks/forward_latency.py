@@ -5,8 +5,7 @@ transformers' own single-token decode latency, all measured in one run on this m
 
 Decode-style: N sequences, each with a 128-token context, one new token each.
 Tree-style: N tree tokens, 8 per sequence (ceil(N/8) sequences), each tree branching, verified in one
-forward, each sequence over a 128-token context. Speculative regions are rolled back after each timed
-forward so every repetition sees the same state.
+forward, each sequence over a 128-token context (see adaserve_backend.cost_model.profiler).
 """
 
 from __future__ import annotations
@@ -14,58 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
-import time
 
 import torch
-from tqdm import tqdm
 
 from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT, ModelConfig
+from adaserve_backend.cost_model.profiler import measure_forward, timed_ms
 from adaserve_backend.model_runner import ModelRunner, SeqInput
 from adaserve_backend.models import load_model
 
 CONTEXT = 128
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
-def tree_parents(n: int, rng: random.Random) -> list[int]:
-    return [-1] + [rng.randrange(max(0, i - 3), i) for i in range(1, n)]
-
-
-def measure_runner(runner: ModelRunner, sizes: list[int], repeats: int, vocab: int) -> dict[str, dict[int, float]]:
-    rng = random.Random(0)
-    seqs = max(sizes)
-    runner.forward([SeqInput(s, [rng.randrange(vocab) for _ in range(CONTEXT)], num_logits=0) for s in range(seqs)])
-    for s in range(seqs):
-        runner.commit_all(s)
-
-    def run(inputs):
-        runner.forward(inputs)
-        for x in inputs:
-            runner.commit(x.seq_id, [])
-
-    rows: dict[str, dict[int, float]] = {"decode": {}, "tree": {}}
-    for n in tqdm(sizes, desc=f"runner {runner.kv.data.dtype}", leave=False):
-        rows["decode"][n] = timed(lambda: run([SeqInput(s, [rng.randrange(vocab)]) for s in range(n)]), repeats)
-        per = [8] * (n // 8) + ([n % 8] if n % 8 else [])
-        inputs = [
-            SeqInput(s, [rng.randrange(vocab) for _ in range(k)], parents=tree_parents(k, rng), num_logits=k)
-            for s, k in enumerate(per)
-        ]
-        rows["tree"][n] = timed(lambda: run(inputs), repeats)
-    for s in range(seqs):
-        runner.free(s)
-    return rows
+def measure_runner(runner: ModelRunner, sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:
+    dtype = str(runner.kv.data.dtype).removeprefix("torch.")
+    return {
+        "decode": measure_forward(runner, sizes, per_seq=1, context=CONTEXT, repeats=repeats, desc=f"{dtype} decode"),
+        "tree": measure_forward(runner, sizes, per_seq=8, context=CONTEXT, repeats=repeats, desc=f"{dtype} tree"),
+    }
 
 
 @torch.inference_mode()
@@ -84,7 +48,7 @@ def measure_transformers(path: str, dtype: torch.dtype, repeats: int, vocab: int
         model(torch.randint(0, vocab, (1, 1)), past_key_values=cache, use_cache=True)
         cache.crop(-1)  # drop the token just added: every step sees the same context
 
-    return timed(step, repeats)
+    return timed_ms(step, repeats)
 
 
 def main() -> None:
@@ -101,7 +65,7 @@ def main() -> None:
         model = load_model(ModelConfig(path=args.model, dtype=dtype, max_model_len=CONTEXT + 64))
         vocab = model.spec.vocab_size
         runner = ModelRunner(model, CacheConfig(block_size=16, memory_mb=1024))
-        rows = measure_runner(runner, sizes, args.repeats, vocab)
+        rows = measure_runner(runner, sizes, args.repeats)
         del runner, model
         rows["transformers_decode_1"] = measure_transformers(args.model, getattr(torch, dtype), args.repeats, vocab)
         results["dtypes"][dtype] = rows

@@ -44,12 +44,15 @@ TINY_QWEN2 = dict(
 
 
 @functools.cache
-def tiny_checkpoint(kind: str, seed: int = 0) -> str:
-    """Save a random tiny model (safetensors + config.json) and return its directory."""
+def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sharpen: float = 1.0) -> str:
+    """Save a random tiny model (safetensors + config.json) and return its directory. `sharpen` scales
+    the output head so next-token distributions are peaked rather than nearly uniform."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     spec = dict({"llama": TINY_LLAMA, "qwen2": TINY_QWEN2}[kind])
     spec.pop("model")
+    if vocab_size:
+        spec["vocab_size"] = vocab_size
     cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**spec))
@@ -57,6 +60,7 @@ def tiny_checkpoint(kind: str, seed: int = 0) -> str:
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
+        model.get_output_embeddings().weight.mul_(sharpen)
     path = tempfile.mkdtemp(prefix=f"tiny-{kind}-")
     model.save_pretrained(path)
     return path

@@ -1,0 +1,50 @@
+"""The hardware roofline: latency flat up to a knee, then linear in the tokens of the batch.
+
+Pure functions: fit from (tokens, latency) measurements, predict, and pick the budget B.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Roofline:
+    flat_ms: float  # latency of any batch up to the knee
+    knee: int  # tokens where latency starts growing
+    slope_ms: float  # extra ms per token beyond the knee
+
+    def predict(self, tokens: int) -> float:
+        return self.flat_ms + self.slope_ms * max(0, tokens - self.knee)
+
+    def to_dict(self) -> dict:
+        return {"flat_ms": self.flat_ms, "knee": self.knee, "slope_ms": self.slope_ms}
+
+
+def fit_roofline(tokens: Sequence[int], latency_ms: Sequence[float]) -> Roofline:
+    """Least-squares fit of flat-then-linear, trying every measured size as the knee."""
+    points = sorted(zip(tokens, latency_ms))
+    if not points:
+        raise ValueError("no measurements")
+    best: tuple[float, Roofline] | None = None
+    for k_idx, (knee, _) in enumerate(points):
+        flat = [y for x, y in points[: k_idx + 1]]
+        flat_ms = sum(flat) / len(flat)
+        rest = points[k_idx + 1 :]
+        num = sum((x - knee) * (y - flat_ms) for x, y in rest)
+        den = sum((x - knee) ** 2 for x, _ in rest)
+        slope = max(num / den, 0.0) if den else 0.0
+        line = Roofline(flat_ms, knee, slope)
+        sse = sum((line.predict(x) - y) ** 2 for x, y in points)
+        if best is None or sse < best[0] - 1e-12:
+            best = (sse, line)
+    assert best is not None
+    return best[1]
+
+
+def pick_budget(line: Roofline, max_slowdown: float = 1.3) -> int:
+    """The largest batch whose predicted latency stays within `max_slowdown` x the flat latency: at
+    least the knee, so the flat region (free tokens) is always used."""
+    extra = (max_slowdown - 1.0) * line.flat_ms / line.slope_ms if line.slope_ms > 0 else 0.0
+    return max(1, int(line.knee + extra))
