@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast bench-forward clean
+.PHONY: setup test test-fast bench-forward bench-acceptance profile clean
 
 setup: $(VENV)/.installed
 
@@ -26,3 +26,9 @@ bench-forward: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+profile: setup  # this device's roofline and budget B (see adaserve_backend/profile.py)
+	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.profile --out results/profile.json
+
+bench-acceptance: setup
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile profiles/cpu-2core-float32.json

@@ -136,9 +136,14 @@ class SpeculationConfig:
       overrides it with the knee of the profiled roofline.
     n_max: largest tree the SLO-customized phase builds for one request (root included).
     order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
+
+    Defaults are this 2-core CPU's, measured (profiles/cpu-2core-float32.json): a float32 verification
+    forward of the embedded model stays within 1.3x its flat latency up to B = 19 tokens. With c1 = 2 a
+    lone request gets depth 5, four requests depth 2 and sixteen depth 1; the draft budget of 16 tokens
+    per step keeps width 4 up to four requests and 1 beyond sixteen. A GPU profile raises all of these.
     """
 
-    budget: int = 48
+    budget: int = 19
     draft_budget: int = 16
     d_min: int = 1
     d_max: int = 6

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -97,9 +98,20 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._live_ids: set[str] = set()  # accepted and not yet finished; guarded by _live_lock
+        self._live_lock = threading.Lock()
         self._next_seq_id = 0
         self.iteration_stats: list[dict] = []
         self.num_preemptions = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "Engine":
+        """Load the target (and draft) checkpoints, the tokenizer and the end-of-sequence ids."""
+        from .models import load_tokenizer, locate
+
+        tokenizer = load_tokenizer(locate(config.target.path))
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        return cls(config, eos_token_ids=eos, tokenizer=tokenizer)
 
     # ---- API for other threads ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -109,6 +121,10 @@ class Engine:
             raise ValueError("stop strings need an engine built with a tokenizer")
         if request.tpot_slo_ms is None:
             self.config.scheduler.slo_ms(request.slo_class or self.config.scheduler.default_slo_class)
+        with self._live_lock:
+            if request.request_id in self._live_ids:
+                raise ValueError(f"request id {request.request_id!r} is already in flight")
+            self._live_ids.add(request.request_id)
         self._inbox.put(("add", request, time.monotonic()))
 
     def abort(self, request_id: str) -> None:
@@ -392,6 +408,9 @@ class Engine:
         return any(s in tail for s in stops)
 
     def _output(self, seq, new, now, reason, error=None) -> RequestOutput:
+        if reason is not None:
+            with self._live_lock:
+                self._live_ids.discard(seq.request.request_id)
         return RequestOutput(
             request_id=seq.request.request_id,
             new_token_ids=new,

@@ -35,7 +35,7 @@ def main() -> None:
     verify = measure_forward(runner, sizes, per_seq=8, repeats=args.repeats, desc="target verification")
     del runner
     draft_model = target if cfg.draft is None else load_model(cfg.draft)
-    draft = measure_forward(ModelRunner(draft_model, cfg.draft_cache), sizes, per_seq=2, repeats=args.repeats, desc="draft step")
+    draft = measure_forward(ModelRunner(draft_model, cfg.draft_cache), sizes, per_seq=4, repeats=args.repeats, desc="draft step")
 
     target_line, draft_line = fit_roofline(sizes, [verify[n] for n in sizes]), fit_roofline(sizes, [draft[n] for n in sizes])
     model = CostModel(target_line, draft_line, pick_budget(target_line, args.max_slowdown))

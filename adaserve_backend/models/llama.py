@@ -175,4 +175,9 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        rows = hidden.shape[0]
+        if hidden.device.type == "cpu" and hidden.dtype == torch.float32 and rows > 1 and rows % 4:
+            # Measured here: a float32 [M x 576] @ [576 x 49152] GEMM with M = 2, 3, 6, 7 takes 1.4-3x
+            # longer than with M = 4 or 8; padding rows to a multiple of 4 is cheaper than the slow path.
+            hidden = torch.cat([hidden, hidden.new_zeros(4 - rows % 4, hidden.shape[1])])
+        return self.lm_head(hidden)[:rows].float()

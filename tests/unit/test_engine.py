@@ -125,3 +125,31 @@ def test_greedy_matches_transformers_embedded(policy):
     for r in reqs:
         assert got[r.request_id] == reference(EMBEDDED_DEFAULT, r), r.request_id
     assert_all_blocks_free(engine)
+
+
+def test_bad_requests_are_rejected_and_the_engine_keeps_serving():
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "adaserve")
+    good = workload(target, n=1)[0]
+    bad = [
+        Request("e1", []),
+        Request("e2", [1, 2], max_tokens=0),
+        Request("e3", [1, 2], max_tokens=10_000),
+        Request("e4", [10_000]),
+        Request("e5", [1, 2], tpot_slo_ms=-5.0),
+        Request("e6", [1, 2], tpot_slo_ms=float("nan")),
+        Request("e7", [1, 2], slo_class="no-such-class"),
+        Request("e8", [1, 2], stop_strings=("x",)),  # this engine has no tokenizer
+    ]
+    for r in bad:
+        with pytest.raises(ValueError):
+            engine.add_request(r)
+    engine.add_request(good)
+    with pytest.raises(ValueError, match="in flight"):
+        engine.add_request(good)
+    assert engine.run_until_done()[good.request_id] == reference(target, good)
+    engine.add_request(good)  # finished ids may be reused
+    engine.abort(good.request_id)
+    outs = [o for o in engine.step()]
+    assert [o.finish_reason for o in outs] == [FinishReason.ABORT]
+    assert_all_blocks_free(engine)

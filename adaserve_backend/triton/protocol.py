@@ -1,0 +1,141 @@
+"""The wire protocol of the `adaserve` model: request tensors in, response tensors out.
+
+Names follow Triton's vLLM and TensorRT-LLM backends, so existing clients, genai-perf and Triton's
+OpenAI frontend work unchanged; `tpot_slo_ms` and `slo_class` are our additions. Pure numpy: parsing
+and validation are tested without a server.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..request import Request, RequestOutput
+from ..sampling import SamplingParams
+
+MAX_STOP_WORDS = 16
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    stream: bool = False
+    exclude_input_in_output: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+    return_finish_reason: bool = False
+    return_perf_metrics: bool = False
+
+
+class _Inputs:
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        self.t = tensors
+
+    def scalar(self, name: str, default, cast):
+        if name not in self.t:
+            return default
+        arr = np.asarray(self.t[name])
+        if arr.size != 1:
+            raise ValueError(f"input '{name}' must hold exactly one value, got shape {list(arr.shape)}")
+        value = arr.reshape(-1)[0]
+        if isinstance(value, bytes):
+            value = _utf8(name, value)
+        return cast(value)
+
+    def strings(self, name: str) -> list[str]:
+        if name not in self.t:
+            return []
+        return [_utf8(name, v) if isinstance(v, bytes) else str(v) for v in np.asarray(self.t[name]).reshape(-1)]
+
+
+def _utf8(name: str, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"input '{name}' is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def _finite(name: str):
+    def cast(v) -> float:
+        f = float(v)
+        if not math.isfinite(f):
+            raise ValueError(f"input '{name}' must be a finite number, got {f}")
+        return f
+
+    return cast
+
+
+def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=None) -> tuple[Request, ResponseOptions]:
+    """Build an engine Request from the `adaserve` model's input tensors; ValueError on bad input."""
+    x = _Inputs(tensors)
+    if "input_ids" not in tensors:
+        raise ValueError("missing input 'input_ids' (send 'text_input' to the ensemble)")
+    ids = np.asarray(tensors["input_ids"]).reshape(-1)
+    if ids.size == 0:
+        raise ValueError("the prompt is empty")
+    seed = x.scalar("seed", None, int)
+    temperature = x.scalar("temperature", 0.0, _finite("temperature"))
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    sampling = SamplingParams(
+        temperature=temperature,
+        top_p=x.scalar("top_p", 1.0, _finite("top_p")),
+        top_k=x.scalar("top_k", 0, int),
+        seed=seed,
+    )
+    stop_words = [w for w in x.strings("stop_words") if w]
+    if len(stop_words) > MAX_STOP_WORDS:
+        raise ValueError(f"at most {MAX_STOP_WORDS} stop_words")
+    slo_ms = x.scalar("tpot_slo_ms", None, _finite("tpot_slo_ms"))
+    if slo_ms is not None and slo_ms <= 0:
+        raise ValueError(f"tpot_slo_ms must be positive, got {slo_ms}")
+    slo_class = x.scalar("slo_class", None, str) or None
+    min_tokens = x.scalar("min_tokens", None, int)
+    if min_tokens is None:
+        min_tokens = x.scalar("min_length", 0, int)
+    request = Request(
+        request_id=request_id,
+        prompt_ids=[int(i) for i in ids],
+        max_tokens=x.scalar("max_tokens", 16, int),
+        min_tokens=min_tokens,
+        sampling=sampling,
+        stop_strings=tuple(stop_words),
+        tpot_slo_ms=slo_ms,
+        slo_class=slo_class,
+    )
+    options = ResponseOptions(
+        stream=x.scalar("stream", False, bool),
+        exclude_input_in_output=x.scalar("exclude_input_in_output", False, bool),
+        return_num_input_tokens=x.scalar("return_num_input_tokens", False, bool),
+        return_num_output_tokens=x.scalar("return_num_output_tokens", False, bool),
+        return_finish_reason=x.scalar("return_finish_reason", False, bool),
+        return_perf_metrics=x.scalar("return_perf_metrics", False, bool),
+    )
+    return request, options
+
+
+def response_tensors(
+    out: RequestOutput, options: ResponseOptions, context_ids: list[int], ids: list[int], clock_offset_ns: int
+) -> dict[str, np.ndarray]:
+    """Tensors of one response. Only what the client asked for is included."""
+    t: dict[str, np.ndarray] = {
+        "output_ids": np.asarray(ids, dtype=np.int32),
+        "context_ids": np.asarray(context_ids, dtype=np.int32),
+    }
+    if options.return_num_input_tokens:
+        t["num_input_tokens"] = np.asarray([out.num_prompt_tokens], dtype=np.int32)
+    if options.return_num_output_tokens:
+        t["num_output_tokens"] = np.asarray([out.num_output_tokens], dtype=np.int32)
+    if options.return_finish_reason and out.finished:
+        t["finish_reason"] = np.asarray([out.finish_reason or ""], dtype=object)
+    if options.return_perf_metrics:
+        drafts, accepted = out.stats.get("draft_tokens", 0), out.stats.get("accepted_drafts", 0)
+        t["acceptance_rate"] = np.asarray([accepted / drafts if drafts else 0.0], dtype=np.float32)
+        t["total_accepted_draft_tokens"] = np.asarray([accepted], dtype=np.int32)
+        t["total_draft_tokens"] = np.asarray([drafts], dtype=np.int32)
+        ns = lambda s: int(s * 1e9) + clock_offset_ns  # noqa: E731  monotonic -> wall clock
+        t["arrival_time_ns"] = np.asarray([ns(out.arrival_time)], dtype=np.int64)
+        t["first_token_time_ns"] = np.asarray([ns(out.first_token_time or out.emit_time)], dtype=np.int64)
+        t["emit_time_ns"] = np.asarray([ns(out.emit_time)], dtype=np.int64)
+    return t
