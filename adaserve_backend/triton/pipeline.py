@@ -1,0 +1,127 @@
+"""The client-facing `ensemble` model: a decoupled BLS pipeline preprocessing -> adaserve ->
+postprocessing, with the same inputs and outputs a Triton ensemble would expose.
+
+Why not `platform: "ensemble"`: Triton 2.51's ensemble scheduler does not forward a client's
+cancellation to an in-flight decoupled step (the server log shows the gRPC handler dropping the
+responses while the step runs on), so a cancelled stream would hold its KV blocks until max_tokens.
+Here the pipeline sees its own request's cancellation and asks the scheduler to abort by request id.
+
+Each request runs on its own thread (BLS calls block); a watcher thread polls cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from .engine_loop import INPUT_NAMES
+from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
+
+log = logging.getLogger("adaserve")
+
+
+
+class BLSPipeline:
+    def __init__(self, pb) -> None:
+        self.pb = pb
+        self.active: dict[str, object] = {}  # request id -> response sender
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.watcher = threading.Thread(target=self._watch_cancellations, name="adaserve-cancel-watch", daemon=True)
+        self.watcher.start()
+
+    def submit(self, request) -> None:
+        sender = request.get_response_sender()
+        request_id = uuid.uuid4().hex
+        with self.lock:
+            self.active[request_id] = sender
+        threading.Thread(target=self._run, args=(request, sender, request_id), daemon=True).start()
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        self.watcher.join(timeout=5)
+
+    # ---- one request ----------------------------------------------------------------------------
+    def _run(self, request, sender, request_id: str) -> None:
+        pb = self.pb
+        try:
+            ids = self._preprocess(request)
+            inputs = [pb.Tensor("input_ids", ids), pb.Tensor("request_id", np.array([request_id.encode()], dtype=object))]
+            for name in INPUT_NAMES[1:]:
+                t = pb.get_input_tensor_by_name(request, name)
+                if t is not None:
+                    inputs.append(pb.Tensor(name, t.as_numpy()))
+            wanted = ["output_ids", "context_ids", "is_final", *PASS_THROUGH]
+            stream = pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True)
+            for response in stream:
+                if response.has_error():
+                    self._finish(sender, request_id, pb.InferenceResponse(error=response.error()))
+                    return
+                tensors = {t.name(): t for t in response.output_tensors()}
+                if not tensors:
+                    continue  # a flags-only final response
+                final = bool(tensors["is_final"].as_numpy().reshape(-1)[0])
+                out = self._postprocess(tensors)
+                if final:
+                    self._finish(sender, request_id, out)
+                    return
+                sender.send(out)
+            self._finish(sender, request_id, None)
+        except ValueError as e:
+            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e))))
+        except Exception as e:  # never leave a client without a final response
+            log.exception("pipeline failed")
+            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(f"internal error: {e}")))
+
+    def _preprocess(self, request) -> np.ndarray:
+        pb = self.pb
+        inputs = [pb.Tensor(name, t.as_numpy()) for name in ("text_input", "apply_chat_template")
+                  if (t := pb.get_input_tensor_by_name(request, name)) is not None]
+        response = pb.InferenceRequest(model_name="preprocessing", inputs=inputs, requested_output_names=["input_ids"]).exec()
+        if response.has_error():
+            raise ValueError(response.error().message())
+        return pb.get_output_tensor_by_name(response, "input_ids").as_numpy()
+
+    def _postprocess(self, tensors: dict):
+        pb = self.pb
+        inputs = [pb.Tensor(name, t.as_numpy()) for name, t in tensors.items() if name != "is_final"]
+        wanted = ["text_output", *[n for n in PASS_THROUGH if n in tensors]]
+        response = pb.InferenceRequest(model_name="postprocessing", inputs=inputs, requested_output_names=wanted).exec()
+        if response.has_error():
+            raise RuntimeError(response.error().message())
+        return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy()) for t in response.output_tensors()])
+
+    def _finish(self, sender, request_id: str, response) -> None:
+        with self.lock:
+            self.active.pop(request_id, None)
+        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+        except Exception:
+            log.warning("could not send the final response", exc_info=True)
+
+    # ---- cancellation ---------------------------------------------------------------------------
+    def _watch_cancellations(self) -> None:
+        aborted: set[str] = set()
+        while not self.stopping:
+            time.sleep(0.05)
+            with self.lock:
+                items = list(self.active.items())
+            for request_id, sender in items:
+                if request_id not in aborted and sender.is_cancelled():
+                    aborted.add(request_id)
+                    self._abort(request_id)
+            aborted &= {rid for rid, _ in items}
+
+    def _abort(self, request_id: str) -> None:
+        pb = self.pb
+        try:
+            tensor = pb.Tensor("abort_request_id", np.array([request_id.encode()], dtype=object))
+            for _ in pb.InferenceRequest(model_name="adaserve", inputs=[tensor], requested_output_names=[]).exec(decoupled=True):
+                pass
+        except Exception:
+            log.warning("abort of %s failed", request_id, exc_info=True)

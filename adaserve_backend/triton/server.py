@@ -1,0 +1,80 @@
+"""Start a real `tritonserver` (the one shipped in the nvidia-pytriton wheel) on a model repository.
+
+    python -m adaserve_backend.triton.server --model-repository model_repository \
+        --http-port 8000 --grpc-port 8001 --metrics-port 8002
+
+It puts the wheel's shared libraries on LD_LIBRARY_PATH, installs the Python backend stub that matches
+this interpreter, and makes this project and its virtual environment importable by the Python models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import site
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytriton_root() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("tritonserver comes from the nvidia-pytriton wheel: pip install nvidia-pytriton==0.7.0")
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def backend_directory() -> Path:
+    """The wheel's backends, with the Python stub for this interpreter's version in place."""
+    root = pytriton_root()
+    backends = root / "backends"
+    stub = backends / "python" / "triton_python_backend_stub"
+    wanted = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / stub.name
+    if not wanted.exists():
+        raise FileNotFoundError(f"no Python backend stub for Python {sys.version_info.major}.{sys.version_info.minor}")
+    if not stub.exists() or stub.stat().st_size != wanted.stat().st_size:
+        shutil.copy2(wanted, stub)
+    return backends
+
+
+def server_command(
+    model_repository: str, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002, log_verbose: int = 0
+) -> tuple[list[str], dict[str, str]]:
+    root = pytriton_root()
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), *site.getsitepackages(), env.get("PYTHONPATH")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = [
+        str(root / "bin" / "tritonserver"),
+        f"--model-repository={os.path.abspath(model_repository)}",
+        f"--backend-directory={backend_directory()}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        "--allow-metrics=true",
+        f"--log-verbose={log_verbose}",
+    ]
+    return argv, env
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"))
+    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--grpc-port", type=int, default=8001)
+    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--log-verbose", type=int, default=0)
+    args = ap.parse_args()
+    argv, env = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose)
+    os.execve(argv[0], argv, env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The adaserve model's wire protocol and the streaming detokenizer, without a server."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from adaserve_backend.config import EMBEDDED_DEFAULT
+from adaserve_backend.models import load_tokenizer, locate
+from adaserve_backend.request import RequestOutput
+from adaserve_backend.triton.detokenize import StreamState, text_delta
+from adaserve_backend.triton.protocol import ResponseOptions, parse_request, response_tensors
+from adaserve_backend.triton.repository import encode_prompt
+
+
+@functools.cache
+def tokenizer():
+    return load_tokenizer(locate(EMBEDDED_DEFAULT))
+
+
+TEXTS = [
+    " leading space, then café, naïve, 日本語のテキスト, emoji 🎉🚀 and 中文字符。",
+    "def f(x):\n    return x ** 2  # ünïcödé\n",
+    "🙂" * 5 + " done",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_deltas_equal_decoding_everything_at_once(text):
+    tok = tokenizer()
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    for step in (1, 2, 3):  # tokens split across responses in different ways
+        state, pieces = StreamState(), []
+        chunks = [ids[i : i + step] for i in range(0, len(ids), step)]
+        for i, chunk in enumerate(chunks):
+            pushed = state.push(tok, chunk, final=i == len(chunks) - 1)
+            if pushed is not None:
+                delta = text_delta(tok, *pushed)
+                assert delta, "never an empty chunk"
+                assert "\ufffd" not in delta
+                pieces.append(delta)
+        assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_parse_request_accepts_the_vllm_style_inputs():
+    req, opts = parse_request(
+        "r",
+        {
+            "input_ids": np.array([5, 6, 7], dtype=np.int32),
+            "max_tokens": np.array([9], dtype=np.int32),
+            "stream": np.array([True]),
+            "temperature": np.array([0.7], dtype=np.float32),
+            "top_k": np.array([20], dtype=np.int32),
+            "min_length": np.array([2], dtype=np.int32),
+            "seed": np.array([3], dtype=np.uint64),
+            "stop_words": np.array([b"\n\n", b""], dtype=object),
+            "slo_class": np.array([b"coding"], dtype=object),
+            "return_finish_reason": np.array([True]),
+        },
+    )
+    assert req.prompt_ids == [5, 6, 7] and req.max_tokens == 9 and req.min_tokens == 2
+    assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.top_k == 20 and req.sampling.seed == 3
+    assert req.stop_strings == ("\n\n",) and req.slo_class == "coding" and req.tpot_slo_ms is None
+    assert opts.stream and opts.return_finish_reason and not opts.return_perf_metrics
+
+
+@pytest.mark.parametrize(
+    "tensors, message",
+    [
+        ({}, "input_ids"),
+        ({"input_ids": np.array([], dtype=np.int32)}, "empty"),
+        ({"max_tokens": np.array([1, 2], dtype=np.int32)}, "exactly one"),
+        ({"temperature": np.array([-1.0], dtype=np.float32)}, "temperature"),
+        ({"temperature": np.array([np.inf], dtype=np.float32)}, "finite"),
+        ({"tpot_slo_ms": np.array([-5.0], dtype=np.float32)}, "positive"),
+        ({"tpot_slo_ms": np.array([np.nan], dtype=np.float32)}, "finite"),
+        ({"slo_class": np.array([b"\xff\xfe"], dtype=object)}, "UTF-8"),
+        ({"top_p": np.array([0.0], dtype=np.float32)}, "top_p"),
+    ],
+)
+def test_parse_request_rejects_bad_input_clearly(tensors, message):
+    base = {"input_ids": np.array([1, 2], dtype=np.int32)} if tensors and "input_ids" not in tensors else {}
+    with pytest.raises(ValueError, match=message):
+        parse_request("r", {**base, **tensors})
+
+
+def test_response_carries_only_what_was_asked():
+    out = RequestOutput("r", [1], finished=True, finish_reason="stop", arrival_time=1.0, first_token_time=1.5,
+                        emit_time=2.0, num_prompt_tokens=3, num_output_tokens=4, stats={"draft_tokens": 8, "accepted_drafts": 2})
+    plain = response_tensors(out, ResponseOptions(), [7], [1], 0)
+    assert set(plain) == {"output_ids", "context_ids", "is_final"} and plain["is_final"][0]
+    full = response_tensors(out, ResponseOptions(True, False, True, True, True, True), [], [1], 10)
+    assert full["finish_reason"][0] == "stop" and full["num_output_tokens"][0] == 4
+    assert full["acceptance_rate"][0] == pytest.approx(0.25) and full["emit_time_ns"][0] == 2_000_000_010
+
+
+def test_encode_prompt_validates_text():
+    tok = tokenizer()
+    with pytest.raises(ValueError, match="UTF-8"):
+        encode_prompt(tok, b"\xff\xfe", False)
+    with pytest.raises(ValueError, match="empty"):
+        encode_prompt(tok, b"", False)
+    chat = encode_prompt(tok, "Hi".encode(), True)
+    assert len(chat) > len(encode_prompt(tok, b"Hi", False))
