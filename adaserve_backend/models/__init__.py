@@ -1,4 +1,4 @@
 from .llama import LlamaModel, LlamaSpec
-from .loader import TORCH_DTYPES, embedded_default_gguf, load_model, load_tokenizer, locate
+from .loader import TORCH_DTYPES, embedded_default_gguf, load_model, load_tokenizer, locate, read_checkpoint
 
-__all__ = ["LlamaModel", "LlamaSpec", "TORCH_DTYPES", "embedded_default_gguf", "load_model", "load_tokenizer", "locate"]
+__all__ = ["LlamaModel", "LlamaSpec", "TORCH_DTYPES", "embedded_default_gguf", "load_model", "load_tokenizer", "locate", "read_checkpoint"]

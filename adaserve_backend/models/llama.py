@@ -112,9 +112,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, spec: LlamaSpec, hf_config, state_dict: dict[str, torch.Tensor], max_len: int) -> None:
+    """head_vocab: token ids the output head covers (a draft proposing only frequent tokens); logits
+    row j is token head_vocab[j]. None: the full vocabulary."""
+
+    def __init__(
+        self,
+        spec: LlamaSpec,
+        hf_config,
+        state_dict: dict[str, torch.Tensor],
+        max_len: int,
+        head_vocab: list[int] | None = None,
+    ) -> None:
         super().__init__()
         self.spec = spec
+        self.vocab_ids = None if head_vocab is None else torch.tensor(head_vocab, dtype=torch.long)
         has = lambda suffix: f"model.layers.0.{suffix}" in state_dict  # noqa: E731
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(
@@ -122,7 +133,7 @@ class LlamaModel(nn.Module):
             for _ in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size if head_vocab is None else len(head_vocab), bias=False)
         self.max_len = max_len
         # Plain attributes, not buffers: the tables stay float32 whatever dtype the weights take.
         self.rope_cos, self.rope_sin = rope_tables(hf_config, max_len)
@@ -131,6 +142,8 @@ class LlamaModel(nn.Module):
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaModel":
         self.to(device=device, dtype=dtype)
         self.rope_cos, self.rope_sin = self.rope_cos.to(device), self.rope_sin.to(device)
+        if self.vocab_ids is not None:
+            self.vocab_ids = self.vocab_ids.to(device)
         return self
 
     @torch.no_grad()
@@ -145,8 +158,11 @@ class LlamaModel(nn.Module):
 
         self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
         self.norm.weight.copy_(take("model.norm.weight"))
-        head = "model.embed_tokens.weight" if self.spec.tie_word_embeddings or "lm_head.weight" not in sd else "lm_head.weight"
-        self.lm_head.weight.copy_(take(head))
+        head_name = "lm_head.weight" if "lm_head.weight" in sd and not self.spec.tie_word_embeddings else "model.embed_tokens.weight"
+        head = take(head_name)
+        if self.vocab_ids is not None and head.shape[0] != len(self.vocab_ids):
+            head = head[self.vocab_ids]
+        self.lm_head.weight.copy_(head)
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EMBEDDED_DEFAULT, ModelConfig
+from ..config import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, ModelConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -97,14 +97,26 @@ def load_state_dict(loc: CheckpointLocation) -> dict[str, torch.Tensor]:
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_model(config: ModelConfig):
-    """Read a checkpoint and build our decoder on `config.device` in `config.dtype`."""
-    from .llama import LlamaModel, LlamaSpec
+def read_checkpoint(path: str):
+    """(hf_config, LlamaSpec, state_dict) of a target checkpoint."""
+    from .llama import LlamaSpec
 
-    loc = locate(config.path)
+    loc = locate(path)
     hf_config = load_hf_config(loc)
-    spec = LlamaSpec.from_hf_config(hf_config)
+    return hf_config, LlamaSpec.from_hf_config(hf_config), load_state_dict(loc)
+
+
+def load_model(config: ModelConfig, checkpoint=None):
+    """Build our decoder on `config.device` in `config.dtype`; `checkpoint` (from read_checkpoint)
+    saves reading the files again."""
+    from .llama import LlamaModel
+
+    if config.path == EMBEDDED_DRAFT or config.path.endswith(".safetensors"):
+        from ..draft.model import load_draft
+
+        return load_draft(config.path, config)
+    hf_config, spec, state_dict = checkpoint or read_checkpoint(config.path)
     # Sequences never outgrow a sliding window here, so full attention is exact for Mistral too.
     limits = [config.max_model_len, spec.max_position_embeddings, spec.sliding_window or config.max_model_len]
-    model = LlamaModel(spec, hf_config, load_state_dict(loc), max_len=min(limits))
+    model = LlamaModel(spec, hf_config, state_dict, max_len=min(limits))
     return model.place(config.device, TORCH_DTYPES[config.dtype]).eval()

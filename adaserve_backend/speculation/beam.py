@@ -38,7 +38,8 @@ def beam_search(
         assert draft.region_len(r.seq_id) == 0, "draft region must be empty before speculation"
     out = draft.forward([SeqInput(r.seq_id, r.chain) for r in requests] + list(extra))
     logp = torch.log_softmax(out.logits[: len(requests)], dim=-1)  # [n, V]
-    beams = _extend(trees, [[0] for _ in requests], logp.unsqueeze(1), width)
+    vocab_ids = draft.model.vocab_ids.tolist() if draft.model.vocab_ids is not None else None
+    beams = _extend(trees, [[0] for _ in requests], logp.unsqueeze(1), width, vocab_ids)
     for step in range(1, depth):
         inputs = []
         for r, tree, level in zip(requests, trees, beams):
@@ -49,12 +50,13 @@ def beam_search(
             inputs.append(SeqInput(r.seq_id, [tree.tokens[j] for j in level], parents=parents, num_logits=len(level)))
         out = draft.forward(inputs)
         logp = [torch.log_softmax(out.of(i), dim=-1) for i in range(len(requests))]
-        beams = _extend(trees, beams, logp, width)
+        beams = _extend(trees, beams, logp, width, vocab_ids)
     return trees
 
 
-def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: int) -> list[list[int]]:
-    """Add, per tree, the `width` best children of its current beam nodes; returns the new beams."""
+def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: int, vocab_ids) -> list[list[int]]:
+    """Add, per tree, the `width` best children of its current beam nodes; returns the new beams.
+    `vocab_ids` maps a draft head row to its token id (a head over part of the vocabulary)."""
     new_beams = []
     for tree, beam, logp in zip(trees, beams, logps):
         parent_log = torch.tensor([math.log(tree.scores[j]) for j in beam], dtype=logp.dtype)
@@ -63,7 +65,7 @@ def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: in
         vocab = logp.shape[-1]
         level = []
         for score, flat in zip(top.values.tolist(), top.indices.tolist()):
-            tree.tokens.append(flat % vocab)
+            tree.tokens.append(vocab_ids[flat % vocab] if vocab_ids else flat % vocab)
             tree.parents.append(beam[flat // vocab])
             tree.scores.append(math.exp(score))
             tree.draft_region.append(-1)

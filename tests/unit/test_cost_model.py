@@ -43,3 +43,15 @@ def test_adaptive_depth_and_width_shrink_with_load():
     assert adaptive_depth_width(1, 48, cfg) == (6, 4)
     assert adaptive_depth_width(8, 48, cfg) == (3, 2)
     assert adaptive_depth_width(64, 48, cfg) == (1, 1)
+
+
+def test_engine_json_profile_path_is_relative_to_the_file(tmp_path):
+    import json
+
+    from adaserve_backend.config import EngineConfig
+
+    (tmp_path / "engine.json").write_text(json.dumps({"speculation": {"profile_path": "profile.json"}, "draft": None}))
+    cfg = EngineConfig.from_json(str(tmp_path / "engine.json"))
+    assert cfg.speculation.profile_path == str(tmp_path / "profile.json") and cfg.draft is None
+    with pytest.raises(ValueError, match="unknown keys"):
+        EngineConfig.from_dict({"scheduler": {"polcy": "adaserve"}})

@@ -1,0 +1,1 @@
+"""The project's own draft model for the embedded default target (see model.py)."""

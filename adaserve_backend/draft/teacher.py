@@ -1,0 +1,79 @@
+"""What the target teaches: its own continuations of the prompts, and its next-token distribution
+(top-k) at every position of those sequences."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tqdm import tqdm
+
+from ..attention.dense import DenseCausalBackend
+from ..config import CacheConfig, EngineConfig, SchedulerConfig
+from ..engine import Engine
+from ..models.llama import LlamaModel
+from ..request import Request
+from ..sampling import SamplingParams
+
+
+def continuations(
+    target: LlamaModel, prompts: Sequence[list[int]], max_tokens: int, temperatures: Sequence[float], eos_ids, batch: int = 32
+) -> list[list[int]]:
+    """The target's own outputs for every prompt, generated with continuous batching."""
+    cfg = EngineConfig(
+        target_cache=CacheConfig(memory_mb=2048),
+        scheduler=SchedulerConfig(policy="continuous", max_num_seqs=batch, prefill_chunk=2048),
+    )
+    engine = Engine(cfg, target=target, eos_token_ids=eos_ids)
+    for i, (ids, temp) in enumerate(zip(prompts, temperatures)):
+        engine.add_request(Request(str(i), ids, max_tokens=max_tokens, sampling=SamplingParams(temperature=temp, seed=i)))
+    out: dict[str, list[int]] = {}
+    with tqdm(total=len(prompts), desc="target continuations") as bar:
+        while engine.has_work():
+            for o in engine.step():
+                out.setdefault(o.request_id, []).extend(o.new_token_ids)
+                bar.update(int(o.finished))
+    return [out.get(str(i), []) for i in range(len(prompts))]
+
+
+def padded_batch(seqs: Sequence[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] right-padded ids and the [B, T] mask of real tokens."""
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), t, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = True
+    return ids, mask
+
+
+def dense_logits(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced logits [B, T, V] for right-padded ids [B, T] (differentiable)."""
+    b, t = ids.shape
+    attn = DenseCausalBackend(b, t)
+    hidden = model(ids.reshape(-1), attn.positions(ids.device), attn)
+    return model.compute_logits(hidden).view(b, t, -1)
+
+
+@torch.inference_mode()
+def teacher_topk(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_tokens: int = 4096) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence: (ids [T, k] int32, log-probs [T, k] float16) of the target's top-k next tokens."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    result: list = [None] * len(seqs)
+    bar = tqdm(total=sum(len(s) for s in seqs), desc="teacher distributions", unit="tok")
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * len(seqs[order[end]]) <= batch_tokens:
+            end += 1
+        chunk = [order[i] for i in range(start, end)]
+        ids, _ = padded_batch([seqs[i] for i in chunk])
+        logp = torch.log_softmax(dense_logits(target, ids), dim=-1)
+        top = torch.topk(logp, k, dim=-1)
+        for row, i in enumerate(chunk):
+            n = len(seqs[i])
+            result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16))
+        bar.update(sum(len(seqs[i]) for i in chunk))
+        start = end
+    bar.close()
+    return result

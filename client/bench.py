@@ -1,0 +1,172 @@
+"""Multi-SLO benchmark: the same workload against every policy, side by side, in one run.
+
+    python -m client.bench quick                 # RPS sweep in-process (make bench)
+    python -m client.bench full                  # RPS, urgent-share and SLO-scale sweeps (make bench-full)
+    python -m client.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
+    python -m client.bench quick --target openai --url http://localhost:8000 --served-model NAME   # vLLM, SGLang
+
+Writes results/<name>.json (one row per load level and policy: rps, policy, slo_attainment,
+goodput_tok_s, violations, finished, mean_accepted_per_verify, per-category breakdowns, latency
+breakdown), a CSV of the same rows, and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import platform
+import random
+import statistics
+import time
+
+import torch
+
+from adaserve_backend.config import EngineConfig, SchedulerConfig
+from adaserve_backend.engine import Engine
+from adaserve_backend.models import load_model, load_tokenizer, locate
+
+from .metrics import summarize
+from .runners import run_inprocess, run_openai, run_triton
+from .workload import CATEGORY_SLO_SCALE, DEFAULT_MIX, builtin_prompts, build_workload, poisson_arrivals
+
+POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:2", "spec:4"]
+
+
+class InProcess:
+    """Loads the models once; a fresh engine (fresh KV cache, fresh stats) per policy and level."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.tokenizer = load_tokenizer(locate(config.target.path))
+        self.target = load_model(config.target)
+        self.draft = load_model(dataclasses.replace(config.draft, max_model_len=config.target.max_model_len)) if config.draft else self.target
+
+    def encode(self, item) -> list[int]:
+        from adaserve_backend.draft.data import Prompt, encode
+
+        return encode(self.tokenizer, Prompt(item.category, item.prompt, item.chat))[-1024:]
+
+    def engine(self, policy: str) -> Engine:
+        cfg = dataclasses.replace(self.config, scheduler=dataclasses.replace(self.config.scheduler, policy=policy))
+        return Engine(cfg, target=self.target, draft=self.draft, eos_token_ids={self.tokenizer.eos_token_id}, tokenizer=self.tokenizer)
+
+    def baseline_tpot_ms(self, prompts, n: int = 3, max_tokens: int = 32) -> float:
+        """The model's own single-request decode latency (continuous batching, no load)."""
+        from .workload import WorkItem
+
+        items = [WorkItem(f"b{i}", "chat", prompts["chat"][i][0], True, max_tokens, 1e9, 0.0) for i in range(n)]
+        tpots = []
+        for item in items:
+            records, _ = run_inprocess(self.engine("continuous"), self.encode, [item], 600, desc="baseline")
+            tpots += [r.tpot for r in records if r.tpot]
+        return 1e3 * statistics.mean(tpots)
+
+
+def score(records, wall, engine=None) -> dict:
+    row = summarize(records, wall)
+    row["per_category"] = {c: summarize([r for r in records if r.category == c], wall) for c in sorted({r.category for r in records})}
+    if engine is not None:
+        its = list(engine.iteration_stats)
+        row["mean_accepted_per_verify"] = engine.mean_accepted()
+        total = sum(it["latency"] for it in its) or 1.0
+        row["latency_breakdown"] = {k: sum(it[k] for it in its) / total for k in ("speculation", "selection", "verification")}
+    return row
+
+
+def run_level(args, runner, policies, items, label: dict) -> list[dict]:
+    rows = []
+    remote = {"triton": lambda: run_triton(args.url, items, args.time_limit),
+              "openai": lambda: run_openai(args.url, args.served_model, items, args.time_limit)}
+    for policy in [args.target] if args.target in remote else policies:  # a server runs its own policy
+        if args.target in remote:
+            records, wall = remote[args.target]()
+            row = score(records, wall)
+        else:
+            engine = runner.engine(policy)
+            records, wall = run_inprocess(engine, runner.encode, items, args.time_limit, desc=f"{policy} {label}")
+            row = score(records, wall, engine)
+        rows.append({**label, "policy": policy, **row})
+        print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f}, goodput {row['goodput_tok_s']:.1f} tok/s, "
+              f"violations {row['violations']}, accepted/verify {row.get('mean_accepted_per_verify', float('nan')):.2f}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", choices=["quick", "full"])
+    ap.add_argument("--config", default="model_repository/adaserve/1/engine.json")
+    ap.add_argument("--policies", nargs="+", default=POLICIES)
+    ap.add_argument("--rps", nargs="+", type=float, default=[0.25, 0.5, 1.0, 2.0])
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per load level")
+    ap.add_argument("--time-limit", type=float, default=180.0, help="seconds per run before unfinished requests count as errors")
+    ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
+    ap.add_argument("--target", choices=["inprocess", "triton", "openai"], default="inprocess")
+    ap.add_argument("--url", default="localhost:8001", help="Triton gRPC host:port, or the OpenAI server's base URL")
+    ap.add_argument("--served-model", default="", help="model name for --target openai")
+    ap.add_argument("--baseline-tpot-ms", type=float, help="skip measuring it")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="results")
+    args = ap.parse_args()
+
+    config = EngineConfig.from_json(args.config)
+    runner = InProcess(config)
+    prompts = builtin_prompts()
+    baseline = args.baseline_tpot_ms or runner.baseline_tpot_ms(prompts)
+    print(f"baseline TPOT {baseline:.1f} ms; SLOs: " + ", ".join(f"{c} {baseline * s:.0f} ms" for c, s in CATEGORY_SLO_SCALE.items()))
+
+    def items_for(rps: float, mix=None, slo_scale=None):
+        rng = random.Random(args.seed)
+        arrivals = poisson_arrivals(rps, max(1, int(rps * args.duration)), rng)
+        return build_workload(arrivals, baseline, mix=mix, prompts=prompts, slo_scale=slo_scale, seed=args.seed,
+                              output_scale=args.output_scale)
+
+    sweeps = {"rps": [({"rps": r}, items_for(r)) for r in args.rps]}
+    if args.suite == "full":
+        mid = args.rps[len(args.rps) // 2]
+        sweeps["urgent_share"] = [
+            ({"rps": mid, "urgent_share": u}, items_for(mid, mix={"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2}))
+            for u in (0.2, 0.4, 0.6, 0.8)
+        ]
+        sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s}, items_for(mid, slo_scale={"coding": s})) for s in (1.0, 1.2, 1.6, 2.0)]
+
+    meta = {"suite": args.suite, "target": args.target, "baseline_tpot_ms": baseline, "config": args.config,
+            "engine": dataclasses.asdict(config), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+            "duration_s": args.duration, "mix": DEFAULT_MIX, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.makedirs(args.out, exist_ok=True)
+    for name, levels in sweeps.items():
+        rows = []
+        for label, items in levels:
+            print(f"{name} {label}: {len(items)} requests")
+            rows += run_level(args, runner, args.policies, items, label)
+        stem = os.path.join(args.out, f"{args.suite}-{name}" + ("" if args.target == "inprocess" else f"-{args.target}"))
+        with open(stem + ".json", "w") as f:
+            json.dump({**meta, "sweep": name, "rows": rows}, f, indent=2)
+        write_csv(stem + ".csv", rows)
+        from .plots import plot_sweep
+
+        plot_sweep(rows, name, stem)
+        print(f"wrote {stem}.json, .csv, .png")
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    flat = []
+    for r in rows:
+        f = {k: v for k, v in r.items() if not isinstance(v, dict)}
+        for cat, s in r.get("per_category", {}).items():
+            f[f"{cat}_slo_attainment"] = s["slo_attainment"]
+        for k, v in r.get("latency_breakdown", {}).items():
+            f[f"share_{k}"] = v
+        flat.append(f)
+    keys = sorted({k for f in flat for k in f}, key=lambda k: (k not in ("rps", "policy"), k))
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(flat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Scoring finished requests: SLO attainment, goodput, latency percentiles (one definition, used by
+every runner so in-process, Triton and OpenAI-endpoint runs are comparable)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from adaserve_backend.slo import attains, tpot_seconds
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    category: str
+    tpot_slo_ms: float
+    arrival: float  # seconds, any clock shared by the fields below
+    first_token: float | None = None
+    last_token: float | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.error is None and self.first_token is not None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        """(e2e - TTFT) / (output tokens - 1): TTFT excluded."""
+        if self.first_token is None or self.last_token is None:
+            return None
+        return tpot_seconds(self.first_token, self.last_token, self.output_tokens)
+
+    @property
+    def attained(self) -> bool:
+        return self.finished and attains(self.tpot, self.tpot_slo_ms)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict:
+    """Attainment = attained / finished; goodput = output tokens of attained requests / wall time."""
+    finished = [r for r in records if r.finished]
+    attained = [r for r in finished if r.attained]
+    ttft = [r.ttft * 1e3 for r in finished]
+    tpot = [r.tpot * 1e3 for r in finished if r.tpot is not None]
+    out = {
+        "requests": len(records),
+        "finished": len(finished),
+        "errors": sum(r.error is not None for r in records),
+        "slo_attainment": len(attained) / len(finished) if finished else 0.0,
+        "violations": len(finished) - len(attained),
+        "goodput_tok_s": sum(r.output_tokens for r in attained) / wall_s if wall_s > 0 else 0.0,
+        "throughput_tok_s": sum(r.output_tokens for r in finished) / wall_s if wall_s > 0 else 0.0,
+    }
+    for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot)):
+        for q in (50, 90, 99):
+            out[f"{name}_p{q}"] = percentile(values, q)
+    return out

@@ -1,0 +1,31 @@
+"""PNG plots of a sweep: SLO attainment, goodput and accepted tokens per verification against the
+swept variable, one line per policy (like the paper's Figures 7-8)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+X_KEYS = {"rps": "rps", "urgent_share": "urgent_share", "slo_scale": "urgent_slo_scale"}
+X_LABELS = {"rps": "requests per second", "urgent_share": "share of urgent (coding) requests", "slo_scale": "urgent SLO scale (x baseline TPOT)"}
+
+
+def plot_sweep(rows: list[dict], sweep: str, stem: str) -> None:
+    x_key = X_KEYS[sweep]
+    metrics = [("slo_attainment", "SLO attainment"), ("goodput_tok_s", "goodput (tok/s)"), ("mean_accepted_per_verify", "accepted tokens / verification")]
+    metrics = [m for m in metrics if any(m[0] in r for r in rows)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
+    for ax, (key, label) in zip(axes if len(metrics) > 1 else [axes], metrics):
+        for policy in dict.fromkeys(r["policy"] for r in rows):
+            pts = sorted((r[x_key], r[key]) for r in rows if r["policy"] == policy and key in r)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=policy)
+        ax.set_xlabel(X_LABELS[sweep])
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes_list = axes if len(metrics) > 1 else [axes]
+    axes_list[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=110)
+    plt.close(fig)

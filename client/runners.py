@@ -1,0 +1,143 @@
+"""Send one workload, in real time, to a target: the in-process engine, Triton over gRPC streaming, or
+any OpenAI-compatible `/v1/completions` streaming endpoint. Every runner returns the same
+RequestRecords (times on its own monotonic clock), so their scores compare directly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from .metrics import RequestRecord
+from .workload import WorkItem
+
+
+def _record(item: WorkItem, start: float) -> RequestRecord:
+    return RequestRecord(item.request_id, item.category, item.tpot_slo_ms, arrival=start + item.arrival_s)
+
+
+def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float, desc: str = "in-process") -> tuple[list[RequestRecord], float]:
+    """Drive `engine` from this thread: requests are added when their arrival time comes, the loop
+    steps while there is work. `encode(item)` gives the prompt ids. Requests unfinished at the time
+    limit count as errors."""
+    from adaserve_backend.request import Request
+
+    pending = sorted(items, key=lambda i: i.arrival_s)
+    ids = {i.request_id: encode(i) for i in pending}
+    records = {}
+    start = time.monotonic()
+    bar = tqdm(total=len(pending), desc=desc, leave=False)
+    nxt = 0
+    while time.monotonic() - start < time_limit_s and (nxt < len(pending) or engine.has_work()):
+        now = time.monotonic()
+        while nxt < len(pending) and start + pending[nxt].arrival_s <= now:
+            item = pending[nxt]
+            records[item.request_id] = _record(item, start)
+            engine.add_request(Request(item.request_id, ids[item.request_id], max_tokens=item.max_tokens,
+                                       tpot_slo_ms=item.tpot_slo_ms, arrival_time=start + item.arrival_s))
+            nxt += 1
+        if not engine.has_work():
+            time.sleep(max(0.0, min(0.05, start + pending[nxt].arrival_s - time.monotonic())) if nxt < len(pending) else 0)
+            continue
+        for out in engine.step():
+            rec = records[out.request_id]
+            if out.new_token_ids:
+                rec.first_token = rec.first_token or out.emit_time
+                rec.last_token = out.emit_time
+                rec.output_tokens = out.num_output_tokens
+            if out.finished:
+                if out.error:
+                    rec.error = out.error
+                bar.update(1)
+    wall = time.monotonic() - start
+    for item in pending[nxt:]:
+        records[item.request_id] = _record(item, start)
+        records[item.request_id].error = "not sent within the time limit"
+    for request_id in {s.request.request_id for s in list(engine.running) + list(engine.waiting)}:
+        records[request_id].error = "not finished within the time limit"
+        engine.abort(request_id)
+    while engine.has_work():  # let the aborts free every block before the engine is reused
+        engine.step()
+    bar.close()
+    return list(records.values()), wall
+
+
+async def _replay(items: Sequence[WorkItem], send, time_limit_s: float, desc: str) -> tuple[list[RequestRecord], float]:
+    start = time.monotonic()
+    bar = tqdm(total=len(items), desc=desc, leave=False)
+
+    async def one(item: WorkItem) -> RequestRecord:
+        rec = _record(item, start)
+        await asyncio.sleep(max(0.0, rec.arrival - time.monotonic()))
+        try:
+            await asyncio.wait_for(send(item, rec), timeout=max(0.1, start + time_limit_s - time.monotonic()))
+        except asyncio.TimeoutError:
+            rec.error = "not finished within the time limit"
+        except Exception as e:  # a failed request is scored as an error, the run goes on
+            rec.error = f"{type(e).__name__}: {e}"
+        bar.update(1)
+        return rec
+
+    records = await asyncio.gather(*(one(i) for i in items))
+    bar.close()
+    return list(records), time.monotonic() - start
+
+
+def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: str = "ensemble") -> tuple[list[RequestRecord], float]:
+    from .stream import AsyncStreamClient
+
+    async def main():
+        client = AsyncStreamClient(url, model)
+
+        async def send(item: WorkItem, rec: RequestRecord) -> None:
+            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat):
+                now = time.monotonic()
+                if text:
+                    rec.first_token = rec.first_token or now
+                    rec.last_token = now
+                if "num_output_tokens" in extra:
+                    rec.output_tokens = int(extra["num_output_tokens"])
+
+        try:
+            return await _replay(items, send, time_limit_s, "triton gRPC")
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_s: float) -> tuple[list[RequestRecord], float]:
+    """`/v1/completions` with `stream: true` (vLLM, SGLang, Triton's OpenAI frontend). Chat-style items
+    are sent as plain prompts: the same text every server sees. Token counts come from the usage
+    block when the server reports it (vLLM: stream_options.include_usage), else one per chunk."""
+    import aiohttp
+
+    async def main():
+        async with aiohttp.ClientSession() as session:
+
+            async def send(item: WorkItem, rec: RequestRecord) -> None:
+                body = {"model": model, "prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": 0.0,
+                        "stream": True, "stream_options": {"include_usage": True}}
+                chunks = 0
+                async with session.post(base_url.rstrip("/") + "/v1/completions", json=body) as resp:
+                    resp.raise_for_status()
+                    async for raw in resp.content:
+                        line = raw.decode().strip()
+                        if not line.startswith("data:") or line == "data: [DONE]":
+                            continue
+                        data = json.loads(line[5:])
+                        now = time.monotonic()
+                        if data.get("choices") and data["choices"][0].get("text"):
+                            chunks += 1
+                            rec.first_token = rec.first_token or now
+                            rec.last_token = now
+                        if data.get("usage"):
+                            rec.output_tokens = data["usage"]["completion_tokens"]
+                rec.output_tokens = rec.output_tokens or chunks
+
+            return await _replay(items, send, time_limit_s, "openai endpoint")
+
+    return asyncio.run(main())

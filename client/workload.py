@@ -1,0 +1,159 @@
+"""Multi-SLO workloads: which prompts, which SLOs, when they arrive.
+
+Categories follow the paper: coding (HumanEval), chat (Alpaca-style instructions), summarisation (news
+articles). SLOs are set relative to the measured baseline TPOT of the hardware (the model's own
+single-request decode latency): coding 1.2x; chat and summarisation keep the paper's 50 ms and 150 ms
+in proportion to its coding-class baseline (taken as 25 ms), i.e. 2x and 6x.
+Arrivals: Poisson, bursty gamma, a replayed Azure LLM inference trace rescaled to a target RPS, or a
+synthetic fluctuating trace where each category peaks at a different time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+CATEGORY_SLO_SCALE = {"coding": 1.2, "chat": 2.0, "summary": 6.0}
+DEFAULT_MIX = {"coding": 0.6, "chat": 0.2, "summary": 0.2}
+OUTPUT_TOKENS = {"coding": (64, 160), "chat": (32, 128), "summary": (32, 96)}  # uniform ranges
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    request_id: str
+    category: str
+    prompt: str
+    chat: bool
+    max_tokens: int
+    tpot_slo_ms: float
+    arrival_s: float  # offset from the start of the run
+
+
+# ---- prompts -------------------------------------------------------------------------------------
+def builtin_prompts() -> dict[str, list[tuple[str, bool]]]:
+    """Offline prompt sets: HumanEval code, templated instructions, stdlib docstrings to summarise."""
+    from adaserve_backend.draft.data import humaneval_prompts, instruction_prompts, summary_prompts
+
+    return {
+        "coding": [(p, False) for p in humaneval_prompts()],
+        "chat": [(p, True) for p in instruction_prompts()],
+        "summary": [(p, True) for p in summary_prompts()],
+    }
+
+
+def load_alpaca(path: str) -> list[tuple[str, bool]]:
+    """Alpaca JSON: a list of {"instruction", "input"?}."""
+    with open(path) as f:
+        rows = json.load(f)
+    return [((r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")), True) for r in rows]
+
+
+def load_jsonl(path: str, field: str, template: str = "{}") -> list[tuple[str, bool]]:
+    """Any JSONL with a text field (CNN/DailyMail-style `article`, or `prompt`)."""
+    with open(path) as f:
+        return [(template.format(json.loads(line)[field]), True) for line in f if line.strip()]
+
+
+def load_articles(path: str) -> list[tuple[str, bool]]:
+    return load_jsonl(path, "article", "Summarize the following article in three sentences.\n\n{}")
+
+
+# ---- arrivals ------------------------------------------------------------------------------------
+def poisson_arrivals(rps: float, n: int, rng: random.Random) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rps)
+        out.append(t)
+    return out
+
+
+def gamma_arrivals(rps: float, n: int, rng: random.Random, cv: float = 3.0) -> list[float]:
+    """Bursty: gamma inter-arrival times with mean 1/rps and coefficient of variation `cv`."""
+    shape = 1.0 / cv**2
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.gammavariate(shape, 1.0 / (rps * shape))
+        out.append(t)
+    return out
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    time_s: float
+    context_tokens: int
+    generated_tokens: int
+
+
+def read_azure_trace(path: str) -> list[TraceRow]:
+    """Azure LLM inference trace CSV: TIMESTAMP,ContextTokens,GeneratedTokens."""
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            stamp = r["TIMESTAMP"].strip()
+            head, _, frac = stamp.partition(".")
+            t = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").timestamp() + (float("0." + frac) if frac else 0.0)
+            rows.append(TraceRow(t, int(r["ContextTokens"]), int(r["GeneratedTokens"])))
+    rows.sort(key=lambda r: r.time_s)
+    return rows
+
+
+def rescale_trace(rows: Sequence[TraceRow], rps: float, n: int) -> list[float]:
+    """The first `n` arrivals of a trace, time-scaled so their mean rate is `rps`; starts at 0."""
+    rows = list(rows)[:n]
+    if len(rows) < 2:
+        return [0.0] * len(rows)
+    t0, span = rows[0].time_s, rows[-1].time_s - rows[0].time_s
+    scale = ((len(rows) - 1) / rps) / span if span > 0 else 0.0
+    return [(r.time_s - t0) * scale for r in rows]
+
+
+def fluctuating_arrivals(rps: float, duration_s: float, categories: Sequence[str], rng: random.Random) -> list[tuple[float, str]]:
+    """Each category's rate is a raised cosine peaking at its own time; the total averages `rps`."""
+    k = len(categories)
+    out = []
+    for i, cat in enumerate(categories):
+        peak = duration_s * (i + 0.5) / k
+
+        def rate(t: float) -> float:
+            return (rps / k) * (1 + math.cos(2 * math.pi * (t - peak) / duration_s))
+
+        t, bound = 0.0, 2 * rps / k
+        while True:  # thinning of a homogeneous Poisson process
+            t += rng.expovariate(bound)
+            if t >= duration_s:
+                break
+            if rng.random() < rate(t) / bound:
+                out.append((t, cat))
+    return sorted(out)
+
+
+# ---- the workload --------------------------------------------------------------------------------
+def build_workload(
+    arrivals: Sequence[float],
+    baseline_tpot_ms: float,
+    mix: dict[str, float] | None = None,
+    prompts: dict[str, list[tuple[str, bool]]] | None = None,
+    categories: Sequence[str] | None = None,
+    slo_scale: dict[str, float] | None = None,
+    seed: int = 0,
+    output_scale: float = 1.0,
+) -> list[WorkItem]:
+    """One item per arrival. Categories are drawn from `mix` unless given per arrival; output lengths
+    are uniform in the category's range times `output_scale`."""
+    rng = random.Random(seed)
+    mix = mix or DEFAULT_MIX
+    prompts = prompts or builtin_prompts()
+    scale = {**CATEGORY_SLO_SCALE, **(slo_scale or {})}
+    names, weights = list(mix), [mix[c] for c in mix]
+    items = []
+    for i, t in enumerate(arrivals):
+        cat = categories[i] if categories else rng.choices(names, weights)[0]
+        text, chat = rng.choice(prompts[cat])
+        lo, hi = (max(2, round(x * output_scale)) for x in OUTPUT_TOKENS[cat])
+        items.append(WorkItem(f"w{i}", cat, text, chat, rng.randint(lo, hi), baseline_tpot_ms * scale[cat], t))
+    return items
