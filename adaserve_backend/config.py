@@ -141,8 +141,9 @@ class SpeculationConfig:
     n_max: largest tree the SLO-customized phase builds for one request (root included).
     order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
 
-    Defaults are this 2-core CPU's, measured (model_repository/adaserve/1/profile-cpu.json): a float32 verification
-    forward of the embedded model stays within 1.3x its flat latency up to B = 19 tokens. With c1 = 2 a
+    Defaults are this 2-core CPU's, measured: a float32 verification forward of the embedded model
+    stays within 1.3x its flat latency up to B = 19 tokens (a later profile, shipped as
+    model_repository/adaserve/1/profile-cpu.json and used by the served config, put the knee at 15). With c1 = 2 a
     lone request gets depth 5, four requests depth 2 and sixteen depth 1; the draft budget of 16 tokens
     per step keeps width 4 up to four requests and 1 beyond sixteen. A GPU profile raises all of these.
     """
