@@ -300,17 +300,14 @@ class Engine:
         Returns the surviving decode list, depth and width."""
         while True:
             decode = [s for s in decode if s in self.running]
+            prefill = {s: n for s, n in chunks.items() if s in self.running}
             tree = 1 + depth * width
-            t_need = sum(self.target.blocks.extra_blocks_needed(s.seq_id, tree) for s in decode)
-            t_need += sum(self.target.blocks.extra_blocks_needed(s.seq_id, n) for s, n in chunks.items() if s in self.running)
-            d_need = 0
-            if self.draft is not None:
-                d_need = sum(
-                    self.draft.blocks.extra_blocks_needed(s.seq_id, len(s.tokens) - self.draft.num_committed(s.seq_id) + depth * width)
-                    for s in decode
-                )
-                d_need += sum(self.draft.blocks.extra_blocks_needed(s.seq_id, n) for s, n in chunks.items() if s in self.running)
-            if t_need <= self.target.blocks.num_free_blocks and (self.draft is None or d_need <= self.draft.blocks.num_free_blocks):
+            fits = _fits(self.target, {**{s: tree for s in decode}, **prefill})
+            if fits and self.draft is not None:
+                # the draft takes the tokens it has not seen, then d-1 levels of w beams
+                beams = {s: len(s.tokens) - self.draft.num_committed(s.seq_id) + depth * width for s in decode}
+                fits = _fits(self.draft, {**beams, **prefill})
+            if fits:
                 return decode, depth, width
             if len(self.running) > 1:
                 self._preempt(self._victim())
@@ -452,6 +449,12 @@ class Engine:
             tpot_slo_ms=seq.tpot_slo_s * 1e3,
             stats={"verifications": seq.verifications, "draft_tokens": seq.draft_tokens, "accepted_drafts": seq.accepted_drafts},
         )
+
+
+def _fits(runner: ModelRunner, new_tokens: dict[Sequence, int]) -> bool:
+    """Whether appending `n` tokens to each sequence fits the runner's free KV blocks."""
+    need = sum(runner.blocks.extra_blocks_needed(s.seq_id, n) for s, n in new_tokens.items())
+    return need <= runner.blocks.num_free_blocks
 
 
 def _truncate_depth(cand: CandidateTree, max_depth: int) -> None:

@@ -80,19 +80,20 @@ class ModelRunner:
             raise KVCacheFull(f"batch needs more than the {self.blocks.num_free_blocks} free KV blocks")
         if len({x.seq_id for x in inputs}) != len(inputs):
             raise ValueError("a sequence may appear only once per forward")
+        all_parents = []
         for x in inputs:  # validate everything before touching any state
             n = len(x.token_ids)
             if n == 0 or not 0 <= x.num_logits <= n or (x.parents is not None and len(x.parents) != n):
                 raise ValueError(f"sequence {x.seq_id}: {n} tokens, num_logits={x.num_logits}, bad parents")
-            parents = x.parents if x.parents is not None else chain_parents(self.region_len(x.seq_id), n)
+            parents = list(x.parents) if x.parents is not None else chain_parents(self.region_len(x.seq_id), n)
             self.blocks.check_parents(x.seq_id, parents)
             if self.num_committed(x.seq_id) + max(self.blocks.depths_after(x.seq_id, parents)) >= self.max_len:
                 raise ValueError(f"sequence {x.seq_id} would exceed max_model_len={self.max_len}")
+            all_parents.append(parents)
         ids, positions, logit_rows, offsets = [], [], [], [0]
         row = 0
-        for x in inputs:
+        for x, parents in zip(inputs, all_parents):
             n = len(x.token_ids)
-            parents = list(x.parents) if x.parents is not None else chain_parents(self.region_len(x.seq_id), n)
             self.blocks.append(x.seq_id, parents)
             s = self.blocks.seq(x.seq_id)
             ids.extend(x.token_ids)

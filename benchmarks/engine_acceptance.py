@@ -17,6 +17,7 @@ from tqdm import tqdm
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import Request
+from adaserve_backend.slo import tpot_seconds
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -45,7 +46,7 @@ def run_level(engine: Engine, tokenizer, concurrency: int, max_tokens: int) -> d
             counts[o.request_id] = o.num_output_tokens
     wall = time.monotonic() - start
     its = engine.iteration_stats
-    tpot = [(last[r] - first[r]) / (counts[r] - 1) for r in counts if counts[r] > 1]
+    tpot = [t for r in counts if (t := tpot_seconds(first[r], last[r], counts[r])) is not None]
     return {
         "concurrency": concurrency,
         "mean_accepted_per_verify": engine.mean_accepted(),

@@ -26,6 +26,7 @@ from ..engine import Engine
 from ..model_runner import ModelRunner
 from ..models.loader import load_model, load_tokenizer, locate
 from ..request import Request
+from ..slo import tpot_seconds
 from .data import CATEGORIES, build_prompts, encode
 from .teacher import continuations, dense_logits
 
@@ -68,8 +69,8 @@ def run_one_by_one(engine: Engine, prompts: list[list[int]], max_tokens: int) ->
                 first = first or o.emit_time
                 last = o.emit_time
         outs.append(toks)
-        if len(toks) > 1:
-            tpots.append((last - first) / (len(toks) - 1))
+        if (tpot := tpot_seconds(first, last, len(toks))) is not None:
+            tpots.append(tpot)
     return outs, tpots
 
 
