@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
-# The draft this project trained for it (adaserve_backend/draft), shipped as LoRA deltas.
+# The draft this project trained for it (adaserve_backend/draft), shipped as its own tensors only.
 EMBEDDED_DRAFT = "embedded:smollm2-135m-instruct-draft"
 
 

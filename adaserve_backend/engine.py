@@ -5,7 +5,10 @@ One iteration under a speculative policy (the paper's Algorithm 2):
      (prefill chunks of other requests ride along in the first one);
   2. SLO-customized, 3. throughput-optimized selection of the nodes to verify, within budget B;
   4. verification: one target forward holding every selected tree and the prefill chunks; the
-     accepted path of each tree is committed in the target and draft caches, the rest released.
+     accepted path of each tree is committed in the target cache, the rest released.
+The draft cache only keeps tokens the draft saw with the target's features (its chain, see
+`_draft_chain`): accepted tokens are fed again, as the next iteration's chain, with the features the
+target just computed for them (for a feature-conditioned draft; a plain draft is fed the same way).
 Baseline policies share everything but the decode step (one token per request, no draft).
 
 Thread-safety: `add_request` and `abort` may be called from any thread; everything else runs on the
@@ -49,7 +52,11 @@ class Sequence:
     prefill_goal: int  # tokens to prefill: the prompt, or after a preemption all but the last token
     output: list[int] = field(default_factory=list)
     first_token_time: float | None = None
-    prefilled: int = 0  # of those, already in the target (and draft) cache
+    prefilled: int = 0  # of those, already in the target cache
+    # The target's final hidden states for positions features_start.., those the draft has not yet
+    # read (a feature-conditioned draft only): the draft's token i reads the feature of position i-1.
+    features: torch.Tensor | None = None
+    features_start: int = 0
     verifications: int = 0
     draft_tokens: int = 0
     accepted_drafts: int = 0
@@ -85,6 +92,8 @@ class Engine:
             elif draft is None:
                 draft = load_model(dataclasses.replace(config.draft, max_model_len=self.max_model_len))
             self.draft = ModelRunner(draft, config.draft_cache)
+        self._keep_features = self.draft is not None and self.draft.model.takes_features
+        self._no_features = torch.zeros(0, target.spec.hidden_size, device=self.target.device)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tokenizer = tokenizer  # only needed for stop strings
         spec = config.speculation
@@ -168,9 +177,9 @@ class Engine:
         now = time.monotonic()
         accepted = 0
         for i, (seq, tree) in enumerate(zip(decode, trees)):
-            accepted += self._verify(seq, tree, cands[i] if cands else None, out.of(i), now, outputs)
+            accepted += self._verify(seq, tree, cands[i] if cands else None, out.of(i), out.hidden_of(i), now, outputs)
         for j, (seq, n) in enumerate(chunks.items()):
-            self._finish_prefill_chunk(seq, n, out.of(len(decode) + j), now, outputs)
+            self._finish_prefill_chunk(seq, n, out.of(len(decode) + j), out.hidden_of(len(decode) + j), now, outputs)
         if decode:
             phases = {"speculation": t_spec - start, "selection": t_select - t_spec, "verification": now - t_select}
             self._record_iteration(len(decode), depth, width, sum(len(t.tokens) for t in trees), accepted, start, phases)
@@ -304,9 +313,9 @@ class Engine:
             tree = 1 + depth * width
             fits = _fits(self.target, {**{s: tree for s in decode}, **prefill})
             if fits and self.draft is not None:
-                # the draft takes the tokens it has not seen, then d-1 levels of w beams
-                beams = {s: len(s.tokens) - self.draft.num_committed(s.seq_id) + depth * width for s in decode}
-                fits = _fits(self.draft, {**beams, **prefill})
+                # the draft takes its chain, then d-1 levels of w beams
+                beams = {s: len(self._draft_chain(s)) + depth * width for s in decode}
+                fits = _fits(self.draft, {**beams, **{s: len(self._draft_chain(s)) for s in prefill}})
             if fits:
                 return decode, depth, width
             if len(self.running) > 1:
@@ -339,13 +348,53 @@ class Engine:
         self.target.free(seq.seq_id)
         if self.draft is not None:
             self.draft.free(seq.seq_id)
+        seq.features, seq.features_start = None, 0
 
     # ---- speculation, selection, verification ---------------------------------------------------
+    def _draft_chain(self, seq: Sequence) -> list[int]:
+        """What the draft reads next: the tokens it lacks up to one past the target's cache (so, for a
+        decoding request, up to the root). It trails a prefilling request by one chunk, since it
+        reads the features the target computed for that chunk."""
+        end = min(len(seq.tokens), self.target.num_committed(seq.seq_id) + 1)
+        return seq.tokens[self.draft.num_committed(seq.seq_id) : end]
+
+    def _chain_features(self, seq: Sequence, n: int) -> torch.Tensor | None:
+        """The features of the draft's next `n` tokens: token i reads position i-1 (zeros for i = 0)."""
+        if not self._keep_features:
+            return None
+        start = self.draft.num_committed(seq.seq_id)
+        have = seq.features if seq.features is not None else self._no_features
+        if start == 0:
+            have = torch.cat([self._no_features.new_zeros(1, have.shape[1]), have])
+        else:
+            have = have[start - 1 - seq.features_start :]
+        assert have.shape[0] >= n, "the draft cannot run ahead of the target's features"
+        return have[:n]
+
+    def _add_features(self, seq: Sequence, position: int, hidden: torch.Tensor) -> None:
+        """Keep the target's features of positions position.., dropping those the draft has read."""
+        if not self._keep_features:
+            return
+        if seq.features is None:
+            seq.features, seq.features_start = hidden, position
+        else:
+            assert position == seq.features_start + seq.features.shape[0], "features must be contiguous"
+            seq.features = torch.cat([seq.features, hidden])
+        read = self.draft.num_committed(seq.seq_id) - 1 - seq.features_start  # rows no longer needed
+        if read > 0:
+            seq.features, seq.features_start = seq.features[read:], seq.features_start + read
+
     def _speculate(self, decode, chunks, depth, width) -> list[CandidateTree]:
         if self.draft is None:
             return []
-        extra = [SeqInput(s.seq_id, s.tokens[s.prefilled : s.prefilled + n], num_logits=0) for s, n in chunks.items()]
-        reqs = [BeamRequest(s.seq_id, s.tokens[self.draft.num_committed(s.seq_id) :]) for s in decode]
+        extra = []
+        for s in chunks:
+            if chain := self._draft_chain(s):
+                extra.append(SeqInput(s.seq_id, chain, num_logits=0, features=self._chain_features(s, len(chain))))
+        reqs = []
+        for s in decode:
+            chain = self._draft_chain(s)
+            reqs.append(BeamRequest(s.seq_id, chain, self._chain_features(s, len(chain))))
         cands = beam_search(self.draft, reqs, depth, width, extra)
         for s in chunks:
             self.draft.commit_all(s.seq_id)
@@ -370,19 +419,15 @@ class Engine:
         params = SelectionParams(budget=max(self.budget, len(decode)), n_max=spec.n_max, order=spec.order)
         return [TokenTree.from_selection(c, nodes) for c, nodes in zip(cands, select_tokens(cands, a_caps, params))]
 
-    def _verify(self, seq, tree, cand, logits, now, outputs) -> int:
-        """Accept a path of `tree`, commit it in both caches, emit; returns the tokens it produced."""
+    def _verify(self, seq, tree, cand, logits, hidden, now, outputs) -> int:
+        """Accept a path of `tree`, commit it in the target cache and the draft's chain in the draft
+        cache, emit; returns the tokens it produced."""
         depths = tree.depths()
         result = accept(tree, lambda node: self._choose(seq, logits[node], len(seq.output) + depths[node]))
         self.target.commit(seq.seq_id, result.path)
         if self.draft is not None and cand is not None:
-            keep = list(range(cand.draft_region[0] + 1))  # the uncached chain that ended in the root
-            for node in result.path[1:]:
-                region = cand.draft_region[tree.source[node]]
-                if region < 0:
-                    break
-                keep.append(region)
-            self.draft.commit(seq.seq_id, keep)
+            self.draft.commit(seq.seq_id, list(range(cand.draft_region[0] + 1)))
+        self._add_features(seq, len(seq.tokens) - 1, hidden[result.path])
         seq.verifications += 1
         seq.draft_tokens += len(tree.tokens) - 1
         seq.accepted_drafts += result.num_accepted_drafts
@@ -398,8 +443,9 @@ class Engine:
                 logits[banned] = float("-inf")
         return choose_token(logits, seq.request.sampling, seq.generator)
 
-    def _finish_prefill_chunk(self, seq, n, logits, now, outputs) -> None:
+    def _finish_prefill_chunk(self, seq, n, logits, hidden, now, outputs) -> None:
         self.target.commit_all(seq.seq_id)
+        self._add_features(seq, seq.prefilled, hidden)
         seq.prefilled += n
         if seq.prefilled == seq.prefill_goal and not seq.output:
             seq.first_token_time = now

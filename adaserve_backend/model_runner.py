@@ -27,21 +27,28 @@ class SeqInput:
       tokens are numbered after the tokens already there; -1 hangs it off the committed prefix).
       None appends the tokens as a chain after the region's last token (prefill, decode).
     num_logits: logits are returned for the last `num_logits` new tokens (0 for none).
+    features: [len(token_ids), hidden], one feature per new token, for models that take them.
     """
 
     seq_id: int
     token_ids: Sequence[int]
     parents: Sequence[int] | None = None
     num_logits: int = 1
+    features: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: torch.Tensor  # float32 [sum(num_logits), vocab]
     offsets: list[int]  # start row of each input's logits, plus the total at the end
+    hidden: torch.Tensor  # [sum(len(token_ids)), hidden]: every new token's final hidden state
+    token_offsets: list[int]  # start row of each input's tokens in `hidden`, plus the total
 
     def of(self, i: int) -> torch.Tensor:
         return self.logits[self.offsets[i] : self.offsets[i + 1]]
+
+    def hidden_of(self, i: int) -> torch.Tensor:
+        return self.hidden[self.token_offsets[i] : self.token_offsets[i + 1]]
 
 
 class ModelRunner:
@@ -85,12 +92,14 @@ class ModelRunner:
             n = len(x.token_ids)
             if n == 0 or not 0 <= x.num_logits <= n or (x.parents is not None and len(x.parents) != n):
                 raise ValueError(f"sequence {x.seq_id}: {n} tokens, num_logits={x.num_logits}, bad parents")
+            if self.model.takes_features and (x.features is None or x.features.shape[0] != n):
+                raise ValueError(f"sequence {x.seq_id}: this model needs one feature per new token")
             parents = list(x.parents) if x.parents is not None else chain_parents(self.region_len(x.seq_id), n)
             self.blocks.check_parents(x.seq_id, parents)
             if self.num_committed(x.seq_id) + max(self.blocks.depths_after(x.seq_id, parents)) >= self.max_len:
                 raise ValueError(f"sequence {x.seq_id} would exceed max_model_len={self.max_len}")
             all_parents.append(parents)
-        ids, positions, logit_rows, offsets = [], [], [], [0]
+        ids, positions, logit_rows, offsets, token_offsets = [], [], [], [0], [0]
         row = 0
         for x, parents in zip(inputs, all_parents):
             n = len(x.token_ids)
@@ -101,15 +110,18 @@ class ModelRunner:
             logit_rows.extend(range(row + n - x.num_logits, row + n))
             offsets.append(offsets[-1] + x.num_logits)
             row += n
+            token_offsets.append(row)
         meta = build_metadata(self.blocks, [(x.seq_id, len(x.token_ids)) for x in inputs], self.device)
         self.attn.plan(meta)
+        features = torch.cat([x.features for x in inputs]).to(self.device) if self.model.takes_features else None
         hidden = self.model(
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
             self.attn,
+            features,
         )
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        return ForwardOutput(self.model.compute_logits(hidden.index_select(0, rows)), offsets)
+        return ForwardOutput(self.model.compute_logits(hidden.index_select(0, rows)), offsets, hidden, token_offsets)
 
     def commit(self, seq_id: int, keep: Sequence[int]) -> None:
         """Keep one root-to-node path of the region (region indices), release the rest."""

@@ -47,14 +47,18 @@ def measure_forward(
     vocab = runner.model.spec.vocab_size
     num_seqs = -(-max(sizes) // per_seq)
     base = 1 << 30  # sequence ids no engine uses
+
+    def features(k: int) -> torch.Tensor | None:  # what a feature-conditioned draft reads; values do not matter
+        return torch.zeros(k, runner.model.spec.hidden_size) if runner.model.takes_features else None
+
     for s in range(num_seqs):
-        runner.forward([SeqInput(base + s, [rng.randrange(vocab) for _ in range(context)], num_logits=0)])
+        runner.forward([SeqInput(base + s, [rng.randrange(vocab) for _ in range(context)], num_logits=0, features=features(context))])
         runner.commit_all(base + s)
 
     def batch(n: int) -> list[SeqInput]:
         sizes_ = [per_seq] * (n // per_seq) + ([n % per_seq] if n % per_seq else [])
         return [
-            SeqInput(base + s, [rng.randrange(vocab) for _ in range(k)], parents=tree_parents(k, rng), num_logits=k)
+            SeqInput(base + s, [rng.randrange(vocab) for _ in range(k)], tree_parents(k, rng), k, features(k))
             for s, k in enumerate(sizes_)
         ]
 

@@ -28,20 +28,23 @@ from ..models.loader import load_model, load_tokenizer, locate
 from ..request import Request
 from ..slo import tpot_seconds
 from .data import CATEGORIES, build_prompts, encode
-from .teacher import continuations, dense_logits
+from .teacher import continuations, dense_hidden, dense_logits, shifted
 
 SHAPES = [("chain d=4", "spec:4", 4, 1), ("tree d=4 w=2", "adaserve", 4, 2), ("tree d=4 w=4", "adaserve", 4, 4), ("tree d=6 w=2", "adaserve", 6, 2)]
 
 
 @torch.inference_mode()
-def agreement(draft, seqs, prompt_lens) -> float:
+def agreement(draft, target, seqs, prompt_lens) -> float:
+    """Teacher-forced top-1 agreement over the output positions (a feature-conditioned draft reads
+    the target's features, as it does when serving)."""
     hits = total = 0
     vocab_ids = draft.vocab_ids
     for seq, plen in zip(seqs, prompt_lens):
         if len(seq) - plen < 2:
             continue
-        logits = dense_logits(draft, torch.tensor([seq]))[0]
-        guess = logits.argmax(-1)
+        ids = torch.tensor([seq])
+        features = shifted(dense_hidden(target, ids)) if draft.takes_features else None
+        guess = dense_logits(draft, ids, features)[0].argmax(-1)
         if vocab_ids is not None:
             guess = vocab_ids[guess]
         pred, truth = guess[plen - 1 : len(seq) - 1], torch.tensor(seq[plen:])
@@ -96,7 +99,7 @@ def main() -> None:
     for cat, prompts in by_cat.items():
         ids = [encode(tokenizer, p)[-320:] for p in prompts]
         outs = continuations(target, ids, args.max_tokens, [0.0] * len(ids), eos, batch=8)
-        row = {"prompts": len(ids), "top1_agreement": agreement(draft_f32, [a + b for a, b in zip(ids, outs)], [len(a) for a in ids])}
+        row = {"prompts": len(ids), "top1_agreement": agreement(draft_f32, target, [a + b for a, b in zip(ids, outs)], [len(a) for a in ids])}
         for name, policy, d, w in tqdm(SHAPES, desc=f"{cat}: accepted tokens", leave=False):
             engine = engine_for(target, draft, policy, d, w, eos)
             run_one_by_one(engine, ids, args.max_tokens)

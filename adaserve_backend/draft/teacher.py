@@ -1,5 +1,5 @@
-"""What the target teaches: its own continuations of the prompts, and its next-token distribution
-(top-k) at every position of those sequences."""
+"""What the target teaches: its own continuations of the prompts, and at every position of those
+sequences its next-token distribution (top-k) and its final hidden state (the draft's input feature)."""
 
 from __future__ import annotations
 
@@ -47,17 +47,30 @@ def padded_batch(seqs: Sequence[list[int]], pad: int = 0) -> tuple[torch.Tensor,
     return ids, mask
 
 
-def dense_logits(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
-    """Teacher-forced logits [B, T, V] for right-padded ids [B, T] (differentiable)."""
+def dense_hidden(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+    """Teacher-forced final hidden states [B, T, H] for right-padded ids [B, T] (differentiable);
+    features [B, T, H] for a feature-conditioned model."""
     b, t = ids.shape
     attn = DenseCausalBackend(b, t)
-    hidden = model(ids.reshape(-1), attn.positions(ids.device), attn)
-    return model.compute_logits(hidden).view(b, t, -1)
+    flat = None if features is None else features.reshape(b * t, -1)
+    return model(ids.reshape(-1), attn.positions(ids.device), attn, flat).view(b, t, -1)
+
+
+def dense_logits(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+    """Teacher-forced logits [B, T, V] for right-padded ids [B, T] (differentiable)."""
+    hidden = dense_hidden(model, ids, features)
+    return model.compute_logits(hidden.flatten(0, 1)).view(*ids.shape, -1)
+
+
+def shifted(features: torch.Tensor) -> torch.Tensor:
+    """A feature-conditioned draft's inputs [B, T, H]: token i reads the target's feature at i-1."""
+    return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
 
 
 @torch.inference_mode()
-def teacher_topk(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_tokens: int = 4096) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per sequence: (ids [T, k] int32, log-probs [T, k] float16) of the target's top-k next tokens."""
+def teacher_data(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_tokens: int = 4096) -> list[tuple[torch.Tensor, ...]]:
+    """Per sequence: (ids [T, k] int32, log-probs [T, k] float16) of the target's top-k next tokens,
+    and its final hidden states [T, H] in bfloat16 (the features a draft reads)."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     result: list = [None] * len(seqs)
     bar = tqdm(total=sum(len(s) for s in seqs), desc="teacher distributions", unit="tok")
@@ -68,11 +81,12 @@ def teacher_topk(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_to
             end += 1
         chunk = [order[i] for i in range(start, end)]
         ids, _ = padded_batch([seqs[i] for i in chunk])
-        logp = torch.log_softmax(dense_logits(target, ids), dim=-1)
+        hidden = dense_hidden(target, ids)
+        logp = torch.log_softmax(target.compute_logits(hidden.flatten(0, 1)).view(*ids.shape, -1), dim=-1)
         top = torch.topk(logp, k, dim=-1)
         for row, i in enumerate(chunk):
             n = len(seqs[i])
-            result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16))
+            result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16), hidden[row, :n].to(torch.bfloat16))
         bar.update(sum(len(seqs[i]) for i in chunk))
         start = end
     bar.close()

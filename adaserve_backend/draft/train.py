@@ -4,11 +4,16 @@
 
 1. prompts: code, instructions, summarisation inputs (draft/data.py; held-out prompts excluded);
 2. the target's own continuations of them (greedy, some sampled), with continuous batching;
-3. the target's top-k next-token distribution at every position (float32 target: the one we serve);
+3. at every position of those sequences, the target's top-k next-token distribution and its final
+   hidden state (float32 target: the one we serve);
 4. the head's vocabulary: the most frequent tokens the target produces;
-5. LoRA training of the draft layers and head, minimising cross-entropy to the target distribution
-   (KL up to a constant), output positions weighted above prompt positions;
-6. save only the draft's own tensors, and print top-1 agreement on held-out prompts.
+5. training of the feature-conditioned draft (draft/model.py): cross-entropy to the target's
+   distribution (KL up to a constant) plus a regression of the target's feature, output positions
+   weighted above prompt positions. Each batch runs twice: with the target's features as inputs, and
+   with the draft's own predicted features for a random half of the positions, which is what the draft
+   reads at tree depths >= 2;
+6. save only the draft's own tensors.
+Steps 2-3 are deterministic and take most of the time: --cache DIR keeps them for later runs.
 Runs on this CPU in well under an hour; on a GPU pass --device cuda.
 """
 
@@ -22,33 +27,34 @@ import random
 import time
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..config import EMBEDDED_DEFAULT, ModelConfig
 from ..models.loader import load_model, load_tokenizer, locate, read_checkpoint
 from .data import build_prompts, encode
-from .model import SHIPPED, DraftLayout, add_lora, base_draft, save_draft
-from .teacher import continuations, dense_logits, padded_batch, teacher_topk
+from .model import SHIPPED, DraftLayout, base_draft, save_draft, trainable
+from .teacher import continuations, dense_hidden, padded_batch, shifted, teacher_data
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=EMBEDDED_DEFAULT)
     ap.add_argument("--out", default=SHIPPED)
-    ap.add_argument("--layers", default="0,1,2,3,28,29", help="target layers the draft starts from")
+    ap.add_argument("--layers", default="0", help="target layers the draft's decoder layers start from")
     ap.add_argument("--vocab", type=int, default=8192, help="tokens the draft head covers")
-    ap.add_argument("--rank", type=int, default=96)
     ap.add_argument("--max-prompts", type=int, default=800)
     ap.add_argument("--max-prompt-tokens", type=int, default=320)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--topk", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--prompt-weight", type=float, default=0.3)
+    ap.add_argument("--feature-weight", type=float, default=0.5, help="weight of the feature regression")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache", help="save (or reuse) the target's continuations and distributions here")
+    ap.add_argument("--cache", help="directory to save (or reuse) steps 2 and 3 in")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -59,42 +65,46 @@ def main() -> None:
     parts = read_checkpoint(args.target)
     target = load_model(ModelConfig(path=args.target, device=args.device), parts)
     train_prompts, held_out = build_prompts(seed=args.seed)
-    train_prompts = train_prompts[: args.max_prompts]
-    prompt_ids = [encode(tokenizer, p)[-args.max_prompt_tokens :] for p in train_prompts]
+    prompt_ids = [encode(tokenizer, p)[-args.max_prompt_tokens :] for p in train_prompts[: args.max_prompts]]
 
-    if args.cache and os.path.exists(args.cache):  # steps 2-3 are deterministic: reuse them
-        prompt_ids, seqs, teacher = torch.load(args.cache)
-        print(f"reusing target continuations and distributions from {args.cache}")
-    else:
-        # 2. the target's own outputs; bfloat16 for speed (the teacher distributions below are float32)
+    def cached(name, make):
+        path = os.path.join(args.cache, name) if args.cache else None
+        if path and os.path.exists(path):
+            print(f"reusing {path}")
+            return torch.load(path)
+        value = make()
+        if path:
+            os.makedirs(args.cache, exist_ok=True)
+            torch.save(value, path)
+        return value
+
+    def generate():
+        # bfloat16 for speed; the teacher distributions and features below are float32
         fast = copy.deepcopy(target).place(args.device, torch.bfloat16 if args.device == "cpu" else torch.float16)
-        temps = [0.0 if rng.random() < 0.7 else 0.7 for _ in prompt_ids]
+        pick = random.Random(args.seed)
+        temps = [0.0 if pick.random() < 0.7 else 0.7 for _ in prompt_ids]
         outputs = continuations(fast, prompt_ids, args.max_new_tokens, temps, {tokenizer.eos_token_id})
-        del fast
-        seqs = [p + o for p, o in zip(prompt_ids, outputs)]
-        # 3. teacher distributions
-        teacher = teacher_topk(target, seqs, args.topk, args.batch_tokens)
-        if args.cache:
-            os.makedirs(os.path.dirname(args.cache) or ".", exist_ok=True)
-            torch.save((prompt_ids, seqs, teacher), args.cache)
+        return prompt_ids, [p + o for p, o in zip(prompt_ids, outputs)]
+
+    prompt_ids, seqs = cached("continuations.pt", generate)
+    teacher = cached("teacher.pt", lambda: teacher_data(target, seqs, args.topk, args.batch_tokens))
+    del target
 
     # 4. head vocabulary
     counts = collections.Counter()
-    for (ids, _), p in zip(teacher, prompt_ids):
+    for (ids, _, _), p in zip(teacher, prompt_ids):
         counts.update(ids[:, 0].tolist())  # the target's argmax at every position
         counts.update(ids[len(p) - 1 :, 0].tolist())  # outputs count twice: that is what drafts propose
     head_vocab = [t for t, _ in counts.most_common(args.vocab)]
     covered = sum(c for t, c in counts.items() if t in set(head_vocab)) / sum(counts.values())
     print(f"head vocabulary: {len(head_vocab)} tokens cover {covered:.1%} of the target's choices")
-    del target
 
     # 5. train
-    layout = DraftLayout(args.target, [int(x) for x in args.layers.split(",")], head_vocab, args.rank)
+    layout = DraftLayout(args.target, [int(x) for x in args.layers.split(",")], head_vocab)
     draft = base_draft(layout, max_len=args.max_prompt_tokens + args.max_new_tokens + 8, parts=parts).to(args.device)
-    params = add_lora(draft, args.rank)
-    draft.to(args.device)
-    index = torch.full((parts[1].vocab_size,), -1, dtype=torch.long)
-    index[torch.tensor(head_vocab)] = torch.arange(len(head_vocab))
+    params = trainable(draft)
+    scale = torch.cat([t[2][:64].float() for t in teacher]).std().item()  # features' spread, for the regression
+    loss_fn = DistillLoss(head_vocab, parts[1].vocab_size, args.prompt_weight, args.feature_weight, scale)
     batches = length_batches(seqs, args.batch_tokens)
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     steps = args.epochs * len(batches)
@@ -103,15 +113,15 @@ def main() -> None:
     for epoch in range(args.epochs):
         rng.shuffle(batches)
         for batch in batches:
-            loss = distill_loss(draft, [seqs[i] for i in batch], [teacher[i] for i in batch],
-                                [len(prompt_ids[i]) for i in batch], index, args.prompt_weight, args.device)
+            loss, agree = loss_fn(draft, [seqs[i] for i in batch], [teacher[i] for i in batch],
+                                  [len(prompt_ids[i]) for i in batch], args.device)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
+            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}", top1=f"{agree:.2f}")
     bar.close()
 
     # 6. save
@@ -130,28 +140,48 @@ def length_batches(seqs: list[list[int]], batch_tokens: int) -> list[list[int]]:
     return batches + ([cur] if cur else [])
 
 
-def distill_loss(draft, seqs, teacher, prompt_lens, index, prompt_weight, device) -> torch.Tensor:
-    """Cross-entropy of the draft's head distribution to the target's top-k distribution (restricted
-    to the head's vocabulary and renormalised), per position, weighted, averaged."""
-    ids, mask = padded_batch(seqs)
-    logq = torch.log_softmax(dense_logits(draft, ids.to(device)).float(), dim=-1)  # [B, T, V']
-    b, t, _ = logq.shape
-    k = teacher[0][0].shape[1]
-    t_ids = torch.zeros(b, t, k, dtype=torch.long)
-    t_logp = torch.full((b, t, k), float("-inf"))
-    weight = torch.zeros(b, t)
-    for row, ((tid, tlp), plen) in enumerate(zip(teacher, prompt_lens)):
-        n = tid.shape[0]
-        t_ids[row, :n] = tid.long()
-        t_logp[row, :n] = tlp.float()
-        weight[row, :n] = prompt_weight
-        weight[row, plen - 1 : n] = 1.0
-    sub = index[t_ids]  # teacher tokens as head rows; -1 outside the head
-    p = torch.softmax(t_logp.masked_fill(sub < 0, float("-inf")), dim=-1).nan_to_num(0.0)
-    q = logq.gather(-1, sub.clamp(min=0).to(device))
-    per_pos = -(p.to(device) * q).sum(-1)
-    weight = (weight * mask).to(device)
-    return (per_pos * weight).sum() / weight.sum()
+class DistillLoss:
+    """Per position: cross-entropy of the draft's head distribution to the target's top-k
+    distribution (restricted to the head's vocabulary, renormalised) plus the feature regression;
+    weighted, averaged over both passes (target features in; own predictions in for half)."""
+
+    def __init__(self, head_vocab, vocab_size, prompt_weight, feature_weight, scale) -> None:
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
+        self.index[torch.tensor(head_vocab)] = torch.arange(len(head_vocab))
+        self.prompt_weight, self.feature_weight, self.scale = prompt_weight, feature_weight, scale
+
+    def __call__(self, draft, seqs, teacher, prompt_lens, device) -> tuple[torch.Tensor, float]:
+        ids, mask = padded_batch(seqs)
+        b, t = ids.shape
+        k = teacher[0][0].shape[1]
+        t_ids = torch.zeros(b, t, k, dtype=torch.long)
+        t_logp = torch.full((b, t, k), float("-inf"))
+        feats = torch.zeros(b, t, teacher[0][2].shape[1])
+        weight = torch.zeros(b, t)
+        for row, ((tid, tlp, hid), plen) in enumerate(zip(teacher, prompt_lens)):
+            n = tid.shape[0]
+            t_ids[row, :n], t_logp[row, :n], feats[row, :n] = tid.long(), tlp.float(), hid.float()
+            weight[row, :n] = self.prompt_weight
+            weight[row, plen - 1 : n] = 1.0
+        sub = self.index[t_ids]  # teacher tokens as head rows; -1 outside the head
+        p = torch.softmax(t_logp.masked_fill(sub < 0, float("-inf")), dim=-1).nan_to_num(0.0).to(device)
+        sub, feats, ids = sub.clamp(min=0).to(device), feats.to(device), ids.to(device)
+        weight = (weight * mask).to(device)
+
+        def pass_loss(inputs):
+            hidden = dense_hidden(draft, ids, inputs)
+            logq = torch.log_softmax(draft.compute_logits(hidden.flatten(0, 1)).view(b, t, -1), dim=-1)
+            ce = -(p * logq.gather(-1, sub)).sum(-1)
+            reg = F.smooth_l1_loss(hidden / self.scale, feats / self.scale, reduction="none").mean(-1)
+            per_pos = ce + self.feature_weight * reg
+            agree = ((logq.argmax(-1) == sub[..., 0]).float() * (weight == 1.0)).sum() / (weight == 1.0).sum()
+            return (per_pos * weight).sum() / weight.sum(), hidden, agree.item()
+
+        true_in = shifted(feats)
+        loss1, hidden, agree = pass_loss(true_in)
+        own = torch.rand(b, t, 1, device=device) < 0.5
+        loss2, _, _ = pass_loss(torch.where(own, shifted(hidden.detach()), true_in))
+        return (loss1 + loss2) / 2, agree
 
 
 if __name__ == "__main__":

@@ -113,7 +113,12 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     """head_vocab: token ids the output head covers (a draft proposing only frequent tokens); logits
-    row j is token head_vocab[j]. None: the full vocabulary."""
+    row j is token head_vocab[j]. None: the full vocabulary.
+
+    forward returns the final-norm hidden state of every token: the input of the output head, and the
+    feature a feature-conditioned draft (draft/model.py) reads from the target."""
+
+    takes_features = False  # whether forward needs a feature vector per token besides its id
 
     def __init__(
         self,
@@ -181,9 +186,15 @@ class LlamaModel(nn.Module):
             if layer.down_proj.bias is not None:
                 layer.down_proj.bias.copy_(take(m + "down_proj.bias"))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions: [T]. Returns final-norm hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
+    def embed(self, input_ids: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend, features: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; features: [T, hidden] for models that take them. Returns
+        final-norm hidden states [T, hidden]."""
+        x = self.embed(input_ids, features)
         cos = self.rope_cos[positions].to(x.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(x.dtype)[:, None, :]
         for i, layer in enumerate(self.layers):

@@ -5,6 +5,10 @@ takes the root's w most likely children. Steps 2..d feed the w nodes of the prev
 and keep, per request, the w best (parent, token) extensions by path probability. Every step is one
 batched draft forward for all requests (prefill chunks of other requests may ride along in step 1).
 The deepest level is never fed to the draft, so d forwards build d levels.
+
+A feature-conditioned draft (draft/model.py) also reads one feature per token: the target's hidden
+states for the chain (the caller supplies them), and for tree nodes the draft's own output at the
+node's parent, its prediction of the target's feature there.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .token_tree import CandidateTree
 class BeamRequest:
     seq_id: int
     chain: list[int]  # tokens the draft cache lacks, ending with the root (the request's last token)
+    features: torch.Tensor | None = None  # [len(chain), hidden] for a feature-conditioned draft
 
 
 @torch.inference_mode()
@@ -36,40 +41,46 @@ def beam_search(
     trees = [CandidateTree([r.chain[-1]], [-1], [1.0], [len(r.chain) - 1]) for r in requests]
     for r in requests:
         assert draft.region_len(r.seq_id) == 0, "draft region must be empty before speculation"
-    out = draft.forward([SeqInput(r.seq_id, r.chain) for r in requests] + list(extra))
+    out = draft.forward([SeqInput(r.seq_id, r.chain, features=r.features) for r in requests] + list(extra))
     logp = torch.log_softmax(out.logits[: len(requests)], dim=-1)  # [n, V]
+    hidden = [out.hidden_of(i)[-1:] for i in range(len(requests))]  # the root's output
     vocab_ids = draft.model.vocab_ids.tolist() if draft.model.vocab_ids is not None else None
-    beams = _extend(trees, [[0] for _ in requests], logp.unsqueeze(1), width, vocab_ids)
+    beams, slots = _extend(trees, [[0] for _ in requests], logp.unsqueeze(1), width, vocab_ids)
     for step in range(1, depth):
         inputs = []
-        for r, tree, level in zip(requests, trees, beams):
+        for i, (r, tree, level) in enumerate(zip(requests, trees, beams)):
             parents = [tree.draft_region[tree.parents[j]] for j in level]
             base = draft.region_len(r.seq_id)
             for k, j in enumerate(level):
                 tree.draft_region[j] = base + k
-            inputs.append(SeqInput(r.seq_id, [tree.tokens[j] for j in level], parents=parents, num_logits=len(level)))
+            feats = hidden[i][slots[i]] if draft.model.takes_features else None
+            inputs.append(SeqInput(r.seq_id, [tree.tokens[j] for j in level], parents, len(level), feats))
         out = draft.forward(inputs)
         logp = [torch.log_softmax(out.of(i), dim=-1) for i in range(len(requests))]
-        beams = _extend(trees, beams, logp, width, vocab_ids)
+        hidden = [out.hidden_of(i) for i in range(len(requests))]
+        beams, slots = _extend(trees, beams, logp, width, vocab_ids)
     return trees
 
 
-def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: int, vocab_ids) -> list[list[int]]:
-    """Add, per tree, the `width` best children of its current beam nodes; returns the new beams.
-    `vocab_ids` maps a draft head row to its token id (a head over part of the vocabulary)."""
-    new_beams = []
+def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: int, vocab_ids):
+    """Add, per tree, the `width` best children of its current beam nodes. Returns the new beams and,
+    per tree, the position in the old beam of each new node's parent. `vocab_ids` maps a draft head
+    row to its token id (a head over part of the vocabulary)."""
+    new_beams, new_slots = [], []
     for tree, beam, logp in zip(trees, beams, logps):
         parent_log = torch.tensor([math.log(tree.scores[j]) for j in beam], dtype=logp.dtype)
         total = (logp + parent_log[:, None]).reshape(-1)  # [len(beam) * V]
         top = torch.topk(total, min(width, total.numel()))
         vocab = logp.shape[-1]
-        level = []
+        level, slots = [], []
         for score, flat in zip(top.values.tolist(), top.indices.tolist()):
             tree.tokens.append(vocab_ids[flat % vocab] if vocab_ids else flat % vocab)
             tree.parents.append(beam[flat // vocab])
             tree.scores.append(math.exp(score))
             tree.draft_region.append(-1)
             level.append(len(tree.tokens) - 1)
+            slots.append(flat // vocab)
         new_beams.append(level)
-    return new_beams
+        new_slots.append(slots)
+    return new_beams, new_slots
 

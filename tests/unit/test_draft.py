@@ -1,6 +1,6 @@
-"""The project's draft: built from a target's layers with a head over part of the vocabulary, trained
-with LoRA, saved as its own tensors only, loaded with the deltas merged; and the engine stays exact
-with such a draft."""
+"""The project's draft: a feature-conditioned draft built from a target layer with a head over part of
+the vocabulary, saved as its own tensors only; it reads the target's true features for every token it
+keeps, and the engine stays exact with it under every policy, preemption included."""
 
 from __future__ import annotations
 
@@ -10,59 +10,101 @@ import pytest
 import torch
 
 from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
-from adaserve_backend.draft.model import SHIPPED, DraftLayout, add_lora, base_draft, load_draft, save_draft
-from adaserve_backend.draft.teacher import dense_logits
+from adaserve_backend.draft.model import SHIPPED, DraftLayout, base_draft, load_draft, save_draft, trainable
+from adaserve_backend.draft.teacher import dense_hidden, dense_logits, shifted
 from adaserve_backend.models import load_model
-from tests.model_fixtures import tiny_checkpoint
-from tests.unit.test_engine import make_engine, reference, run_staggered, workload
+from tests.model_fixtures import our_model, tiny_checkpoint
+from tests.unit.test_engine import POLICIES, make_engine, reference, run_staggered, workload
 
 
-def tiny_layout(path: str) -> DraftLayout:
-    return DraftLayout(path, layers=[0, 2], head_vocab=list(range(3, 200)) + [2], rank=4)
-
-
-def test_trained_draft_round_trips_through_its_file(tmp_path):
-    path = tiny_checkpoint("llama")
-    layout = tiny_layout(path)
-    draft = base_draft(layout, max_len=64)
-    params = add_lora(draft, layout.rank)
-    opt = torch.optim.SGD(params, lr=0.5)
+def tiny_draft(path: str, tmp_path, train_steps: int = 0) -> str:
+    """A tiny draft file; with train_steps, its tensors are first moved away from their initial values."""
+    layout = DraftLayout(path, layers=[1], head_vocab=list(range(3, 200)) + [2])
+    draft = base_draft(layout, max_len=512)
+    opt = torch.optim.SGD(trainable(draft), lr=0.5)
     ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(0))
-    for _ in range(3):  # move the LoRA factors and norms away from their initial values
-        loss = dense_logits(draft, ids).logsumexp(-1).mean()
+    features = torch.randn(2, 12, draft.spec.hidden_size, generator=torch.Generator().manual_seed(1))
+    for _ in range(train_steps):
+        loss = dense_logits(draft, ids, features).logsumexp(-1).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
-    with torch.no_grad():
-        before = dense_logits(draft, ids)
     out = tmp_path / "draft.safetensors"
     save_draft(draft, layout, str(out))
-    loaded = load_draft(str(out), ModelConfig(path=str(out), max_model_len=64))
+    return str(out), draft, ids, features
+
+
+def test_trained_draft_round_trips_through_its_file(tmp_path):
+    out, draft, ids, features = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3)
     with torch.no_grad():
-        after = dense_logits(loaded, ids)
-    assert after.shape[-1] == len(layout.head_vocab)
-    assert (before - after).abs().max() < 0.05  # LoRA deltas are stored in bfloat16
-    assert loaded.vocab_ids.tolist() == layout.head_vocab
+        before = dense_logits(draft, ids, features)
+    loaded = load_draft(out, ModelConfig(path=out, max_model_len=64))
+    with torch.no_grad():
+        after = dense_logits(loaded, ids, features)
+    assert after.shape[-1] == len(loaded.vocab_ids)
+    assert (before - after).abs().max() < 0.05  # matrices are stored in bfloat16
+    assert os.path.getsize(out) < sum(p.numel() for p in trainable(draft)) * 2.2  # shared tensors not stored
 
 
-@pytest.mark.parametrize("policy", ["adaserve", "spec:3"])
-def test_greedy_stays_exact_with_a_partial_vocabulary_draft(policy, tmp_path):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_stays_exact_with_a_feature_draft(policy, tmp_path):
     target = tiny_checkpoint("llama")
-    layout = tiny_layout(target)
-    out = tmp_path / "draft.safetensors"
-    draft = base_draft(layout, max_len=512)
-    add_lora(draft, layout.rank)
-    save_draft(draft, layout, str(out))
-    engine = make_engine(target, str(out), policy)
+    out, *_ = tiny_draft(target, tmp_path)
+    engine = make_engine(target, out, policy)
     reqs = workload(target)
     got = run_staggered(engine, reqs)
     for r in reqs:
         assert got[r.request_id] == reference(target, r), r.request_id
-    assert engine.draft.model.vocab_ids.tolist() == layout.head_vocab
+
+
+def test_draft_reads_the_targets_features_for_every_token_it_keeps(tmp_path):
+    """Under KV pressure (preemptions, recompute), every token of every sequence is read by the draft
+    at least once with the target's exact feature of the position before it (and position 0 with zeros)."""
+    target = tiny_checkpoint("qwen2")
+    out, *_ = tiny_draft(target, tmp_path)
+    engine = make_engine(target, out, "adaserve", num_blocks=16)
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    model = engine.draft.model
+    original = model.forward
+
+    def recording(ids, positions, attn, features=None):
+        seen.append((ids.clone(), positions.clone(), features.clone()))
+        return original(ids, positions, attn, features)
+
+    model.forward = recording
+    reqs = workload(target, n=10, seed=3)
+    got = run_staggered(engine, reqs)
+    assert engine.num_preemptions > 0
+    ids = torch.cat([s[0] for s in seen])
+    positions = torch.cat([s[1] for s in seen])
+    features = torch.cat([s[2] for s in seen])
+    tmodel = our_model(target)
+    for r in reqs:
+        seq = r.prompt_ids + got[r.request_id]
+        with torch.no_grad():
+            truth = shifted(dense_hidden(tmodel, torch.tensor([seq])))[0]
+        for p, tok in enumerate(seq[:-1]):  # the last token is never fed to anything
+            rows = ((positions == p) & (ids == tok)).nonzero().flatten()
+            close = (features[rows] - truth[p]).abs().amax(-1) < 1e-4
+            assert close.any(), (r.request_id, p)
+
+
+def test_a_draft_file_for_another_layout_is_rejected(tmp_path):
+    out, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path)
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    tensors = load_file(out)
+    with safe_open(out, "pt") as f:
+        meta = f.metadata()
+    tensors.pop(next(k for k in tensors if k.startswith("fc.")))
+    save_file(tensors, out, metadata=meta)
+    with pytest.raises(ValueError, match="does not match its layout"):
+        load_draft(out, ModelConfig(path=out, max_model_len=64))
 
 
 @pytest.mark.slow
 def test_shipped_draft_is_small_and_loads_for_the_embedded_target():
     assert os.path.getsize(SHIPPED) < 20 * 2**20
     draft = load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="bfloat16"))
-    assert draft.vocab_ids is not None and len(draft.layers) < 30
+    assert draft.vocab_ids is not None and draft.takes_features and len(draft.layers) < 30
