@@ -1,7 +1,7 @@
 """Multi-SLO benchmark: the same workload against every policy, side by side, in one run.
 
     python -m client.bench quick                 # RPS sweep in-process (make bench)
-    python -m client.bench full                  # RPS, urgent-share and SLO-scale sweeps (make bench-full)
+    python -m client.bench full                  # + urgent-share, SLO-scale sweeps, fluctuating trace (make bench-full)
     python -m client.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
     python -m client.bench quick --target openai --url http://localhost:8000 --served-model NAME   # vLLM, SGLang
 
@@ -28,9 +28,9 @@ from adaserve_backend.config import EngineConfig, SchedulerConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.models import load_model, load_tokenizer, locate
 
-from .metrics import summarize
+from .metrics import attainment_timeline, summarize
 from .runners import run_inprocess, run_openai, run_triton
-from .workload import CATEGORY_SLO_SCALE, DEFAULT_MIX, builtin_prompts, build_workload, poisson_arrivals
+from .workload import CATEGORY_SLO_SCALE, DEFAULT_MIX, builtin_prompts, build_workload, fluctuating_arrivals, poisson_arrivals
 
 POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:2", "spec:4"]
 
@@ -65,8 +65,10 @@ class InProcess:
         return 1e3 * statistics.mean(tpots)
 
 
-def score(records, wall, engine=None) -> dict:
+def score(records, wall, engine=None, timeline_s=None) -> dict:
     row = summarize(records, wall)
+    if timeline_s:
+        row["timeline"] = attainment_timeline(records, timeline_s)
     row["per_category"] = {c: summarize([r for r in records if r.category == c], wall) for c in sorted({r.category for r in records})}
     if engine is not None:
         its = list(engine.iteration_stats)
@@ -80,14 +82,15 @@ def run_level(args, runner, policies, items, label: dict) -> list[dict]:
     rows = []
     remote = {"triton": lambda: run_triton(args.url, items, args.time_limit),
               "openai": lambda: run_openai(args.url, args.served_model, items, args.time_limit)}
+    timeline_s = args.duration / 10 if "trace" in label else None
     for policy in [args.target] if args.target in remote else policies:  # a server runs its own policy
         if args.target in remote:
             records, wall = remote[args.target]()
-            row = score(records, wall)
+            row = score(records, wall, timeline_s=timeline_s)
         else:
             engine = runner.engine(policy)
             records, wall = run_inprocess(engine, runner.encode, items, args.time_limit, desc=f"{policy} {label}")
-            row = score(records, wall, engine)
+            row = score(records, wall, engine, timeline_s)
         rows.append({**label, "policy": policy, **row})
         print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f}, goodput {row['goodput_tok_s']:.1f} tok/s, "
               f"violations {row['violations']}, accepted/verify {row.get('mean_accepted_per_verify', float('nan')):.2f}")
@@ -131,6 +134,9 @@ def main() -> None:
             for u in (0.2, 0.4, 0.6, 0.8)
         ]
         sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s}, items_for(mid, slo_scale={"coding": s})) for s in (1.0, 1.2, 1.6, 2.0)]
+        flow = fluctuating_arrivals(mid, args.duration, list(DEFAULT_MIX), random.Random(args.seed))
+        sweeps["fluctuating"] = [({"rps": mid, "trace": "fluctuating"}, build_workload(
+            [t for t, _ in flow], baseline, prompts=prompts, categories=[c for _, c in flow], seed=args.seed, output_scale=args.output_scale))]
 
     meta = {"suite": args.suite, "target": args.target, "baseline_tpot_ms": baseline, "config": args.config,
             "engine": dataclasses.asdict(config), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),

@@ -51,7 +51,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict:
-    """Attainment = attained / finished; goodput = output tokens of attained requests / wall time."""
+    """Attainment = attained / sent: a request that errs or misses the time limit is a violation, so
+    an overloaded policy cannot look good by finishing few requests. Goodput = output tokens of
+    attained requests / wall time."""
     finished = [r for r in records if r.finished]
     attained = [r for r in finished if r.attained]
     ttft = [r.ttft * 1e3 for r in finished]
@@ -60,12 +62,30 @@ def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict:
         "requests": len(records),
         "finished": len(finished),
         "errors": sum(r.error is not None for r in records),
-        "slo_attainment": len(attained) / len(finished) if finished else 0.0,
-        "violations": len(finished) - len(attained),
+        "slo_attainment": len(attained) / len(records) if records else 0.0,
+        "violations": len(records) - len(attained),
         "goodput_tok_s": sum(r.output_tokens for r in attained) / wall_s if wall_s > 0 else 0.0,
         "throughput_tok_s": sum(r.output_tokens for r in finished) / wall_s if wall_s > 0 else 0.0,
     }
     for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot)):
         for q in (50, 90, 99):
             out[f"{name}_p{q}"] = percentile(values, q)
+    return out
+
+
+def attainment_timeline(records: Sequence[RequestRecord], window_s: float) -> list[dict]:
+    """SLO attainment of the requests arriving in each `window_s` window, per category and overall
+    (for a trace whose load moves between categories)."""
+    if not records:
+        return []
+    t0 = min(r.arrival for r in records)
+    windows: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        windows.setdefault(int((r.arrival - t0) // window_s), []).append(r)
+    out = []
+    for w in sorted(windows):
+        recs = windows[w]
+        cats = {c: [r for r in recs if r.category == c] for c in sorted({r.category for r in recs})}
+        out.append({"start_s": w * window_s, "requests": len(recs), "slo_attainment": sum(r.attained for r in recs) / len(recs),
+                    "per_category": {c: sum(r.attained for r in rs) / len(rs) for c, rs in cats.items()}})
     return out

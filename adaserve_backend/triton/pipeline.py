@@ -96,26 +96,29 @@ class BLSPipeline:
         return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy()) for t in response.output_tensors()])
 
     def _finish(self, sender, request_id: str, response) -> None:
+        # Under the lock: Triton frees a sender's response factory once the final response is sent,
+        # and is_cancelled() on a freed factory crashes the server (seen under load), so the watcher
+        # must never hold a sender past its final send.
+        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self.lock:
             self.active.pop(request_id, None)
-        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        try:
-            sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
-        except Exception:
-            log.warning("could not send the final response", exc_info=True)
+            try:
+                sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+            except Exception:
+                log.warning("could not send the final response", exc_info=True)
 
     # ---- cancellation ---------------------------------------------------------------------------
     def _watch_cancellations(self) -> None:
         aborted: set[str] = set()
         while not self.stopping:
             time.sleep(0.05)
-            with self.lock:
-                items = list(self.active.items())
-            for request_id, sender in items:
-                if request_id not in aborted and sender.is_cancelled():
-                    aborted.add(request_id)
-                    self._abort(request_id)
-            aborted &= {rid for rid, _ in items}
+            with self.lock:  # see _finish
+                live = set(self.active)
+                cancelled = [rid for rid, sender in self.active.items() if rid not in aborted and sender.is_cancelled()]
+            for request_id in cancelled:
+                aborted.add(request_id)
+                self._abort(request_id)
+            aborted &= live
 
     def _abort(self, request_id: str) -> None:
         pb = self.pb

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from client.metrics import RequestRecord, percentile, summarize
+from client.metrics import RequestRecord, attainment_timeline, percentile, summarize
 from client.workload import (
     build_workload,
     fluctuating_arrivals,
@@ -30,10 +30,20 @@ def test_attainment_goodput_and_tpot_exclude_ttft():
     assert recs[0].tpot == pytest.approx(0.1) and recs[0].attained and not recs[1].attained
     s = summarize(recs, wall_s=2.0)
     assert s["finished"] == 3 and s["errors"] == 1
-    assert s["slo_attainment"] == pytest.approx(2 / 3) and s["violations"] == 1
+    assert s["slo_attainment"] == pytest.approx(2 / 4) and s["violations"] == 2  # the error is a violation
     assert s["goodput_tok_s"] == pytest.approx((10 + 1) / 2.0)
     assert s["throughput_tok_s"] == pytest.approx(21 / 2.0)
     assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+
+
+def test_attainment_timeline_windows_by_arrival():
+    ok = dict(first_token=0.0, last_token=0.0, output_tokens=1)
+    recs = [RequestRecord("a", "coding", 10.0, arrival=100.0, **ok), RequestRecord("b", "chat", 10.0, arrival=104.0, error="x"),
+            RequestRecord("c", "chat", 10.0, arrival=111.0, **ok)]
+    line = attainment_timeline(recs, window_s=5.0)
+    assert [w["start_s"] for w in line] == [0.0, 10.0]
+    assert line[0]["slo_attainment"] == 0.5 and line[0]["per_category"] == {"chat": 0.0, "coding": 1.0}
+    assert line[1]["requests"] == 1 and line[1]["slo_attainment"] == 1.0
 
 
 def test_trace_is_truncated_and_rescaled(tmp_path):
