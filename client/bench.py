@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--url", default="localhost:8001", help="Triton gRPC host:port, or the OpenAI server's base URL")
     ap.add_argument("--served-model", default="", help="model name for --target openai")
     ap.add_argument("--baseline-tpot-ms", type=float, help="skip measuring it")
+    ap.add_argument("--sweeps", nargs="+", help="run only these of the suite's sweeps (rps, urgent_share, slo_scale, fluctuating)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results")
     args = ap.parse_args()
@@ -138,6 +139,7 @@ def main() -> None:
         sweeps["fluctuating"] = [({"rps": mid, "trace": "fluctuating"}, build_workload(
             [t for t, _ in flow], baseline, prompts=prompts, categories=[c for _, c in flow], seed=args.seed, output_scale=args.output_scale))]
 
+    sweeps = {k: v for k, v in sweeps.items() if not args.sweeps or k in args.sweeps}
     meta = {"suite": args.suite, "target": args.target, "baseline_tpot_ms": baseline, "config": args.config,
             "engine": dataclasses.asdict(config), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
