@@ -56,10 +56,14 @@ def dense_hidden(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | 
     return model(ids.reshape(-1), attn.positions(ids.device), attn, flat).view(b, t, -1)
 
 
+def dense_head(model: LlamaModel, hidden: torch.Tensor) -> torch.Tensor:
+    """Logits [B, T, V] of hidden states [B, T, H]."""
+    return model.compute_logits(hidden.flatten(0, 1)).view(*hidden.shape[:2], -1)
+
+
 def dense_logits(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
     """Teacher-forced logits [B, T, V] for right-padded ids [B, T] (differentiable)."""
-    hidden = dense_hidden(model, ids, features)
-    return model.compute_logits(hidden.flatten(0, 1)).view(*ids.shape, -1)
+    return dense_head(model, dense_hidden(model, ids, features))
 
 
 def shifted(features: torch.Tensor) -> torch.Tensor:
@@ -82,7 +86,7 @@ def teacher_data(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_to
         chunk = [order[i] for i in range(start, end)]
         ids, _ = padded_batch([seqs[i] for i in chunk])
         hidden = dense_hidden(target, ids)
-        logp = torch.log_softmax(target.compute_logits(hidden.flatten(0, 1)).view(*ids.shape, -1), dim=-1)
+        logp = torch.log_softmax(dense_head(target, hidden), dim=-1)
         top = torch.topk(logp, k, dim=-1)
         for row, i in enumerate(chunk):
             n = len(seqs[i])

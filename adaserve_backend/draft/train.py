@@ -34,7 +34,7 @@ from ..config import EMBEDDED_DEFAULT, ModelConfig
 from ..models.loader import load_model, load_tokenizer, locate, read_checkpoint
 from .data import build_prompts, encode
 from .model import SHIPPED, DraftLayout, base_draft, save_draft, trainable
-from .teacher import continuations, dense_hidden, padded_batch, shifted, teacher_data
+from .teacher import continuations, dense_head, dense_hidden, padded_batch, shifted, teacher_data
 
 
 def main() -> None:
@@ -170,7 +170,7 @@ class DistillLoss:
 
         def pass_loss(inputs):
             hidden = dense_hidden(draft, ids, inputs)
-            logq = torch.log_softmax(draft.compute_logits(hidden.flatten(0, 1)).view(b, t, -1), dim=-1)
+            logq = torch.log_softmax(dense_head(draft, hidden), dim=-1)
             ce = -(p * logq.gather(-1, sub)).sum(-1)
             reg = F.smooth_l1_loss(hidden / self.scale, feats / self.scale, reduction="none").mean(-1)
             per_pos = ce + self.feature_weight * reg

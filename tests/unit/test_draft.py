@@ -17,8 +17,9 @@ from tests.model_fixtures import our_model, tiny_checkpoint
 from tests.unit.test_engine import POLICIES, make_engine, reference, run_staggered, workload
 
 
-def tiny_draft(path: str, tmp_path, train_steps: int = 0) -> str:
-    """A tiny draft file; with train_steps, its tensors are first moved away from their initial values."""
+def tiny_draft(path: str, tmp_path, train_steps: int = 0):
+    """A tiny draft saved to a file: (its path, the model, sample ids and features); with train_steps,
+    its tensors are first moved away from their initial values."""
     layout = DraftLayout(path, layers=[1], head_vocab=list(range(3, 200)) + [2])
     draft = base_draft(layout, max_len=512)
     opt = torch.optim.SGD(trainable(draft), lr=0.5)
