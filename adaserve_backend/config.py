@@ -89,6 +89,12 @@ class SchedulerConfig:
     max_num_seqs: running requests at most; the rest wait.
     prefill_chunk: prompt tokens prefilled per iteration across requests (chunked prefill cap).
     token_budget: sarathi/priority iteration budget (decode tokens + prefill chunk tokens).
+    slo_admission: `adaserve` with a profiled cost model: a waiting request starts only if the predicted
+      time per token with it running keeps every running request that can still make its SLO on
+      track, and itself (a looser request may start ahead of a tighter one that does not fit yet; with
+      nothing running, the next one always starts); a prefill chunk rides along a decode iteration only
+      as far as the decoding requests' slack pays for it. Past saturation this serves the requests it
+      admits within their SLOs, where admitting all of them makes every one slow.
     slo_classes / default_slo_class: named TPOT targets a request may pick instead of a number.
     """
 
@@ -96,6 +102,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     prefill_chunk: int = 256
     token_budget: int = 256
+    slo_admission: bool = True
     slo_classes: tuple[SLOClass, ...] = (SLOClass("coding", 60.0), SLOClass("chat", 100.0), SLOClass("summary", 300.0))
     default_slo_class: str = "chat"
 

@@ -34,7 +34,7 @@ from .model_runner import ModelRunner, SeqInput
 from .models import LlamaModel, load_model
 from .request import FinishReason, Request, RequestOutput
 from .sampling import choose_token
-from .scheduler.control import adaptive_depth_width
+from .scheduler.control import adaptive_depth_width, ends_within_slo, paced_chunk, slo_slack_s
 from .speculation.beam import BeamRequest, beam_search
 from .speculation.selection import SelectionParams, required_accepted, select_tokens
 from .speculation.token_tree import CandidateTree, TokenTree
@@ -104,6 +104,8 @@ class Engine:
         # profile an EMA of measured decode iterations.
         self.t_iter = 0.0
         self._cost_correction = 1.0
+        self._accepted_ema: dict[tuple[int, int], float] = {}  # tokens per verification, by (depth, width)
+        self._slo_admission = self.policy == "adaserve" and config.scheduler.slo_admission and self.cost is not None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -157,11 +159,11 @@ class Engine:
         prefill = [s for s in self.running if not s.decoding]
         if self.policy == "continuous" and prefill:
             decode = []  # vLLM-style: prefill iterations take precedence over decode
-        chunks = self._prefill_chunks(prefill, len(decode))
         if self.draft is not None and decode:
             depth, width = self._depth_width(decode)
         else:
             depth = width = 0
+        chunks = self._prefill_chunks(prefill, decode, depth, width, start)
         decode, depth, width = self._ensure_capacity(decode, chunks, depth, width, outputs)
         chunks = {s: n for s, n in chunks.items() if s in self.running}
 
@@ -191,6 +193,9 @@ class Engine:
         if self.cost:
             predicted = self.cost.iteration_ms(n, depth, width, verified) / 1e3
             self._cost_correction = 0.7 * self._cost_correction + 0.3 * elapsed / predicted
+        if depth:
+            old = self._accepted_ema.get((depth, width))
+            self._accepted_ema[(depth, width)] = accepted / n if old is None else 0.8 * old + 0.2 * accepted / n
         self.decode_iterations += 1
         self.total_verifications += n
         self.total_accepted += accepted
@@ -269,22 +274,51 @@ class Engine:
 
     def _admit(self) -> None:
         sched = self.config.scheduler
-        reserved = 0
-        while self.waiting:
-            seq = self.waiting[0]
+        reserved, i = 0, 0
+        while i < len(self.waiting):
+            seq = self.waiting[i]
             need = self.target.blocks.blocks_for(seq.prefill_goal + 1)
             fits = reserved + need <= self.target.blocks.num_free_blocks
             if len(self.running) < sched.max_num_seqs and fits:
-                self.running.append(self.waiting.popleft())
+                if self._slo_admission and self.running and not self._keeps_slos(seq):
+                    i += 1  # it would put someone off their SLO now; a looser request may still fit
+                    continue
+                del self.waiting[i]
+                self.running.append(seq)
                 reserved += need
             elif self.policy == "priority" and self.running and self._victim().tpot_slo_s > seq.tpot_slo_s:
                 self._preempt(self._victim())  # re-sorted behind the more urgent head
             else:
                 return
 
-    def _prefill_chunks(self, prefill: list[Sequence], num_decode: int) -> dict[Sequence, int]:
+    def _keeps_slos(self, seq: Sequence) -> bool:
+        """Whether, with `seq` running too, every running request still on track for its SLO stays so,
+        and `seq` itself can make its SLO (see SchedulerConfig.slo_admission)."""
+        now, n = time.monotonic(), len(self.running)
+        before, after = self._tpot_at(n), self._tpot_at(n + 1)
+        if not self._on_track(seq, now, after):
+            return False
+        return all(self._on_track(s, now, after) or not self._on_track(s, now, before) for s in self.running)
+
+    def _on_track(self, seq: Sequence, now: float, tpot: float) -> bool:
+        """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
+        if seq.first_token_time is None:
+            return tpot <= seq.tpot_slo_s
+        slack = slo_slack_s(now - seq.first_token_time, tpot, seq.tpot_slo_s, len(seq.output) - 1)
+        return ends_within_slo(slack, seq.tpot_slo_s, seq.request.max_tokens - len(seq.output) - 1, tpot)
+
+    def _tpot_at(self, n: int) -> float:
+        """Predicted time per token of each of `n` running requests: an iteration over the tokens it
+        yields per request, measured at that depth and width."""
+        depth, width = adaptive_depth_width(n, self.budget, self.config.speculation)
+        accepted = self._accepted_ema.get((depth, width), max(self.mean_accepted(), 1.0))
+        return self._predicted_iteration_s(n, depth, width) / accepted
+
+    def _prefill_chunks(self, prefill, decode, depth, width, start) -> dict[Sequence, int]:
         sched = self.config.scheduler
-        cap = sched.token_budget - num_decode if self.policy in ("sarathi", "priority") else sched.prefill_chunk
+        cap = sched.token_budget - len(decode) if self.policy in ("sarathi", "priority") else sched.prefill_chunk
+        if self._slo_admission and decode and prefill:
+            cap = self._paced_prefill(decode, depth, width, start, cap)
         chunks: dict[Sequence, int] = {}
         for seq in prefill:
             n = min(seq.prefill_goal - seq.prefilled, cap)
@@ -293,6 +327,28 @@ class Engine:
             chunks[seq] = n
             cap -= n
         return chunks
+
+    def _paced_prefill(self, decode, depth, width, start, cap) -> int:
+        """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
+        verify = max(self.budget, len(decode)) if depth else len(decode)
+        t_iter, best = self._predicted_iteration_s(len(decode), depth, width), self._tpot_at(1)
+        slacks = [slo_slack_s(start - s.first_token_time, t_iter, s.tpot_slo_s, len(s.output) - 1) for s in decode]
+        slacks = [x for x, s in zip(slacks, decode) if ends_within_slo(x, s.tpot_slo_s, s.request.max_tokens - len(s.output) - 1, best)]
+        if not slacks:
+            return cap
+
+        def extra_ms(chunk: int) -> float:
+            return self.cost.chunk_extra_ms(len(decode), verify, chunk) * self._cost_correction
+
+        return paced_chunk(min(slacks) * 1e3, extra_ms, cap)
+
+    def _predicted_iteration_s(self, n: int, depth: int, width: int) -> float:
+        """t_spec: the cost model's prediction, corrected by measurements; without a profile, the EMA of
+        measured decode iterations."""
+        if not self.cost:
+            return self.t_iter
+        verify = max(self.budget, n) if depth else n
+        return self.cost.iteration_ms(n, depth, width, verify) / 1e3 * self._cost_correction
 
     def _prefill_input(self, seq: Sequence, n: int) -> SeqInput:
         last = seq.prefilled + n == seq.prefill_goal and not seq.output
@@ -408,9 +464,7 @@ class Engine:
             return [TokenTree.chain([s.tokens[-1]]) for s in decode]
         if self.policy == "spec":
             return [TokenTree.from_selection(c, list(range(len(c)))) for c in cands]
-        t_spec = self.t_iter
-        if self.cost:
-            t_spec = self.cost.iteration_ms(len(decode), depth, width, self.budget) / 1e3 * self._cost_correction
+        t_spec = self._predicted_iteration_s(len(decode), depth, width)
         a_caps = []
         for seq in decode:
             a = required_accepted(start - seq.first_token_time, t_spec, seq.tpot_slo_s, len(seq.output) - 1)

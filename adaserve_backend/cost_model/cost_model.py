@@ -21,6 +21,12 @@ class CostModel:
         draft = self.draft.predict(num_requests) + (depth - 1) * self.draft.predict(num_requests * width)
         return draft + self.target.predict(verify_tokens)
 
+    def chunk_extra_ms(self, num_requests: int, verify_tokens: int, chunk: int) -> float:
+        """What `chunk` prefill tokens add to an iteration of `num_requests` decoding requests: they
+        join the verification forward, and the draft's first step reads as many."""
+        target = self.target.predict(verify_tokens + chunk) - self.target.predict(verify_tokens)
+        return target + self.draft.predict(num_requests + chunk) - self.draft.predict(num_requests)
+
     def save(self, path: str, extra: dict | None = None) -> None:
         data = {"target": self.target.to_dict(), "draft": self.draft.to_dict(), "budget": self.budget, **(extra or {})}
         with open(path, "w") as f:

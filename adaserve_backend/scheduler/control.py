@@ -1,6 +1,9 @@
-"""Per-iteration knobs that depend only on load: AdaServe's adaptive depth and width."""
+"""Per-iteration knobs: AdaServe's adaptive depth and width (from load), and SLO-aware admission and
+prefill pacing (from how far each request is ahead of its SLO)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..config import SpeculationConfig
 
@@ -15,3 +18,31 @@ def adaptive_depth_width(n: int, budget: int, cfg: SpeculationConfig) -> tuple[i
     d = clip(budget // (n + cfg.c1) - 1, cfg.d_min, cfg.d_max)
     w = clip(cfg.draft_budget // n + cfg.c2, 1, cfg.w_max)
     return d, w
+
+
+def slo_slack_s(elapsed_s: float, t_iter_s: float, tpot_slo_s: float, decoded: int) -> float:
+    """Time a decoding request can lose in this iteration and still be on its SLO after it, counting
+    only on the one token verification always yields (elapsed: since its first token; decoded: tokens
+    since then). Negative: behind schedule."""
+    return tpot_slo_s * (decoded + 1) - elapsed_s - t_iter_s
+
+
+def ends_within_slo(slack_s: float, tpot_slo_s: float, remaining: int, tpot_s: float) -> bool:
+    """Whether a request `slack_s` ahead of its SLO (after this iteration) still ends within it when its
+    `remaining` tokens after that come at `tpot_s` each."""
+    return slack_s + remaining * (tpot_slo_s - tpot_s) >= 0
+
+
+def paced_chunk(allowance_ms: float, extra_ms: Callable[[int], float], cap: int) -> int:
+    """The largest prefill chunk c <= cap whose extra iteration time `extra_ms(c)` (non-decreasing)
+    fits the allowance: prefill rides along decode only as far as the decoding requests' slack goes."""
+    if allowance_ms < 0:
+        return 0
+    lo, hi = 0, cap
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if extra_ms(mid) <= allowance_ms:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
