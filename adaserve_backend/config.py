@@ -147,6 +147,10 @@ class SpeculationConfig:
       overrides it with the knee of the profiled roofline.
     n_max: largest tree the SLO-customized phase builds for one request (root included).
     order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
+    goodput_selection: with a profile, the throughput phase verifies only as much of the remaining
+      budget as raises expected tokens per second (acceptance probabilities: draft scores times the
+      measured accepted/score ratio). Where tokens below the knee are free (GPUs) that is all of B, as
+      in the paper; on a CPU, where every verified token costs time, often less.
 
     Defaults are this 2-core CPU's, measured: a float32 verification forward of the embedded model
     stays within 1.3x its flat latency up to B = 19 tokens (a later profile, shipped as
@@ -164,6 +168,7 @@ class SpeculationConfig:
     c2: int = 0
     n_max: int = 8
     order: str = "desc"
+    goodput_selection: bool = True
     profile_path: str | None = None
 
     def __post_init__(self) -> None:

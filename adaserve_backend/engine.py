@@ -104,7 +104,9 @@ class Engine:
         # profile an EMA of measured decode iterations.
         self.t_iter = 0.0
         self._cost_correction = 1.0
-        self._accepted_ema: dict[tuple[int, int], float] = {}  # tokens per verification, by (depth, width)
+        # by the number of decoding requests: EMAs of tokens per request and tree tokens verified
+        self._by_load: dict[int, tuple[float, float]] = {}
+        self._scored = self._hits = 0.0  # decaying sums (about 50 iterations): draft scores verified, drafts accepted
         self._slo_admission = self.policy == "adaserve" and config.scheduler.slo_admission and self.cost is not None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -160,7 +162,7 @@ class Engine:
         if self.policy == "continuous" and prefill:
             decode = []  # vLLM-style: prefill iterations take precedence over decode
         if self.draft is not None and decode:
-            depth, width = self._depth_width(decode)
+            depth, width = self._depth_width(len(decode))
         else:
             depth = width = 0
         chunks = self._prefill_chunks(prefill, decode, depth, width, start)
@@ -169,7 +171,7 @@ class Engine:
 
         cands = self._speculate(decode, chunks, depth, width)
         t_spec = time.monotonic()
-        trees = self._select(decode, cands, depth, width, start)
+        trees = self._select(decode, cands, chunks, depth, width, start)
         t_select = time.monotonic()
         target_in = [SeqInput(s.seq_id, t.tokens, parents=t.parents, num_logits=len(t.tokens)) for s, t in zip(decode, trees)]
         target_in += [self._prefill_input(s, n) for s, n in chunks.items()]
@@ -184,18 +186,21 @@ class Engine:
             self._finish_prefill_chunk(seq, n, out.of(len(decode) + j), out.hidden_of(len(decode) + j), now, outputs)
         if decode:
             phases = {"speculation": t_spec - start, "selection": t_select - t_spec, "verification": now - t_select}
-            self._record_iteration(len(decode), depth, width, sum(len(t.tokens) for t in trees), accepted, start, phases)
+            verified = sum(len(t.tokens) for t in trees)
+            self._record_iteration(len(decode), depth, width, verified, sum(chunks.values()), accepted, start, phases)
         return outputs
 
-    def _record_iteration(self, n, depth, width, verified, accepted, start, phases) -> None:
+    def _record_iteration(self, n, depth, width, verified, prefill, accepted, start, phases) -> None:
         elapsed = time.monotonic() - start
         self.t_iter = elapsed if self.t_iter == 0 else 0.7 * self.t_iter + 0.3 * elapsed
         if self.cost:
-            predicted = self.cost.iteration_ms(n, depth, width, verified) / 1e3
+            predicted = self.cost.iteration_ms(n, depth, width, verified + prefill) / 1e3
             self._cost_correction = 0.7 * self._cost_correction + 0.3 * elapsed / predicted
         if depth:
-            old = self._accepted_ema.get((depth, width))
-            self._accepted_ema[(depth, width)] = accepted / n if old is None else 0.8 * old + 0.2 * accepted / n
+            self._hits = 0.98 * self._hits + accepted - n  # bonus tokens excluded
+        now = (accepted / n, float(verified))
+        old = self._by_load.get(n, now)
+        self._by_load[n] = (0.8 * old[0] + 0.2 * now[0], 0.8 * old[1] + 0.2 * now[1])
         self.decode_iterations += 1
         self.total_verifications += n
         self.total_accepted += accepted
@@ -308,10 +313,10 @@ class Engine:
         return ends_within_slo(slack, seq.tpot_slo_s, seq.request.max_tokens - len(seq.output) - 1, tpot)
 
     def _tpot_at(self, n: int) -> float:
-        """Predicted time per token of each of `n` running requests: an iteration over the tokens it
-        yields per request, measured at that depth and width."""
-        depth, width = adaptive_depth_width(n, self.budget, self.config.speculation)
-        accepted = self._accepted_ema.get((depth, width), max(self.mean_accepted(), 1.0))
+        """Predicted time per token of each of `n` decoding requests: an iteration over the tokens it
+        yields per request, as measured at that load."""
+        depth, width = self._depth_width(n)
+        accepted = self._by_load[n][0] if n in self._by_load else max(self.mean_accepted(), 1.0)
         return self._predicted_iteration_s(n, depth, width) / accepted
 
     def _prefill_chunks(self, prefill, decode, depth, width, start) -> dict[Sequence, int]:
@@ -347,17 +352,17 @@ class Engine:
         measured decode iterations."""
         if not self.cost:
             return self.t_iter
-        verify = max(self.budget, n) if depth else n
-        return self.cost.iteration_ms(n, depth, width, verify) / 1e3 * self._cost_correction
+        verify = self._by_load[n][1] if n in self._by_load else max(self.budget, n) if depth else n
+        return self.cost.iteration_ms(n, depth, width, round(verify)) / 1e3 * self._cost_correction
 
     def _prefill_input(self, seq: Sequence, n: int) -> SeqInput:
         last = seq.prefilled + n == seq.prefill_goal and not seq.output
         return SeqInput(seq.seq_id, seq.tokens[seq.prefilled : seq.prefilled + n], num_logits=1 if last else 0)
 
-    def _depth_width(self, decode: list[Sequence]) -> tuple[int, int]:
+    def _depth_width(self, num_decode: int) -> tuple[int, int]:
         if self.policy == "spec":
             return self.spec_n, 1
-        return adaptive_depth_width(len(decode), self.budget, self.config.speculation)
+        return adaptive_depth_width(num_decode, self.budget, self.config.speculation)
 
     def _ensure_capacity(self, decode, chunks, depth, width, outputs):
         """Preempt the least urgent requests until this iteration's worst-case KV needs fit; a lone
@@ -459,7 +464,7 @@ class Engine:
             _truncate_depth(cand, max(room, 0))
         return cands
 
-    def _select(self, decode, cands, depth, width, start) -> list[TokenTree]:
+    def _select(self, decode, cands, chunks, depth, width, start) -> list[TokenTree]:
         if not cands:
             return [TokenTree.chain([s.tokens[-1]]) for s in decode]
         if self.policy == "spec":
@@ -470,8 +475,24 @@ class Engine:
             a = required_accepted(start - seq.first_token_time, t_spec, seq.tpot_slo_s, len(seq.output) - 1)
             a_caps.append(min(a, depth + 1))
         spec = self.config.speculation
-        params = SelectionParams(budget=max(self.budget, len(decode)), n_max=spec.n_max, order=spec.order)
-        return [TokenTree.from_selection(c, nodes) for c, nodes in zip(cands, select_tokens(cands, a_caps, params))]
+        iteration_ms = None
+        if self.cost and spec.goodput_selection:
+            draft_ms, prefill = self.cost.draft_ms(len(decode), depth, width), sum(chunks.values())
+
+            def iteration_ms(tree_tokens: int) -> float:
+                return draft_ms + self.cost.verify_ms(tree_tokens + prefill)
+
+        params = SelectionParams(max(self.budget, len(decode)), spec.n_max, spec.order, iteration_ms, self._calibration())
+        selections = select_tokens(cands, a_caps, params)
+        self._scored = 0.98 * self._scored + sum(c.scores[j] for c, nodes in zip(cands, selections) for j in nodes if j != 0)
+        return [TokenTree.from_selection(c, nodes) for c, nodes in zip(cands, selections)]
+
+    def _calibration(self) -> float:
+        """Accepted draft tokens per unit of draft score verified: what turns the draft's path
+        probabilities into acceptance probabilities (drafts are rarely calibrated). 1 until measured."""
+        if self._scored < 1.0:
+            return 1.0
+        return min(max(self._hits / self._scored, 0.05), 2.0)
 
     def _verify(self, seq, tree, cand, logits, hidden, now, outputs) -> int:
         """Accept a path of `tree`, commit it in the target cache and the draft's chain in the draft

@@ -38,7 +38,8 @@ def main() -> None:
     draft = measure_forward(ModelRunner(draft_model, cfg.draft_cache), sizes, per_seq=4, repeats=args.repeats, desc="draft step")
 
     target_line, draft_line = fit_roofline(sizes, [verify[n] for n in sizes]), fit_roofline(sizes, [draft[n] for n in sizes])
-    model = CostModel(target_line, draft_line, pick_budget(target_line, args.max_slowdown))
+    model = CostModel(target_line, draft_line, pick_budget(target_line, args.max_slowdown),
+                      tuple((n, verify[n]) for n in sizes), tuple((n, draft[n]) for n in sizes))
     print(f"{'tokens':>6} | {'verify ms':>9} | {'draft step ms':>13}")
     for n in sizes:
         print(f"{n:6d} | {verify[n]:9.1f} | {draft[n]:13.1f}")
@@ -46,8 +47,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     model.save(
         args.out,
-        {"device": device, "dtype": cfg.target.dtype, "threads": torch.get_num_threads(),
-         "measured": {"tokens": sizes, "verify_ms": [verify[n] for n in sizes], "draft_ms": [draft[n] for n in sizes]}},
+        {"device": device, "dtype": cfg.target.dtype, "threads": torch.get_num_threads()},
     )
     print(f"wrote {args.out}")
 

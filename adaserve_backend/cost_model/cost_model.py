@@ -1,34 +1,50 @@
-"""The profiled cost model: target verification and draft step rooflines, and the budget B."""
+"""The profiled cost model: target verification and draft step latency, and the budget B."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from .roofline import Roofline
+from .roofline import Roofline, through_points
 
 
 @dataclass(frozen=True)
 class CostModel:
-    target: Roofline  # verification forward latency vs tokens verified
+    target: Roofline  # verification forward latency vs tokens verified; its knee gives B
     draft: Roofline  # one draft beam step vs tokens in it
     budget: int  # B: tokens per verification, at the target roofline's knee
+    # The measured (tokens, ms) points the rooflines were fitted to. Predictions go through them: real
+    # hardware is not flat below the knee (on a CPU one token takes a faster kernel than two to eight).
+    verify_points: tuple[tuple[int, float], ...] = ()
+    draft_points: tuple[tuple[int, float], ...] = ()
+
+    def verify_ms(self, tokens: int) -> float:
+        return through_points(self.verify_points, self.target, tokens)
+
+    def draft_ms(self, num_requests: int, depth: int, width: int) -> float:
+        """Speculation: d draft steps, the first over the roots, the others over w beams per request."""
+        if depth == 0:
+            return 0.0
+        return self.draft_step_ms(num_requests) + (depth - 1) * self.draft_step_ms(num_requests * width)
+
+    def draft_step_ms(self, tokens: int) -> float:
+        return through_points(self.draft_points, self.draft, tokens)
 
     def iteration_ms(self, num_requests: int, depth: int, width: int, verify_tokens: int) -> float:
-        """Predicted t_spec: speculation (d draft steps) plus verification."""
-        if depth == 0:
-            return self.target.predict(verify_tokens)
-        draft = self.draft.predict(num_requests) + (depth - 1) * self.draft.predict(num_requests * width)
-        return draft + self.target.predict(verify_tokens)
+        """Predicted t_spec: speculation plus verification."""
+        return self.draft_ms(num_requests, depth, width) + self.verify_ms(verify_tokens)
 
     def chunk_extra_ms(self, num_requests: int, verify_tokens: int, chunk: int) -> float:
         """What `chunk` prefill tokens add to an iteration of `num_requests` decoding requests: they
         join the verification forward, and the draft's first step reads as many."""
-        target = self.target.predict(verify_tokens + chunk) - self.target.predict(verify_tokens)
-        return target + self.draft.predict(num_requests + chunk) - self.draft.predict(num_requests)
+        target = self.verify_ms(verify_tokens + chunk) - self.verify_ms(verify_tokens)
+        return target + self.draft_step_ms(num_requests + chunk) - self.draft_step_ms(num_requests)
 
     def save(self, path: str, extra: dict | None = None) -> None:
         data = {"target": self.target.to_dict(), "draft": self.draft.to_dict(), "budget": self.budget, **(extra or {})}
+        if self.verify_points:
+            data["measured"] = {"tokens": [n for n, _ in self.verify_points], "verify_ms": [ms for _, ms in self.verify_points],
+                                "draft_ms": [ms for _, ms in self.draft_points]}
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
 
@@ -36,4 +52,7 @@ class CostModel:
     def load(cls, path: str) -> "CostModel":
         with open(path) as f:
             data = json.load(f)
-        return cls(Roofline(**data["target"]), Roofline(**data["draft"]), int(data["budget"]))
+        measured = data.get("measured", {})
+        tokens = measured.get("tokens", [])
+        return cls(Roofline(**data["target"]), Roofline(**data["draft"]), int(data["budget"]),
+                   tuple(zip(tokens, measured.get("verify_ms", []))), tuple(zip(tokens, measured.get("draft_ms", []))))

@@ -22,6 +22,20 @@ class Roofline:
         return {"flat_ms": self.flat_ms, "knee": self.knee, "slope_ms": self.slope_ms}
 
 
+def through_points(points: Sequence[tuple[int, float]], line: Roofline, tokens: int) -> float:
+    """Latency of `tokens` piecewise-linear through measured (tokens, ms) points, the roofline's slope
+    past the last one; the roofline alone without points."""
+    if not points:
+        return line.predict(tokens)
+    if tokens <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if tokens <= x1:
+            return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+    x, y = points[-1]
+    return y + line.slope_ms * (tokens - x)
+
+
 def fit_roofline(tokens: Sequence[int], latency_ms: Sequence[float]) -> Roofline:
     """Least-squares fit of flat-then-linear, trying every measured size as the knee."""
     points = sorted(zip(tokens, latency_ms))

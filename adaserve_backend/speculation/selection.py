@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .token_tree import CandidateTree
@@ -29,6 +29,13 @@ class SelectionParams:
     budget: int  # B: tokens verified this iteration, roots included
     n_max: int  # largest tree (root included) the SLO-customized phase may build for one request
     order: str = "desc"  # SLO phase visits larger A first ("desc", the paper) or smaller first ("asc")
+    # Predicted ms of the iteration when verifying this many tree tokens. When given, the throughput
+    # phase verifies only the share of the remaining budget that maximizes expected tokens per ms.
+    iteration_ms: Callable[[int], float] | None = None
+    calibration: float = 1.0  # measured accepted / predicted: scales scores into acceptance probabilities
+
+    def probability(self, score: float) -> float:
+        return min(1.0, score * self.calibration)
 
 
 def select_tokens(
@@ -37,7 +44,7 @@ def select_tokens(
     """Algorithm 2's selection phases. Returns, per request, the selected candidate node indices
     (sorted, root first). Requests beyond the budget get only their root."""
     selected, budget = slo_customized_selection(cands, a_caps, params)
-    return throughput_selection(cands, selected, budget)
+    return throughput_selection(cands, selected, budget, params)
 
 
 def slo_customized_selection(
@@ -55,22 +62,41 @@ def slo_customized_selection(
         while acc < a_caps[i] and len(selected[i]) < params.n_max and budget > 0 and heap:
             neg, j = heapq.heappop(heap)
             selected[i].append(j)
-            acc -= neg
+            acc += params.probability(-neg)
             budget -= 1
     return selected, max(budget, 0)
 
 
 def throughput_selection(
-    cands: Sequence[CandidateTree], selected: Sequence[list[int]], budget: int
+    cands: Sequence[CandidateTree], selected: Sequence[list[int]], budget: int, params: SelectionParams | None = None
 ) -> list[list[int]]:
-    """The remaining budget goes to the globally highest-scoring nodes not yet selected."""
+    """The remaining budget goes to the globally highest-scoring nodes not yet selected; with a cost
+    model, only as many of them as raise expected tokens per ms (`goodput_prefix`)."""
     out = [list(s) for s in selected]
     if budget > 0:
         taken = [set(s) for s in selected]
         heap = [(-s, i, j) for i, c in enumerate(cands) for j, s in enumerate(c.scores) if j not in taken[i]]
-        for _, i, j in heapq.nsmallest(budget, heap):
+        ranked = heapq.nsmallest(budget, heap)
+        if params is not None and params.iteration_ms is not None:
+            base = sum(len(s) for s in out)
+            expected = sum(ROOT_CREDIT + math.fsum(params.probability(cands[i].scores[j]) for j in s if j != 0) for i, s in enumerate(out))
+            ranked = ranked[: goodput_prefix(base, expected, [params.probability(-neg) for neg, _, _ in ranked], params.iteration_ms)]
+        for _, i, j in ranked:
             out[i].append(j)
     return [sorted(s) for s in out]
+
+
+def goodput_prefix(tokens: int, expected: float, gains: Sequence[float], iteration_ms: Callable[[int], float]) -> int:
+    """How many of the next nodes (their acceptance probabilities, best first) to verify on top of
+    `tokens` already selected that yield `expected` tokens: the count with the most expected tokens per
+    ms of the iteration. Within the hardware's flat region every node is free, so all are taken."""
+    best, best_rate = 0, expected / iteration_ms(tokens)
+    for k, gain in enumerate(gains, 1):
+        expected += gain
+        rate = expected / iteration_ms(tokens + k)
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
 
 
 def optimal_trees(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaserve_backend.cost_model.cost_model import CostModel
-from adaserve_backend.cost_model.roofline import Roofline, fit_roofline, pick_budget
+from adaserve_backend.cost_model.roofline import Roofline, fit_roofline, pick_budget, through_points
 from adaserve_backend.scheduler.control import adaptive_depth_width, ends_within_slo, paced_chunk, slo_slack_s
 from adaserve_backend.config import SpeculationConfig
 
@@ -36,6 +36,18 @@ def test_cost_model_round_trip_and_prediction(tmp_path):
     assert loaded == model
     # 4 requests, depth 3, width 2: draft steps of 4, 8, 8 tokens (flat), verification of 30 tokens
     assert loaded.iteration_ms(4, 3, 2, 30) == pytest.approx(3 * 2.0 + 20.0 + 14 * 1.0)
+
+
+def test_predictions_go_through_the_measured_points(tmp_path):
+    line = Roofline(60.0, 8, 2.0)
+    points = ((1, 55.0), (2, 80.0), (8, 69.0), (16, 85.0))
+    assert [through_points(points, line, n) for n in (1, 2, 5, 8, 12, 16, 20)] == [55.0, 80.0, 74.5, 69.0, 77.0, 85.0, 93.0]
+    assert through_points((), line, 20) == line.predict(20)
+    draft_points = ((1, 1.5), (2, 1.6), (8, 2.0), (16, 3.0))
+    model = CostModel(line, Roofline(2.0, 4, 0.5), budget=12, verify_points=points, draft_points=draft_points)
+    assert model.verify_ms(1) == 55.0 and model.draft_ms(1, 3, 4) == pytest.approx(1.5 + 2 * (1.6 + 0.4 * 2 / 6))
+    model.save(str(tmp_path / "profile.json"))
+    assert CostModel.load(str(tmp_path / "profile.json")) == model
 
 
 def test_adaptive_depth_and_width_shrink_with_load():

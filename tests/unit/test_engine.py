@@ -160,7 +160,7 @@ def test_slo_paced_prefill_follows_the_least_slack(tmp_path):
     behind schedule stop it unless they cannot make their SLO anyway."""
     engine = slo_engine(tmp_path)
     start, waiting = 1000.0, [hand_made(100)]
-    depth, width = engine._depth_width(waiting)
+    depth, width = engine._depth_width(1)
     t_iter = engine._predicted_iteration_s(1, depth, width)
 
     def chunk(decoding, engine=engine):
