@@ -95,6 +95,9 @@ class SchedulerConfig:
       nothing running, the next one always starts); a prefill chunk rides along a decode iteration only
       as far as the decoding requests' slack pays for it. Past saturation this serves the requests it
       admits within their SLOs, where admitting all of them makes every one slow.
+    admission_headroom: the predicted time per token with one more request is taken this much larger
+      in admission (iteration times on a busy CPU vary by +-15%; without it admitted requests that are
+      just on track fall behind).
     slo_classes / default_slo_class: named TPOT targets a request may pick instead of a number.
     """
 
@@ -103,6 +106,7 @@ class SchedulerConfig:
     prefill_chunk: int = 256
     token_budget: int = 256
     slo_admission: bool = True
+    admission_headroom: float = 1.15
     slo_classes: tuple[SLOClass, ...] = (SLOClass("coding", 60.0), SLOClass("chat", 100.0), SLOClass("summary", 300.0))
     default_slo_class: str = "chat"
 
@@ -114,6 +118,8 @@ class SchedulerConfig:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
             raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
+        if self.admission_headroom < 1.0:
+            raise ValueError("admission_headroom must be >= 1")
 
     @property
     def speculative(self) -> bool:

@@ -3,13 +3,16 @@
 One iteration under a speculative policy (the paper's Algorithm 2):
   1. speculation: d batched draft forwards of width-w beam search for every decoding request
      (prefill chunks of other requests ride along in the first one);
-  2. SLO-customized, 3. throughput-optimized selection of the nodes to verify, within budget B;
+  2. SLO-customized, 3. throughput-optimized selection of the nodes to verify, within budget B (with a
+     profile, only as much of B as raises expected tokens per second);
   4. verification: one target forward holding every selected tree and the prefill chunks; the
      accepted path of each tree is committed in the target cache, the rest released.
 The draft cache only keeps tokens the draft saw with the target's features (its chain, see
 `_draft_chain`): accepted tokens are fed again, as the next iteration's chain, with the features the
 target just computed for them (for a feature-conditioned draft; a plain draft is fed the same way).
 Baseline policies share everything but the decode step (one token per request, no draft).
+With a profile, `adaserve` also admits a waiting request, and lets prefill chunks ride along decode,
+only as far as the running requests' SLOs allow (SchedulerConfig.slo_admission).
 
 Thread-safety: `add_request` and `abort` may be called from any thread; everything else runs on the
 thread that calls `step` (the engine loop), which owns the models.
@@ -297,13 +300,15 @@ class Engine:
                 return
 
     def _keeps_slos(self, seq: Sequence) -> bool:
-        """Whether, with `seq` running too, every running request still on track for its SLO stays so,
-        and `seq` itself can make its SLO (see SchedulerConfig.slo_admission)."""
+        """Whether, with `seq` running too, every running request that can still make its SLO (at the
+        time per token of a lone request) is on track for it, and `seq` itself can make its SLO (see
+        SchedulerConfig.slo_admission). One that fell behind blocks admissions until it has caught up:
+        letting others in because it is behind anyway would make it, and those after it, miss."""
         now, n = time.monotonic(), len(self.running)
-        before, after = self._tpot_at(n), self._tpot_at(n + 1)
+        best, after = self._tpot_at(1), self._tpot_at(n + 1) * self.config.scheduler.admission_headroom
         if not self._on_track(seq, now, after):
             return False
-        return all(self._on_track(s, now, after) or not self._on_track(s, now, before) for s in self.running)
+        return all(self._on_track(s, now, after) or not self._on_track(s, now, best) for s in self.running)
 
     def _on_track(self, seq: Sequence, now: float, tpot: float) -> bool:
         """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
@@ -316,8 +321,7 @@ class Engine:
         """Predicted time per token of each of `n` decoding requests: an iteration over the tokens it
         yields per request, as measured at that load."""
         depth, width = self._depth_width(n)
-        accepted = self._by_load[n][0] if n in self._by_load else max(self.mean_accepted(), 1.0)
-        return self._predicted_iteration_s(n, depth, width) / accepted
+        return self._predicted_iteration_s(n, depth, width) / self._at_load(n, depth)[0]
 
     def _prefill_chunks(self, prefill, decode, depth, width, start) -> dict[Sequence, int]:
         sched = self.config.scheduler
@@ -335,7 +339,7 @@ class Engine:
 
     def _paced_prefill(self, decode, depth, width, start, cap) -> int:
         """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
-        verify = max(self.budget, len(decode)) if depth else len(decode)
+        verify = self._predicted_verify_tokens(len(decode), depth)
         t_iter, best = self._predicted_iteration_s(len(decode), depth, width), self._tpot_at(1)
         slacks = [slo_slack_s(start - s.first_token_time, t_iter, s.tpot_slo_s, len(s.output) - 1) for s in decode]
         slacks = [x for x, s in zip(slacks, decode) if ends_within_slo(x, s.tpot_slo_s, s.request.max_tokens - len(s.output) - 1, best)]
@@ -352,8 +356,23 @@ class Engine:
         measured decode iterations."""
         if not self.cost:
             return self.t_iter
-        verify = self._by_load[n][1] if n in self._by_load else max(self.budget, n) if depth else n
-        return self.cost.iteration_ms(n, depth, width, round(verify)) / 1e3 * self._cost_correction
+        return self.cost.iteration_ms(n, depth, width, self._predicted_verify_tokens(n, depth)) / 1e3 * self._cost_correction
+
+    def _at_load(self, n: int, depth: int) -> tuple[float, float]:
+        """Tokens per request per iteration and tree tokens verified with `n` decoding requests: as
+        measured at that load, else at the nearest measured load with as many tokens per request (the
+        fewer requests, the more each gets, so extrapolating the yield upwards would be optimistic and
+        admit too many), else all of B at the lifetime yield."""
+        if n in self._by_load:
+            return self._by_load[n]
+        if not self._by_load:
+            return max(self.mean_accepted(), 1.0), float(max(self.budget, n) if depth else n)
+        m = min(self._by_load, key=lambda k: (abs(k - n), k))
+        accepted, verified = self._by_load[m]
+        return accepted, verified * n / m
+
+    def _predicted_verify_tokens(self, n: int, depth: int) -> int:
+        return round(self._at_load(n, depth)[1])
 
     def _prefill_input(self, seq: Sequence, n: int) -> SeqInput:
         last = seq.prefilled + n == seq.prefill_goal and not seq.output

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -84,6 +85,7 @@ def main() -> None:
     ap.add_argument("--draft-dtype", default="bfloat16")
     ap.add_argument("--per-category", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--config", default="model_repository/adaserve/1/engine.json", help="the engine compared at one request")
     ap.add_argument("--out", default="results/draft_eval.json")
     args = ap.parse_args()
 
@@ -114,11 +116,11 @@ def main() -> None:
     report["latency_ms"] = {"target_decode": t_ms, "draft_step_1_token": d_ms[1], "draft_step_4_beams": d_ms[4]}
     report["draft_step_fraction"] = d_ms[1] / t_ms
 
-    # the engine at one request: adaserve (default knobs) vs continuous, greedy outputs identical
+    # the served engine (its knobs and profile) at one request: adaserve vs continuous, greedy outputs identical
     ids = [encode(tokenizer, p)[-320:] for ps in by_cat.values() for p in ps[:4]]
-    default = EngineConfig(target_cache=CacheConfig(memory_mb=256), draft_cache=CacheConfig(memory_mb=128))
-    ada = Engine(default, target=target, draft=draft, eos_token_ids=eos)
-    cont = Engine(EngineConfig(target_cache=CacheConfig(memory_mb=256), scheduler=SchedulerConfig(policy="continuous")),
+    served = EngineConfig.from_json(args.config)
+    ada = Engine(served, target=target, draft=draft, eos_token_ids=eos)
+    cont = Engine(dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")),
                   target=target, eos_token_ids=eos)
     ada_out, ada_tpot = run_one_by_one(ada, ids, args.max_tokens)
     cont_out, cont_tpot = run_one_by_one(cont, ids, args.max_tokens)

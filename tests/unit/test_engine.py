@@ -175,23 +175,29 @@ def test_slo_paced_prefill_follows_the_least_slack(tmp_path):
 
 
 def test_slo_admission_starts_only_what_keeps_slos(tmp_path, monkeypatch):
-    """With 50 ms per token for one running request and 80 ms for two: a request starts only if it
-    and every running request still on track end within their SLOs; a looser one may go first."""
+    """With 50 ms per token for one running request and 80 ms for two (92 ms with the headroom): a
+    request starts only if it and every running request that can still make its SLO end within their
+    SLOs; a looser one may go first."""
     engine = slo_engine(tmp_path)
-    monkeypatch.setattr(engine, "_tpot_at", lambda n: {1: 0.05, 2: 0.08}[n])
+    monkeypatch.setattr(engine, "_tpot_at", lambda n: {1: 0.05, 2: 0.08, 3: 0.1}[n])
 
     def admitted(running, waiting):
-        engine.running, engine.waiting = [running], collections.deque(waiting)
+        running = running if isinstance(running, list) else [running]
+        engine.running, engine.waiting = list(running), collections.deque(waiting)
         engine._admit()
-        return [s.tpot_slo_s * 1e3 for s in engine.running[1:]]
+        return [s.tpot_slo_s * 1e3 for s in engine.running[len(running):]]
 
     now = time.monotonic()
     relaxed = hand_made(100, 10, 0.5, now)  # 0.6 s ahead
     assert admitted(relaxed, [hand_made(100, prompt=8)]) == [100]
-    assert admitted(relaxed, [hand_made(60, prompt=8), hand_made(1000, prompt=8)]) == [1000]  # 60 < 80 ms
+    assert admitted(relaxed, [hand_made(60, prompt=8), hand_made(1000, prompt=8)]) == [1000]  # 60 < 92 ms
     assert [s.tpot_slo_s * 1e3 for s in engine.waiting] == [60]
-    tight = hand_made(60, 10, 0.6, now)  # on track at 50 ms per token, not at 80
+    assert admitted(relaxed, [hand_made(90, prompt=8)]) == []  # within the prediction, not the headroom
+    tight = hand_made(60, 10, 0.6, now)  # on track at 50 ms per token, not at 92
     assert admitted(tight, [hand_made(1000, prompt=8)]) == []
+    # behind even at the current load (80 ms with two running), but alone it catches up: it holds the door
+    behind = hand_made(60, 10, 0.7, now)
+    assert admitted([behind, hand_made(1000, 10, 0.5, now)], [hand_made(1000, prompt=8)]) == []
     doomed = hand_made(40, 10, 0.6, now)  # cannot make 40 ms even alone: holds nobody back
     assert admitted(doomed, [hand_made(1000, prompt=8)]) == [1000]
     assert slo_engine(tmp_path, slo_admission=False)._slo_admission is False
