@@ -39,7 +39,7 @@ from .request import FinishReason, Request, RequestOutput
 from .sampling import choose_token
 from .scheduler.control import adaptive_depth_width, ends_within_slo, paced_chunk, slo_slack_s
 from .speculation.beam import BeamRequest, beam_search
-from .speculation.selection import SelectionParams, required_accepted, select_tokens
+from .speculation.selection import ROOT_CREDIT, SelectionParams, expected_accepted, required_accepted, select_tokens
 from .speculation.token_tree import CandidateTree, TokenTree
 from .verification.acceptance import accept
 
@@ -314,7 +314,13 @@ class Engine:
         """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
         if seq.first_token_time is None:
             return tpot <= seq.tpot_slo_s
-        slack = slo_slack_s(now - seq.first_token_time, tpot, seq.tpot_slo_s, len(seq.output) - 1)
+        return self._ends_within_slo(seq, self._slack_s(seq, now, tpot), tpot)
+
+    def _slack_s(self, seq: Sequence, now: float, t_iter: float) -> float:
+        """How far a decoding `seq` is ahead of its SLO after an iteration of `t_iter` yielding one token."""
+        return slo_slack_s(now - seq.first_token_time, t_iter, seq.tpot_slo_s, len(seq.output) - 1)
+
+    def _ends_within_slo(self, seq: Sequence, slack: float, tpot: float) -> bool:
         return ends_within_slo(slack, seq.tpot_slo_s, seq.request.max_tokens - len(seq.output) - 1, tpot)
 
     def _tpot_at(self, n: int) -> float:
@@ -341,8 +347,8 @@ class Engine:
         """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
         verify = self._predicted_verify_tokens(len(decode), depth)
         t_iter, best = self._predicted_iteration_s(len(decode), depth, width), self._tpot_at(1)
-        slacks = [slo_slack_s(start - s.first_token_time, t_iter, s.tpot_slo_s, len(s.output) - 1) for s in decode]
-        slacks = [x for x, s in zip(slacks, decode) if ends_within_slo(x, s.tpot_slo_s, s.request.max_tokens - len(s.output) - 1, best)]
+        slacks = [(self._slack_s(s, start, t_iter), s) for s in decode]
+        slacks = [x for x, s in slacks if self._ends_within_slo(s, x, best)]
         if not slacks:
             return cap
 
@@ -503,7 +509,7 @@ class Engine:
 
         params = SelectionParams(max(self.budget, len(decode)), spec.n_max, spec.order, iteration_ms, self._calibration())
         selections = select_tokens(cands, a_caps, params)
-        self._scored = 0.98 * self._scored + sum(c.scores[j] for c, nodes in zip(cands, selections) for j in nodes if j != 0)
+        self._scored = 0.98 * self._scored + sum(expected_accepted(c, nodes) - ROOT_CREDIT for c, nodes in zip(cands, selections))
         return [TokenTree.from_selection(c, nodes) for c, nodes in zip(cands, selections)]
 
     def _calibration(self) -> float:

@@ -35,7 +35,12 @@ class SelectionParams:
     calibration: float = 1.0  # measured accepted / predicted: scales scores into acceptance probabilities
 
     def probability(self, score: float) -> float:
-        return min(1.0, score * self.calibration)
+        return acceptance(score, self.calibration)
+
+
+def acceptance(score: float, calibration: float = 1.0) -> float:
+    """A node's acceptance probability: its draft score times the calibration, at most 1."""
+    return min(1.0, score * calibration)
 
 
 def select_tokens(
@@ -79,7 +84,7 @@ def throughput_selection(
         ranked = heapq.nsmallest(budget, heap)
         if params is not None and params.iteration_ms is not None:
             base = sum(len(s) for s in out)
-            expected = sum(ROOT_CREDIT + math.fsum(params.probability(cands[i].scores[j]) for j in s if j != 0) for i, s in enumerate(out))
+            expected = sum(expected_accepted(cands[i], s, params.calibration) for i, s in enumerate(out))
             ranked = ranked[: goodput_prefix(base, expected, [params.probability(-neg) for neg, _, _ in ranked], params.iteration_ms)]
         for _, i, j in ranked:
             out[i].append(j)
@@ -126,6 +131,6 @@ def optimal_trees(
     return [sorted(s) for s in selected]
 
 
-def expected_accepted(tree: CandidateTree, nodes: Sequence[int]) -> float:
-    """E[acc(T)] = sum of f(v) over the tree (the root counting 1.0)."""
-    return ROOT_CREDIT + math.fsum(tree.scores[j] for j in nodes if j != 0)
+def expected_accepted(tree: CandidateTree, nodes: Sequence[int], calibration: float = 1.0) -> float:
+    """E[acc(T)] = sum of f(v) over the tree (the root counting 1.0), f = the calibrated score."""
+    return ROOT_CREDIT + math.fsum(acceptance(tree.scores[j], calibration) for j in nodes if j != 0)
