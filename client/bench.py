@@ -30,7 +30,8 @@ from adaserve_backend.models import load_model, load_tokenizer, locate
 
 from .metrics import attainment_timeline, summarize
 from .runners import run_inprocess, run_openai, run_triton
-from .workload import CATEGORY_SLO_SCALE, DEFAULT_MIX, builtin_prompts, build_workload, fluctuating_arrivals, poisson_arrivals
+from .slo_targets import add_slo_arguments, slo_targets_from_args
+from .workload import DEFAULT_MIX, builtin_prompts, build_workload, fluctuating_arrivals, poisson_arrivals
 
 POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:2", "spec:4"]
 
@@ -54,7 +55,8 @@ class InProcess:
         return Engine(cfg, target=self.target, draft=self.draft, eos_token_ids={self.tokenizer.eos_token_id}, tokenizer=self.tokenizer)
 
     def baseline_tpot_ms(self, prompts, n: int = 3, max_tokens: int = 32) -> float:
-        """The model's own single-request decode latency (continuous batching, no load)."""
+        """The model's own single-request decode latency (continuous batching, no load): the relative
+        SLO mode's baseline."""
         from .workload import WorkItem
 
         items = [WorkItem(f"b{i}", "chat", prompts["chat"][i][0], True, max_tokens, 1e9, 0.0) for i in range(n)]
@@ -92,8 +94,9 @@ def run_level(args, runner, policies, items, label: dict) -> list[dict]:
             records, wall = run_inprocess(engine, runner.encode, items, args.time_limit, desc=f"{policy} {label}")
             row = score(records, wall, engine, timeline_s)
         rows.append({**label, "policy": policy, **row})
-        print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f}, goodput {row['goodput_tok_s']:.1f} tok/s, "
-              f"violations {row['violations']}, accepted/verify {row.get('mean_accepted_per_verify', float('nan')):.2f}")
+        print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f} (TPOT only {row['tpot_slo_attainment']:.2f}), "
+              f"goodput {row['goodput_tok_s']:.1f} tok/s, violations {row['violations']}, TTFT p50 {fmt_ms(row['ttft_ms_p50'])}, "
+              f"accepted/verify {row.get('mean_accepted_per_verify', float('nan')):.2f}")
     return rows
 
 
@@ -104,12 +107,13 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=POLICIES)
     ap.add_argument("--rps", nargs="+", type=float, default=[0.25, 0.5, 1.0, 2.0])
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per load level")
-    ap.add_argument("--time-limit", type=float, default=180.0, help="seconds per run before unfinished requests count as errors")
+    ap.add_argument("--time-limit", type=float, default=90.0, help="seconds per run before unfinished requests count as errors")
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
     ap.add_argument("--target", choices=["inprocess", "triton", "openai"], default="inprocess")
     ap.add_argument("--url", default="localhost:8001", help="Triton gRPC host:port, or the OpenAI server's base URL")
     ap.add_argument("--served-model", default="", help="model name for --target openai")
-    ap.add_argument("--baseline-tpot-ms", type=float, help="skip measuring it")
+    ap.add_argument("--baseline-tpot-ms", type=float, help="relative SLO mode: skip measuring it")
+    add_slo_arguments(ap)
     ap.add_argument("--sweeps", nargs="+", help="run only these of the suite's sweeps (rps, urgent_share, slo_scale, fluctuating)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results")
@@ -118,13 +122,17 @@ def main() -> None:
     config = EngineConfig.from_json(args.config)
     runner = InProcess(config)
     prompts = builtin_prompts()
-    baseline = args.baseline_tpot_ms or runner.baseline_tpot_ms(prompts)
-    print(f"baseline TPOT {baseline:.1f} ms; SLOs: " + ", ".join(f"{c} {baseline * s:.0f} ms" for c, s in CATEGORY_SLO_SCALE.items()))
+    baseline = None
+    if args.slo_mode == "relative":
+        baseline = args.baseline_tpot_ms or runner.baseline_tpot_ms(prompts)
+        print(f"baseline TPOT {baseline:.1f} ms")
+    slos = slo_targets_from_args(args, baseline)
+    print(f"SLO targets: {slos.describe()}")
 
     def items_for(rps: float, mix=None, slo_scale=None):
         rng = random.Random(args.seed)
         arrivals = poisson_arrivals(rps, max(1, int(rps * args.duration)), rng)
-        return build_workload(arrivals, baseline, mix=mix, prompts=prompts, slo_scale=slo_scale, seed=args.seed,
+        return build_workload(arrivals, slos.with_tpot_scale(slo_scale or {}), mix=mix, prompts=prompts, seed=args.seed,
                               output_scale=args.output_scale)
 
     sweeps = {"rps": [({"rps": r}, items_for(r)) for r in args.rps]}
@@ -134,13 +142,15 @@ def main() -> None:
             ({"rps": mid, "urgent_share": u}, items_for(mid, mix={"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2}))
             for u in (0.2, 0.4, 0.6, 0.8)
         ]
-        sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s}, items_for(mid, slo_scale={"coding": s})) for s in (1.0, 1.2, 1.6, 2.0)]
+        scales = (1.0, 1.2, 1.6, 2.0) if args.slo_mode == "relative" else (0.8, 1.0, 1.3, 1.6)  # x baseline, or x coding's target
+        sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s}, items_for(mid, slo_scale={"coding": s})) for s in scales]
         flow = fluctuating_arrivals(mid, args.duration, list(DEFAULT_MIX), random.Random(args.seed))
         sweeps["fluctuating"] = [({"rps": mid, "trace": "fluctuating"}, build_workload(
-            [t for t, _ in flow], baseline, prompts=prompts, categories=[c for _, c in flow], seed=args.seed, output_scale=args.output_scale))]
+            [t for t, _ in flow], slos, prompts=prompts, categories=[c for _, c in flow], seed=args.seed, output_scale=args.output_scale))]
 
     sweeps = {k: v for k, v in sweeps.items() if not args.sweeps or k in args.sweeps}
-    meta = {"suite": args.suite, "target": args.target, "baseline_tpot_ms": baseline, "config": args.config,
+    meta = {"suite": args.suite, "target": args.target, "baseline_tpot_ms": baseline, "slo_targets": dataclasses.asdict(slos),
+            "config": args.config,
             "engine": dataclasses.asdict(config), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
             "duration_s": args.duration, "mix": DEFAULT_MIX, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -158,6 +168,10 @@ def main() -> None:
 
         plot_sweep(rows, name, stem)
         print(f"wrote {stem}.json, .csv, .png")
+
+
+def fmt_ms(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms / 1e3:.1f} s" if ms >= 1e3 else f"{ms:.0f} ms"
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 X_KEYS = {"rps": "rps", "urgent_share": "urgent_share", "slo_scale": "urgent_slo_scale"}
-X_LABELS = {"rps": "requests per second", "urgent_share": "share of urgent (coding) requests", "slo_scale": "urgent SLO scale (x baseline TPOT)"}
+X_LABELS = {"rps": "requests per second", "urgent_share": "share of urgent (coding) requests", "slo_scale": "urgent (coding) TPOT target scale"}
 
 
 def plot_sweep(rows: list[dict], sweep: str, stem: str) -> None:

@@ -16,7 +16,7 @@ from .workload import WorkItem
 
 
 def _record(item: WorkItem, start: float) -> RequestRecord:
-    return RequestRecord(item.request_id, item.category, item.tpot_slo_ms, arrival=start + item.arrival_s)
+    return RequestRecord(item.request_id, item.category, item.tpot_slo_ms, arrival=start + item.arrival_s, ttft_slo_ms=item.ttft_slo_ms)
 
 
 def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float, desc: str = "in-process") -> tuple[list[RequestRecord], float]:
@@ -86,14 +86,20 @@ async def _replay(items: Sequence[WorkItem], send, time_limit_s: float, desc: st
     return list(records), time.monotonic() - start
 
 
-def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: str = "ensemble") -> tuple[list[RequestRecord], float]:
+def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: str = "ensemble",
+               exact_length: bool = False) -> tuple[list[RequestRecord], float]:
+    """`exact_length`: ask for exactly max_tokens (min_tokens = max_tokens), so every system compared
+    generates the same number of tokens whatever its numerics make of the end of sequence."""
+    import numpy as np
+
     from .stream import AsyncStreamClient
 
     async def main():
         client = AsyncStreamClient(url, model)
 
         async def send(item: WorkItem, rec: RequestRecord) -> None:
-            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat):
+            extra = {"min_tokens": np.array([item.max_tokens], dtype=np.int32)} if exact_length else None
+            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra):
                 now = time.monotonic()
                 if text:
                     rec.first_token = rec.first_token or now
@@ -109,10 +115,13 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
     return asyncio.run(main())
 
 
-def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_s: float) -> tuple[list[RequestRecord], float]:
-    """`/v1/completions` with `stream: true` (vLLM, SGLang, Triton's OpenAI frontend). Chat-style items
-    are sent as plain prompts: the same text every server sees. Token counts come from the usage
-    block when the server reports it (vLLM: stream_options.include_usage), else one per chunk."""
+def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_s: float, exact_length: bool = False,
+               priority: dict[str, int] | None = None) -> tuple[list[RequestRecord], float]:
+    """`/v1/completions` with `stream: true` (vLLM, SGLang, Triton's OpenAI frontend), greedy. Items
+    are sent as their plain prompt text (render chat items first for the same ids everywhere). Token
+    counts come from the usage block when the server reports it (vLLM: stream_options.include_usage),
+    else one per chunk. `exact_length`: min_tokens = max_tokens. `priority`: category -> vLLM request
+    priority (lower is served first; the server must run `--scheduling-policy priority`)."""
     import aiohttp
 
     async def main():
@@ -121,9 +130,14 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
             async def send(item: WorkItem, rec: RequestRecord) -> None:
                 body = {"model": model, "prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": 0.0,
                         "stream": True, "stream_options": {"include_usage": True}}
+                if exact_length:
+                    body["min_tokens"] = item.max_tokens
+                if priority is not None:
+                    body["priority"] = priority[item.category]
                 chunks = 0
                 async with session.post(base_url.rstrip("/") + "/v1/completions", json=body) as resp:
-                    resp.raise_for_status()
+                    if resp.status != 200:
+                        raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
                     async for raw in resp.content:
                         line = raw.decode().strip()
                         if not line.startswith("data:") or line == "data: [DONE]":

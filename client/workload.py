@@ -1,9 +1,8 @@
-"""Multi-SLO workloads: which prompts, which SLOs, when they arrive.
+"""Multi-SLO workloads: which prompts, which SLO targets, when they arrive.
 
-Categories follow the paper: coding (HumanEval), chat (Alpaca-style instructions), summarisation (news
-articles). SLOs are set relative to the measured baseline TPOT of the hardware (the model's own
-single-request decode latency): coding 1.2x; chat and summarisation keep the paper's 50 ms and 150 ms
-in proportion to its coding-class baseline (taken as 25 ms), i.e. 2x and 6x.
+Categories follow the paper: coding, chat and summarisation, in its 60/20/20 mix, with prompts from
+families the draft never trained on (`client/prompts.py`).
+Each item carries its category's TTFT and TPOT targets (`client/slo_targets.py`).
 Arrivals: Poisson, bursty gamma, a replayed Azure LLM inference trace rescaled to a target RPS, or a
 synthetic fluctuating trace where each category peaks at a different time.
 """
@@ -18,11 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-CATEGORY_SLO_SCALE = {"coding": 1.2, "chat": 2.0, "summary": 6.0}
+from .slo_targets import SloTargets
+
 DEFAULT_MIX = {"coding": 0.6, "chat": 0.2, "summary": 0.2}
 OUTPUT_TOKENS = {"coding": (64, 160), "chat": (32, 128), "summary": (32, 96)}  # uniform ranges
-
-
 @dataclass(frozen=True)
 class WorkItem:
     request_id: str
@@ -32,18 +30,15 @@ class WorkItem:
     max_tokens: int
     tpot_slo_ms: float
     arrival_s: float  # offset from the start of the run
+    ttft_slo_ms: float = math.inf
 
 
 # ---- prompts -------------------------------------------------------------------------------------
 def builtin_prompts() -> dict[str, list[tuple[str, bool]]]:
-    """Offline prompt sets: HumanEval code, templated instructions, stdlib docstrings to summarise."""
-    from adaserve_backend.draft.data import humaneval_prompts, instruction_prompts, summary_prompts
+    """The benchmark's offline prompt families (see client/prompts.py), disjoint from the draft's."""
+    from .prompts import benchmark_prompts
 
-    return {
-        "coding": [(p, False) for p in humaneval_prompts()],
-        "chat": [(p, True) for p in instruction_prompts()],
-        "summary": [(p, True) for p in summary_prompts()],
-    }
+    return benchmark_prompts()
 
 
 def load_alpaca(path: str) -> list[tuple[str, bool]]:
@@ -135,25 +130,24 @@ def fluctuating_arrivals(rps: float, duration_s: float, categories: Sequence[str
 # ---- the workload --------------------------------------------------------------------------------
 def build_workload(
     arrivals: Sequence[float],
-    baseline_tpot_ms: float,
+    slos: SloTargets | None = None,
     mix: dict[str, float] | None = None,
     prompts: dict[str, list[tuple[str, bool]]] | None = None,
     categories: Sequence[str] | None = None,
-    slo_scale: dict[str, float] | None = None,
     seed: int = 0,
     output_scale: float = 1.0,
 ) -> list[WorkItem]:
     """One item per arrival. Categories are drawn from `mix` unless given per arrival; output lengths
     are uniform in the category's range times `output_scale`."""
     rng = random.Random(seed)
+    slos = slos or SloTargets()
     mix = mix or DEFAULT_MIX
     prompts = prompts or builtin_prompts()
-    scale = {**CATEGORY_SLO_SCALE, **(slo_scale or {})}
     names, weights = list(mix), [mix[c] for c in mix]
     items = []
     for i, t in enumerate(arrivals):
         cat = categories[i] if categories else rng.choices(names, weights)[0]
         text, chat = rng.choice(prompts[cat])
         lo, hi = (max(2, round(x * output_scale)) for x in OUTPUT_TOKENS[cat])
-        items.append(WorkItem(f"w{i}", cat, text, chat, rng.randint(lo, hi), baseline_tpot_ms * scale[cat], t))
+        items.append(WorkItem(f"w{i}", cat, text, chat, rng.randint(lo, hi), slos.tpot(cat), t, slos.ttft(cat)))
     return items

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import pytest
 
 from client.metrics import RequestRecord, attainment_timeline, percentile, summarize
+from client.slo_targets import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, SloTargets, add_slo_arguments, parse_targets, slo_targets_from_args
 from client.workload import (
     build_workload,
     fluctuating_arrivals,
@@ -17,23 +19,42 @@ from client.workload import (
 )
 
 
-def test_attainment_goodput_and_tpot_exclude_ttft():
+def test_joint_attainment_needs_ttft_and_tpot_over_all_sent_requests():
+    R = RequestRecord
     recs = [
-        # 10 tokens, first at 1.0 s (TTFT 1 s, ignored), last at 1.9 s: TPOT 100 ms vs SLO 100 ms: attained
-        RequestRecord("a", "chat", 100.0, arrival=0.0, first_token=1.0, last_token=1.9, output_tokens=10),
-        # TPOT 200 ms vs SLO 100 ms: violated
-        RequestRecord("b", "chat", 100.0, arrival=0.0, first_token=0.1, last_token=1.9, output_tokens=10),
-        # a single token trivially attains
-        RequestRecord("c", "coding", 10.0, arrival=0.0, first_token=0.5, last_token=0.5, output_tokens=1),
-        RequestRecord("d", "coding", 10.0, arrival=0.0, error="boom"),
+        # TTFT 1.0 s within 2 s, TPOT (1.9 - 1.0) / 9 = 100 ms within 100 ms: attained
+        R("ok", "chat", 100.0, arrival=0.0, first_token=1.0, last_token=1.9, output_tokens=10, ttft_slo_ms=2000.0),
+        # a late first token (TTFT 3 s > 2 s) with a fine TPOT: a violation, though the paper's TPOT-only measure counts it
+        R("late", "chat", 100.0, arrival=0.0, first_token=3.0, last_token=3.9, output_tokens=10, ttft_slo_ms=2000.0),
+        # a quick first token but TPOT 200 ms > 100 ms: a violation under both
+        R("slow", "chat", 100.0, arrival=0.0, first_token=0.1, last_token=1.9, output_tokens=10, ttft_slo_ms=2000.0),
+        # a single token within its TTFT target attains (no TPOT to miss)
+        R("one", "coding", 10.0, arrival=0.0, first_token=0.5, last_token=0.5, output_tokens=1, ttft_slo_ms=600.0),
+        # rejected by the server: sent, never served, a violation
+        R("rejected", "coding", 10.0, arrival=0.0, error="UNAVAILABLE: cannot meet the target at the current load", ttft_slo_ms=600.0),
+        # streamed a while, then the time limit ended it: unfinished, a violation even though its times so far were fine
+        R("unfinished", "summary", 1e3, arrival=0.0, first_token=0.2, last_token=0.3, output_tokens=2,
+          error="not finished within the time limit", ttft_slo_ms=5000.0),
     ]
-    assert recs[0].tpot == pytest.approx(0.1) and recs[0].attained and not recs[1].attained
+    by_id = {r.request_id: r for r in recs}
+    assert [r.request_id for r in recs if r.attained] == ["ok", "one"]
+    assert [r.request_id for r in recs if r.tpot_attained] == ["ok", "late", "one"]
+    assert by_id["late"].ttft == pytest.approx(3.0) and not by_id["late"].ttft_attained
+    assert by_id["ok"].tpot == pytest.approx(0.1)
     s = summarize(recs, wall_s=2.0)
-    assert s["finished"] == 3 and s["errors"] == 1
-    assert s["slo_attainment"] == pytest.approx(2 / 4) and s["violations"] == 2  # the error is a violation
-    assert s["goodput_tok_s"] == pytest.approx((10 + 1) / 2.0)
-    assert s["throughput_tok_s"] == pytest.approx(21 / 2.0)
+    assert s["requests"] == 6 and s["finished"] == 4 and s["errors"] == 2
+    assert s["slo_attainment"] == pytest.approx(2 / 6) and s["violations"] == 4
+    assert s["tpot_slo_attainment"] == pytest.approx(3 / 6)
+    assert s["ttft_slo_attainment"] == pytest.approx(3 / 6)  # ok, slow, one
+    assert s["goodput_tok_s"] == pytest.approx((10 + 1) / 2.0)  # attained requests' tokens only
+    assert s["throughput_tok_s"] == pytest.approx((10 + 10 + 10 + 1) / 2.0)
+    assert s["ttft_ms_p50"] == pytest.approx(750.0)  # over finished requests: 100, 500, 1000, 3000 ms
     assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+
+
+def test_a_record_without_ttft_target_is_scored_on_tpot_alone():
+    rec = RequestRecord("a", "chat", 100.0, arrival=0.0, first_token=60.0, last_token=60.9, output_tokens=10)
+    assert rec.attained and rec.tpot_attained
 
 
 def test_attainment_timeline_windows_by_arrival():
@@ -71,14 +92,38 @@ def test_arrival_processes_hit_their_rate():
     assert first_third.count("coding") > first_third.count("summary")  # coding peaks first
 
 
-def test_workload_mix_and_slos():
+def test_workload_mix_and_absolute_slo_targets():
     prompts = {c: [(f"{c} prompt", False)] for c in ("coding", "chat", "summary")}
-    items = build_workload([0.1 * i for i in range(3000)], baseline_tpot_ms=50.0, prompts=prompts, seed=1)
+    slos = SloTargets(tpot_ms={"coding": 40.0, "chat": 70.0, "summary": 150.0}, ttft_ms={"coding": 1000.0, "chat": 2000.0, "summary": 6000.0})
+    items = build_workload([0.1 * i for i in range(3000)], slos, prompts=prompts, seed=1)
     share = {c: sum(i.category == c for i in items) / len(items) for c in ("coding", "chat", "summary")}
     assert share["coding"] == pytest.approx(0.6, abs=0.03) and share["chat"] == pytest.approx(0.2, abs=0.03)
-    slo = {i.category: i.tpot_slo_ms for i in items}
-    assert slo == {"coding": 60.0, "chat": 100.0, "summary": 300.0}
+    assert {i.category: (i.ttft_slo_ms, i.tpot_slo_ms) for i in items} == {
+        "coding": (1000.0, 40.0), "chat": (2000.0, 70.0), "summary": (6000.0, 150.0)}
     assert all(i.arrival_s == pytest.approx(0.1 * int(i.request_id[1:])) for i in items)
+
+
+def test_slo_targets_from_the_command_line():
+    ap = argparse.ArgumentParser()
+    add_slo_arguments(ap)
+    args = ap.parse_args(["--tpot-slo", "coding=45, chat=90", "--ttft-slo", "summary=8000"])
+    slos = slo_targets_from_args(args)
+    assert slos.tpot("coding") == 45.0 and slos.tpot("chat") == 90.0 and slos.tpot("summary") == DEFAULT_TPOT_SLO_MS["summary"]
+    assert slos.ttft("summary") == 8000.0 and slos.ttft("coding") == DEFAULT_TTFT_SLO_MS["coding"]
+    assert slos.with_tpot_scale({"coding": 2.0}).tpot("coding") == 90.0  # the SLO-scale sweep: x coding's target
+    # the paper's relative mode: TPOT targets scale with a baseline, TTFT targets stay absolute
+    rel = slo_targets_from_args(ap.parse_args(["--slo-mode", "relative"]), baseline_tpot_ms=50.0)
+    assert (rel.tpot("coding"), rel.tpot("chat"), rel.tpot("summary")) == (60.0, 100.0, 300.0)
+    assert rel.ttft("chat") == DEFAULT_TTFT_SLO_MS["chat"]
+    with pytest.raises(ValueError, match="baseline"):
+        slo_targets_from_args(ap.parse_args(["--slo-mode", "relative"]))
+
+
+@pytest.mark.parametrize("text, message", [("coding=0", "positive"), ("coding=nan", "positive"), ("poetry=50", "unknown category"),
+                                           ("coding:50", "CATEGORY=MS"), ("coding=fast", "not a number")])
+def test_bad_slo_targets_are_refused_with_a_clear_message(text, message):
+    with pytest.raises(ValueError, match=message):
+        SloTargets(tpot_ms=parse_targets(text))
 
 
 def test_tiny_end_to_end_run_scores_every_request():

@@ -1,0 +1,109 @@
+"""The benchmark's prompt families: offline, built from what is installed, and disjoint from every
+family the draft model is trained on (a test checks it prompt by prompt).
+
+| category | family | source |
+| --- | --- | --- |
+| coding  | `networkx-functions` | signature + docstring summary of public functions in the installed `networkx` package's `algorithms/` sources, to complete (HumanEval-style) |
+| chat    | `python-faq`         | the questions of the Python FAQ (Debian's `python3.11-doc`: `faq/*.rst.txt`), as a user would ask them |
+| summary | `python-howto`       | prose passages of the Python HOWTOs (same package: `howto/*.rst.txt`), to summarise |
+
+The draft trains on HumanEval, templated instructions and the standard library's module docstrings
+(tools that build training data must leave the families above out).
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import re
+from functools import cache
+
+BENCHMARK_FAMILIES = {"coding": "networkx-functions", "chat": "python-faq", "summary": "python-howto"}
+DOC_GLOB = "/usr/share/doc/python3*/html/_sources"
+SUMMARY_TASK = "Summarize the following text in three sentences.\n\n"
+
+
+def _doc_sources() -> str:
+    found = sorted(glob.glob(DOC_GLOB))
+    if not found:
+        raise FileNotFoundError("the benchmark's chat and summary prompts come from the Python documentation: "
+                                "apt-get install python3.11-doc (make setup installs it)")
+    return found[-1]
+
+
+def normalize(text: str) -> str:
+    """What counts as the same prompt: equal after collapsing whitespace."""
+    return " ".join(text.split())
+
+
+# ---- coding: complete a function from its signature and docstring ---------------------------------
+def _function_prompt(node: ast.FunctionDef) -> str | None:
+    doc = ast.get_docstring(node)
+    if node.name.startswith("_") or not doc:
+        return None
+    summary = doc.split("\n\n")[0].strip()
+    if not 20 <= len(summary) <= 400 or "\n    " in summary:
+        return None
+    body = "\n    ".join(summary.splitlines())
+    return f"def {node.name}({ast.unparse(node.args)}):\n    \"\"\"{body}\n    \"\"\"\n"
+
+
+@cache
+def networkx_function_prompts() -> tuple[str, ...]:
+    import networkx
+
+    root = os.path.join(os.path.dirname(networkx.__file__), "algorithms")
+    out = []
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
+        if "/tests/" in path:
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        out += [p for n in tree.body if isinstance(n, ast.FunctionDef) and (p := _function_prompt(n))]
+    return tuple(dict.fromkeys(out))
+
+
+# ---- chat: the Python FAQ's questions --------------------------------------------------------------
+@cache
+def python_faq_questions() -> tuple[str, ...]:
+    out = []
+    for path in sorted(glob.glob(os.path.join(_doc_sources(), "faq", "*.rst.txt"))):
+        lines = open(path, encoding="utf-8").read().splitlines()
+        for line, under in zip(lines, lines[1:]):  # rst section titles: a line underlined with = - ~ or ^
+            title = line.strip()
+            if title.endswith("?") and re.fullmatch(r"[=\-~^]{3,}", under.strip()):
+                out.append(re.sub(r"``?([^`]+)``?", r"\1", title))
+    return tuple(dict.fromkeys(out))
+
+
+# ---- summary: prose passages of the HOWTOs -----------------------------------------------------------
+def _prose(paragraph: str) -> bool:
+    """Running text: not an indented code block, a directive, a table, a list or a heading."""
+    p = paragraph.strip("\n")
+    return (len(p) > 80 and not p[:1].isspace() and "\n " not in p
+            and not p.startswith(("..", "::", ">>>", "$", "|", "+", "=", "*", "-", "#")))
+
+
+@cache
+def python_howto_passages(min_chars: int = 700, max_chars: int = 1600) -> tuple[str, ...]:
+    out = []
+    for path in sorted(glob.glob(os.path.join(_doc_sources(), "howto", "*.rst.txt"))):
+        paragraphs = [" ".join(p.split()) for p in open(path, encoding="utf-8").read().split("\n\n") if _prose(p)]
+        passage = ""
+        for p in paragraphs:
+            p = re.sub(r":\w+:`~?([^`]+)`", r"\1", p).replace("``", "")
+            passage = f"{passage}\n\n{p}" if passage else p
+            if len(passage) >= min_chars:
+                out.append(passage[:max_chars])
+                passage = ""
+    return tuple(dict.fromkeys(out))
+
+
+def benchmark_prompts() -> dict[str, list[tuple[str, bool]]]:
+    """category -> [(prompt, wrap in the chat template)]: code is completed raw, as HumanEval is."""
+    return {
+        "coding": [(p, False) for p in networkx_function_prompts()],
+        "chat": [(p, True) for p in python_faq_questions()],
+        "summary": [(SUMMARY_TASK + p, True) for p in python_howto_passages()],
+    }
