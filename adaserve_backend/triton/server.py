@@ -64,12 +64,17 @@ def server_command(
     return argv, env
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_server_arguments(ap: argparse.ArgumentParser) -> None:
+    """The repository and ports, for every command that starts tritonserver."""
     ap.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"))
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(ap)
     ap.add_argument("--log-verbose", type=int, default=0)
     args = ap.parse_args()
     argv, env = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose)

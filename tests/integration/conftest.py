@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from adaserve_backend.triton.server import PROJECT_ROOT, server_command
+from adaserve_backend.triton.process import triton_server as triton_server_process
 
 
 @dataclass(frozen=True)
@@ -47,30 +45,15 @@ def free_ports(n: int) -> list[int]:
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
     http, grpc, metrics = free_ports(3)
-    argv, env = server_command(str(PROJECT_ROOT / "model_repository"), http, grpc, metrics)
     log = tmp_path_factory.mktemp("triton") / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    process = triton_server_process(http, grpc, metrics, log)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tritonserver exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if urllib.request.urlopen(f"http://localhost:{http}/v2/health/ready", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"tritonserver not ready after 600 s:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
+        process.start(timeout_s=600)
+    except (RuntimeError, TimeoutError) as e:
+        pytest.fail(str(e))
+    try:
         yield Server(http, grpc, metrics, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        process.stop(grace_s=60)
     if os.environ.get("ADASERVE_KEEP_LOG"):
         print(log.read_text())

@@ -8,7 +8,14 @@ import random
 import pytest
 
 from client.metrics import RequestRecord, attainment_timeline, percentile, summarize
-from client.slo_targets import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, SloTargets, add_slo_arguments, parse_targets, slo_targets_from_args
+from client.slo_targets import (
+    DEFAULT_TPOT_SLO_MS,
+    DEFAULT_TTFT_SLO_MS,
+    SloTargets,
+    add_slo_arguments,
+    parse_targets,
+    slo_targets_from_args,
+)
 from client.workload import (
     build_workload,
     fluctuating_arrivals,

@@ -33,7 +33,7 @@ def test_gauges_sum_over_labels():
     text = '# HELP x\nbusy{model="a"} 2\nbusy{model="b"} 1\nwaiting 0\nother 7\n'
 
     class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.end_headers()
             self.wfile.write(text.encode())
