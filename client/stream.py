@@ -11,12 +11,10 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from adaserve_backend.slo import attains, tpot_seconds
+from adaserve_backend.triton.grpc_client import EnsembleClient, ensemble_tensors, infer_inputs
 
 
 @dataclass
@@ -41,67 +39,13 @@ class StreamResult:
         return tpot_seconds(self.chunk_times[0], self.chunk_times[-1], n)
 
 
-def build_inputs(grpcclient, prompt: str, max_tokens: int, stream: bool = True, slo_ms: float | None = None,
-                 slo_class: str | None = None, temperature: float = 0.0, seed: int | None = None,
-                 chat: bool = False, extra: dict | None = None) -> list:
-    """InferInputs for the ensemble; `extra` maps further input names to numpy arrays."""
-    tensors = {
-        "text_input": np.array([prompt.encode("utf-8")], dtype=object),
-        "max_tokens": np.array([max_tokens], dtype=np.int32),
-        "stream": np.array([stream]),
-        "temperature": np.array([temperature], dtype=np.float32),
-        "apply_chat_template": np.array([chat]),
-        "return_num_output_tokens": np.array([True]),
-        "return_finish_reason": np.array([True]),
-    }
-    if slo_ms is not None:
-        tensors["tpot_slo_ms"] = np.array([slo_ms], dtype=np.float32)
-    if slo_class is not None:
-        tensors["slo_class"] = np.array([slo_class.encode()], dtype=object)
-    if seed is not None:
-        tensors["seed"] = np.array([seed], dtype=np.uint64)
-    tensors.update(extra or {})
-    dtypes = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32",
-              np.dtype(np.float32): "FP32", np.dtype(np.uint64): "UINT64"}
-    inputs = []
-    for name, arr in tensors.items():
-        t = grpcclient.InferInput(name, list(arr.shape), dtypes[arr.dtype])
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
-    return inputs
+def build_inputs(grpcclient, prompt: str, max_tokens: int, **kwargs) -> list:
+    """InferInputs for the ensemble (see adaserve_backend.triton.grpc_inputs for the keywords)."""
+    return infer_inputs(grpcclient, ensemble_tensors(prompt, max_tokens, **kwargs))
 
 
-class AsyncStreamClient:
-    """One gRPC bidirectional stream per request (so a request can be cancelled by closing it)."""
-
-    def __init__(self, url: str = "localhost:8001", model: str = "ensemble") -> None:
-        import tritonclient.grpc.aio as grpcclient
-
-        self.grpc = grpcclient
-        self.client = grpcclient.InferenceServerClient(url)
-        self.model = model
-
-    async def close(self) -> None:
-        await self.client.close()
-
-    async def stream(self, prompt: str, max_tokens: int = 64, **kwargs) -> AsyncIterator[tuple[str, dict]]:
-        """Yields (text delta, other outputs) per response; raises RuntimeError on an error response."""
-        inputs = build_inputs(self.grpc, prompt, max_tokens, stream=True, **kwargs)
-
-        async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "request_id": "0", "enable_empty_final_response": True}
-
-        async for result, error in self.client.stream_infer(requests()):
-            if error is not None:
-                raise RuntimeError(str(error))
-            response = result.get_response()
-            names = {o.name for o in response.outputs}
-            extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names if n != "text_output"}
-            text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1)) if "text_output" in names else ""
-            if text or extra:
-                yield text, extra
-            if response.parameters["triton_final_response"].bool_param:
-                return
+class AsyncStreamClient(EnsembleClient):
+    """The ensemble client, plus a whole request timed chunk by chunk."""
 
     async def generate(self, prompt: str, max_tokens: int = 64, on_chunk=None, **kwargs) -> StreamResult:
         res = StreamResult(start=time.perf_counter())

@@ -1,0 +1,186 @@
+"""OpenAI request bodies (and SLO headers) -> one `Generation` for the ensemble. Every parameter is
+either mapped or refused with an OpenAI-style 400: a client is never left believing a setting it sent
+took effect when it did not. Pure: tested without a server."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MAX_STOP = 16
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions
+CHAT_DEFAULT_MAX_TOKENS = 512  # chat has no OpenAI default short of the context; a bounded one here
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's (and vLLM's) default: sampling unless the client asks for 0
+SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "slo_class": "x-slo-class"}
+
+# Accepted only at the value that changes nothing (what the client would get by leaving them out).
+NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+           "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",),
+           "parallel_tool_calls": (False,), "tools": ([],)}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos", "stream",
+          "stream_options", "user", *SLO_HEADERS}
+KNOWN = {"completions": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
+
+
+class OpenAIError(Exception):
+    """An error response in OpenAI's shape; `retry_after_s` becomes a Retry-After header."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.retry_after_s = status, message, param, kind, retry_after_s
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+
+
+def bad(param: str, message: str) -> OpenAIError:
+    return OpenAIError(400, message, param)
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt: str  # plain text; chat messages are rendered with the model's template before this
+    messages: tuple[dict, ...] | None  # the chat messages, for rendering (None for completions)
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    stream: bool = False
+    include_usage: bool = False
+    tpot_slo_ms: float | None = None
+    ttft_slo_ms: float | None = None
+    slo_class: str | None = None
+
+
+def _number(body: Mapping, name: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise bad(name, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+def _integer(body: Mapping, name: str, lo: int, default: int | None, hi: int = 2**63 - 1) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise bad(name, f"'{name}' must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _flag(body: Mapping, name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise bad(name, f"'{name}' must be a boolean, got {v!r}")
+    return v
+
+
+def _positive_ms(name: str, v) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise bad(name, f"'{name}' must be a positive number of milliseconds, got {v!r}") from None
+    if isinstance(v, bool) or not math.isfinite(f) or f <= 0:
+        raise bad(name, f"'{name}' must be a positive number of milliseconds, got {v!r}")
+    return f
+
+
+def _slo(body: Mapping, headers: Mapping[str, str]) -> dict:
+    """SLO fields from the body or llm-d style headers; both given and different is an error."""
+    out = {}
+    lower = {k.lower(): v for k, v in headers.items()}
+    for name, header in SLO_HEADERS.items():
+        from_body, from_header = body.get(name), lower.get(header)
+        if from_body is not None and from_header is not None and str(from_body) != from_header:
+            raise bad(name, f"'{name}' is {from_body!r} in the body but {from_header!r} in header {header}")
+        v = from_body if from_body is not None else from_header
+        if name == "slo_class":
+            if v is not None and (not isinstance(v, str) or not v):
+                raise bad(name, f"'slo_class' must be a non-empty string, got {v!r}")
+            out[name] = v
+        else:
+            out[name] = _positive_ms(name, v)
+    return out
+
+
+def _check_fields(body: Mapping, endpoint: str) -> None:
+    for name, value in body.items():
+        if value is None or name in KNOWN[endpoint]:
+            continue
+        if name in NEUTRAL:
+            if value not in NEUTRAL[name]:
+                raise bad(name, f"'{name}'={value!r} is not supported by this server (only {NEUTRAL[name][0]!r})")
+            continue
+        raise bad(name, f"unsupported parameter '{name}'")
+
+
+def _text(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise bad(where, f"'{where}' must be a string or a list of text parts (images and audio are not supported)")
+
+
+def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Generation:
+    """`endpoint` is "completions" or "chat"."""
+    if not isinstance(body, dict):
+        raise bad(None, "the request body must be a JSON object")
+    _check_fields(body, endpoint)
+    messages = None
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise bad("prompt", "'prompt' must be a non-empty string (token-id and batched prompts are not supported)")
+        max_tokens = _integer(body, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    else:
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw:
+            raise bad("messages", "'messages' must be a non-empty list")
+        parsed = []
+        for i, m in enumerate(raw):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
+                raise bad(f"messages[{i}]", f"messages[{i}] needs a role of system, developer, user or assistant")
+            role = "system" if m["role"] == "developer" else m["role"]
+            parsed.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
+        messages, prompt = tuple(parsed), ""
+        a, b = body.get("max_completion_tokens"), body.get("max_tokens")
+        if a is not None and b is not None and a != b:
+            raise bad("max_completion_tokens", "'max_completion_tokens' and 'max_tokens' disagree")
+        max_tokens = _integer(body, "max_completion_tokens" if a is not None else "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS)
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop or []
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP:
+        raise bad("stop", f"'stop' must be a non-empty string or a list of at most {MAX_STOP} of them")
+    min_tokens = _integer(body, "min_tokens", 0, 0)
+    if min_tokens > max_tokens:
+        raise bad("min_tokens", f"'min_tokens' ({min_tokens}) exceeds the maximum ({max_tokens})")
+    if _flag(body, "ignore_eos"):
+        min_tokens = max_tokens  # the engine stops neither at EOS nor at a stop string before min_tokens
+    stream = _flag(body, "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"} or options.get("continuous_usage_stats"):
+        raise bad("stream_options", "'stream_options' supports only include_usage")
+    if options and not stream:
+        raise bad("stream_options", "'stream_options' is only allowed with stream=true")
+    top_k = _integer(body, "top_k", -1, 0)
+    return Generation(
+        prompt=prompt, messages=messages, max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
+        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k), seed=_integer(body, "seed", 0, None, 2**64 - 1),
+        stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
+        **_slo(body, headers or {}),
+    )

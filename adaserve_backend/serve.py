@@ -1,0 +1,41 @@
+"""`make serve`: tritonserver with the model repository, and the OpenAI-compatible frontend in front
+of it; stopping this process (Ctrl-C, SIGTERM) stops both.
+
+    python -m adaserve_backend.serve --http-port 8000 --grpc-port 8001 --metrics-port 8002 --openai-port 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .triton.process import PROJECT_ROOT, triton_server
+from .triton.server import add_server_arguments
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(ap)
+    ap.add_argument("--openai-port", type=int, default=9000)
+    ap.add_argument("--served-model-name", default="adaserve")
+    ap.add_argument("--log", default=str(PROJECT_ROOT / "results" / "tritonserver.log"), help="tritonserver's log file")
+    args = ap.parse_args()
+    server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log), Path(args.model_repository))
+    print(f"starting tritonserver (log: {args.log}) ...", flush=True)
+    try:
+        server.start()
+        print(f"Triton: HTTP :{args.http_port}, gRPC :{args.grpc_port}, metrics :{args.metrics_port}; "
+              f"OpenAI API: http://localhost:{args.openai_port}/v1 (model {args.served_model_name!r})", flush=True)
+        from .openai_frontend.server import main as frontend
+
+        frontend(["--triton-url", f"localhost:{args.grpc_port}", "--port", str(args.openai_port),
+                  "--served-model-name", args.served_model_name, "--model-repository", args.model_repository])
+    except (RuntimeError, TimeoutError) as e:
+        sys.exit(str(e))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Calls to the `ensemble` model over Triton's gRPC streaming API, in one place for every caller (the
+streaming CLI, the benchmark's runner, the OpenAI frontend): the input tensors, and an asyncio client
+that yields text deltas and ends a request when its consumer stops reading (closing the stream is how
+Triton learns a client went away; the engine then frees the request's KV cache)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+DTYPES = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
+          np.dtype(np.uint64): "UINT64"}
+
+
+def ensemble_tensors(prompt: str, max_tokens: int, stream: bool = True, slo_ms: float | None = None, slo_class: str | None = None,
+                     temperature: float = 0.0, seed: int | None = None, chat: bool = False, extra: dict | None = None) -> dict[str, np.ndarray]:
+    """The named inputs; `extra` maps further input names to numpy arrays. Token counts and the finish
+    reason are always asked for (clients score and report with them)."""
+    tensors = {
+        "text_input": np.array([prompt.encode("utf-8")], dtype=object),
+        "max_tokens": np.array([max_tokens], dtype=np.int32),
+        "stream": np.array([stream]),
+        "temperature": np.array([temperature], dtype=np.float32),
+        "apply_chat_template": np.array([chat]),
+        "return_num_output_tokens": np.array([True]),
+        "return_finish_reason": np.array([True]),
+    }
+    if slo_ms is not None:
+        tensors["tpot_slo_ms"] = np.array([slo_ms], dtype=np.float32)
+    if slo_class is not None:
+        tensors["slo_class"] = np.array([slo_class.encode()], dtype=object)
+    if seed is not None:
+        tensors["seed"] = np.array([seed], dtype=np.uint64)
+    tensors.update(extra or {})
+    return tensors
+
+
+def infer_inputs(grpcclient, tensors: dict[str, np.ndarray]) -> list:
+    """`tritonclient.grpc` (or `.aio`) InferInputs for the tensors."""
+    inputs = []
+    for name, arr in tensors.items():
+        t = grpcclient.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    return inputs
+
+
+class EnsembleError(RuntimeError):
+    """An error response; `status` is the gRPC status name (e.g. INVALID_ARGUMENT, UNAVAILABLE)."""
+
+    def __init__(self, message: str, status: str = "") -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+class EnsembleClient:
+    """One gRPC bidirectional stream per request, so a request can be cancelled by closing it."""
+
+    def __init__(self, url: str = "localhost:8001", model: str = "ensemble") -> None:
+        import tritonclient.grpc.aio as grpcclient
+
+        self.grpc = grpcclient
+        self.client = grpcclient.InferenceServerClient(url)
+        self.model = model
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def is_ready(self) -> bool:
+        try:
+            return bool(await self.client.is_model_ready(self.model))
+        except Exception:  # unreachable or starting: not ready
+            return False
+
+    async def input_names(self) -> set[str]:
+        meta = await self.client.get_model_metadata(self.model, as_json=True)
+        return {i["name"] for i in meta.get("inputs", [])}
+
+    async def stream(self, prompt: str, max_tokens: int = 64, **kwargs) -> AsyncIterator[tuple[str, dict]]:
+        async for item in self.stream_tensors(ensemble_tensors(prompt, max_tokens, stream=True, **kwargs)):
+            yield item
+
+    async def stream_tensors(self, tensors: dict[str, np.ndarray]) -> AsyncIterator[tuple[str, dict]]:
+        """Yields (text delta, other outputs) per response; raises EnsembleError on an error response."""
+        inputs = infer_inputs(self.grpc, tensors)
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": inputs, "request_id": "0", "enable_empty_final_response": True}
+
+        async for result, error in self.client.stream_infer(requests()):
+            if error is not None:
+                status = str(error.status() or "").removeprefix("StatusCode.") if hasattr(error, "status") else ""
+                raise EnsembleError(error.message() if hasattr(error, "message") else str(error), status)
+            response = result.get_response()
+            names = {o.name for o in response.outputs}
+            extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names if n != "text_output"}
+            text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1)) if "text_output" in names else ""
+            if text or extra:
+                yield text, extra
+            if response.parameters["triton_final_response"].bool_param:
+                return

@@ -1,0 +1,135 @@
+"""The OpenAI-compatible frontend against a real tritonserver, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+import openai
+import pytest
+
+from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess
+
+from .conftest import free_ports
+from .test_triton_server import generate
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The three primary colors are"
+MODEL = "adaserve"
+
+
+@pytest.fixture(scope="module")
+def frontend(triton_server, tmp_path_factory):
+    (port,) = free_ports(1)
+    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", triton_server.grpc_url, "--port", str(port),
+            "--served-model-name", MODEL, "--model-repository", str(PROJECT_ROOT / "model_repository")]
+    proc = ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (),
+                         tmp_path_factory.mktemp("openai") / "frontend.log")
+    with proc:
+        yield f"http://localhost:{port}"
+
+
+@pytest.fixture(scope="module")
+def client(frontend):
+    return openai.OpenAI(base_url=frontend + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_models_and_health(frontend, client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert urllib.request.urlopen(frontend + "/health").status == 200
+
+
+def test_greedy_completion_equals_the_grpc_path_streaming_or_not(triton_server, client):
+    grpc_text = "".join(generate(triton_server, PROMPT, 24, stream=True)[0])
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert whole.choices[0].text == grpc_text and whole.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == grpc_text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert whole.usage.prompt_tokens == 5 and whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+
+def test_ignore_eos_gives_exactly_max_tokens(client):
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 12 and out.choices[0].finish_reason == "length"
+
+
+def test_chat_uses_the_chat_template_streaming_or_not(triton_server, client):
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    grpc_text = "".join(generate(triton_server, "Name a fruit.", 16, stream=True, chat=True)[0])
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=16, temperature=0)
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == grpc_text
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == grpc_text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_stop_strings_end_the_text_before_them(client):
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    stop = full.split()[2]  # a word from the middle of the greedy continuation
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert out.choices[0].finish_reason == "stop" and stop not in out.choices[0].text
+    assert full.startswith(out.choices[0].text)
+
+
+def test_slo_fields_in_the_body_and_as_headers(frontend, client):
+    body = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_body={"tpot_slo_ms": 500, "slo_class": "chat"})
+    headed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_headers={"x-slo-tpot-ms": "500"})
+    assert body.choices[0].text == headed.choices[0].text
+    req = urllib.request.Request(frontend + "/v1/completions", data=json.dumps({"model": MODEL, "prompt": "Hi", "tpot_slo_ms": 50}).encode(),
+                                 headers={"x-slo-tpot-ms": "60", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 400 and "x-slo-tpot-ms" in json.loads(e.value.read())["error"]["message"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"n": 2}, "'n'"),
+    ({"logprobs": 2}, "logprobs"),
+    ({"extra_body": {"slo_class": "platinum"}}, "platinum"),
+    ({"extra_body": {"tpot_slo_ms": -1}}, "tpot_slo_ms"),
+    ({"prompt": "word " * 3000}, "prompt"),
+])
+def test_bad_input_is_a_400_with_a_clear_message_and_the_server_keeps_serving(client, kwargs, words):
+    args = {"model": MODEL, "prompt": "Hi", "max_tokens": 4, "temperature": 0, **kwargs}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(**args)
+    assert words in str(e.value)
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens >= 1
+
+
+def test_unknown_model_is_a_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="Hi", max_tokens=2)
+
+
+def test_a_client_that_disconnects_frees_the_request(triton_server, frontend):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "temperature": 0, "stream": True, "ignore_eos": True}
+    url = urlparse(frontend)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=300)
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data:")  # streaming has begun
+    assert triton_server.metric("adaserve_running_requests") >= 1
+    conn.sock.close()  # the client goes away mid-stream
+    conn.close()
+    deadline = time.monotonic() + 60
+    while triton_server.metric("adaserve_running_requests") > 0 or triton_server.metric("adaserve_kv_blocks_used") > 0:
+        assert time.monotonic() < deadline, "the disconnected request still holds KV blocks"
+        time.sleep(0.2)
+
+
+def test_the_frontend_process_starts_and_answers(tmp_path):
+    """The module entry point parses its arguments (a server it cannot reach is simply not ready)."""
+    out = subprocess.run([sys.executable, "-m", "adaserve_backend.openai_frontend", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--triton-url" in out.stdout

@@ -1,0 +1,105 @@
+"""OpenAI request bodies -> ensemble requests: every parameter mapped or refused, never ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
+from adaserve_backend.openai_frontend.responses import Tally, sse
+from adaserve_backend.openai_frontend.server import ensemble_request, error_from_ensemble
+from adaserve_backend.triton.grpc_client import EnsembleError
+
+
+def test_completion_parameters_map_to_the_ensemble():
+    g = parse({"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "seed": 3,
+               "stop": ["\n\n", "END"], "min_tokens": 2, "stream": True, "stream_options": {"include_usage": True},
+               "n": 1, "logprobs": None, "user": "u1"}, "completions")
+    assert (g.prompt, g.max_tokens, g.temperature, g.top_p, g.top_k, g.seed, g.stop, g.min_tokens) == ("Hi", 7, 0.5, 0.9, 20, 3, ("\n\n", "END"), 2)
+    assert g.stream and g.include_usage and g.messages is None
+    t = ensemble_request(g, g.prompt, supported=set())
+    assert t["text_input"][0] == b"Hi" and t["max_tokens"][0] == 7 and t["seed"][0] == 3 and t["top_k"][0] == 20
+    assert list(t["stop_words"]) == [b"\n\n", b"END"] and t["min_tokens"][0] == 2 and not t["apply_chat_template"][0]
+    assert t["temperature"][0] == pytest.approx(0.5) and t["top_p"][0] == pytest.approx(0.9) and t["return_num_input_tokens"][0]
+
+
+def test_defaults_follow_openai():
+    g = parse({"prompt": "Hi"}, "completions")
+    assert g.max_tokens == 16 and g.temperature == 1.0 and not g.stream and g.stop == ()
+    c = parse({"messages": [{"role": "user", "content": "Hi"}]}, "chat")
+    assert c.max_tokens == CHAT_DEFAULT_MAX_TOKENS and c.messages == ({"role": "user", "content": "Hi"},)
+
+
+def test_chat_messages_max_completion_tokens_and_ignore_eos():
+    g = parse({"messages": [{"role": "developer", "content": "Be brief."},
+                            {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}],
+               "max_completion_tokens": 9, "ignore_eos": True}, "chat")
+    assert g.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"})
+    assert g.max_tokens == 9 and g.min_tokens == 9  # ignore_eos: no stop before max_tokens
+
+
+def test_slo_from_body_or_headers():
+    g = parse({"prompt": "x", "tpot_slo_ms": 50, "slo_class": "coding"}, "completions")
+    assert (g.tpot_slo_ms, g.slo_class, g.ttft_slo_ms) == (50.0, "coding", None)
+    h = parse({"prompt": "x"}, "completions", {"X-SLO-TPOT-MS": "40", "x-slo-ttft-ms": "1500", "x-slo-class": "chat"})
+    assert (h.tpot_slo_ms, h.ttft_slo_ms, h.slo_class) == (40.0, 1500.0, "chat")
+    t = ensemble_request(h, "x", supported={"ttft_slo_ms"})
+    assert t["tpot_slo_ms"][0] == 40.0 and t["ttft_slo_ms"][0] == 1500.0 and t["slo_class"][0] == b"chat"
+    with pytest.raises(OpenAIError, match="not supported by this server's scheduler"):
+        ensemble_request(h, "x", supported=set())  # never silently dropped
+
+
+@pytest.mark.parametrize("body, headers, param", [
+    ({"prompt": "x", "n": 2}, {}, "n"),
+    ({"prompt": "x", "logprobs": 3}, {}, "logprobs"),
+    ({"prompt": "x", "echo": True}, {}, "echo"),
+    ({"prompt": "x", "frequency_penalty": 0.5}, {}, "frequency_penalty"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, {}, "response_format"),
+    ({"prompt": "x", "max_tokens": 0}, {}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "8"}, {}, "max_tokens"),
+    ({"prompt": "x", "temperature": -1}, {}, "temperature"),
+    ({"prompt": "x", "temperature": True}, {}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, {}, "top_p"),
+    ({"prompt": "x", "seed": -1}, {}, "seed"),
+    ({"prompt": "x", "stop": ["a", ""]}, {}, "stop"),
+    ({"prompt": "x", "stop": [str(i) for i in range(17)]}, {}, "stop"),
+    ({"prompt": "x", "min_tokens": 20, "max_tokens": 10}, {}, "min_tokens"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, {}, "stream_options"),
+    ({"prompt": ""}, {}, "prompt"),
+    ({"prompt": [1, 2, 3]}, {}, "prompt"),
+    ({"prompt": "x", "tpot_slo_ms": -5}, {}, "tpot_slo_ms"),
+    ({"prompt": "x"}, {"x-slo-tpot-ms": "fast"}, "tpot_slo_ms"),
+    ({"prompt": "x", "tpot_slo_ms": 50}, {"x-slo-tpot-ms": "60"}, "tpot_slo_ms"),
+    ({"prompt": "x", "slo_class": 3}, {}, "slo_class"),
+    ({"messages": []}, {}, "messages"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, {}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, {}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6}, {}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, {}, "tools"),
+])
+def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
+    endpoint = "chat" if "messages" in body else "completions"
+    with pytest.raises(OpenAIError) as e:
+        parse(body, endpoint, headers)
+    assert e.value.status == 400 and e.value.param == param and e.value.message
+    assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_ensemble_errors_keep_their_meaning():
+    busy = error_from_ensemble(EnsembleError("cannot meet the target at the current load", "UNAVAILABLE"))
+    assert busy.status == 503 and busy.retry_after_s is not None
+    assert error_from_ensemble(EnsembleError("max_tokens must be >= 1", "INVALID_ARGUMENT")).status == 400
+    assert error_from_ensemble(EnsembleError("input 'seed' must hold exactly one value", "INTERNAL")).status == 400
+    assert error_from_ensemble(EnsembleError("internal error: boom", "INTERNAL")).status == 500
+
+
+def test_response_shapes():
+    t = Tally("chat", "m", text="Hello", prompt_tokens=5, completion_tokens=2, finish_reason="stop")
+    whole = t.whole()
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
+    assert whole["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert t.chunk("He", first=True)["choices"][0]["delta"] == {"role": "assistant", "content": "He"}
+    assert t.chunk(finish_reason="length")["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+    assert t.usage_chunk()["choices"] == [] and t.usage_chunk()["object"] == "chat.completion.chunk"
+    c = Tally("completions", "m", text="abc")
+    assert c.whole()["object"] == "text_completion" and c.chunk("b")["choices"][0]["text"] == "b"
+    assert sse({"a": "é"}) == 'data: {"a": "é"}\n\n'.encode()
