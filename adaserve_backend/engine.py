@@ -229,8 +229,9 @@ class Engine:
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every request with an error and free all KV blocks (after an unexpected failure)."""
-        self._drain_inbox([])
-        now, outputs = time.monotonic(), []
+        outputs: list[RequestOutput] = []
+        self._drain_inbox(outputs)  # a queued abort still owes its request an ABORT; queued adds fail below
+        now = time.monotonic()
         for seq in list(self.waiting) + self.running:
             self._release(seq)
             outputs.append(self._output(seq, [], now, FinishReason.ERROR, error=message))
