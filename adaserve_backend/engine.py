@@ -21,6 +21,7 @@ thread that calls `step` (the engine loop), which owns the models.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import queue
 import threading
@@ -42,6 +43,8 @@ from .speculation.beam import BeamRequest, beam_search
 from .speculation.selection import ROOT_CREDIT, SelectionParams, expected_accepted, required_accepted, select_tokens
 from .speculation.token_tree import CandidateTree, TokenTree
 from .verification.acceptance import accept
+
+log = logging.getLogger("adaserve")
 
 
 @dataclass(eq=False)  # identity semantics: sequences key per-iteration dicts
@@ -138,8 +141,8 @@ class Engine:
         request.validate(self.vocab_size, self.max_model_len)
         if request.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need an engine built with a tokenizer")
-        if request.tpot_slo_ms is None:
-            self.config.scheduler.slo_ms(request.slo_class or self.config.scheduler.default_slo_class)
+        if request.slo_class is not None:  # checked even when tpot_slo_ms makes it unused: a typo is an error
+            self.config.scheduler.slo_ms(request.slo_class)
         with self._live_lock:
             if request.request_id in self._live_ids:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
@@ -183,10 +186,17 @@ class Engine:
         out = self.target.forward(target_in)
         now = time.monotonic()
         accepted = 0
+        # Past the batched forward, work is per request: a failure there ends that request only.
         for i, (seq, tree) in enumerate(zip(decode, trees)):
-            accepted += self._verify(seq, tree, cands[i] if cands else None, out.of(i), out.hidden_of(i), now, outputs)
+            try:
+                accepted += self._verify(seq, tree, cands[i] if cands else None, out.of(i), out.hidden_of(i), now, outputs)
+            except Exception as e:
+                self._fail(seq, e, outputs)
         for j, (seq, n) in enumerate(chunks.items()):
-            self._finish_prefill_chunk(seq, n, out.of(len(decode) + j), out.hidden_of(len(decode) + j), now, outputs)
+            try:
+                self._finish_prefill_chunk(seq, n, out.of(len(decode) + j), out.hidden_of(len(decode) + j), now, outputs)
+            except Exception as e:
+                self._fail(seq, e, outputs)
         if decode:
             phases = {"speculation": t_spec - start, "selection": t_select - t_spec, "verification": now - t_select}
             verified = sum(len(t.tokens) for t in trees)
@@ -238,6 +248,14 @@ class Engine:
         self.waiting.clear()
         self.running.clear()
         return outputs
+
+    def _fail(self, seq: Sequence, error: Exception, outputs: list[RequestOutput]) -> None:
+        log.exception("request %s failed", seq.request.request_id, exc_info=error)
+        if seq in self.running:
+            self.running.remove(seq)
+        self._release(seq)
+        msg = f"internal error: {type(error).__name__}: {error}"
+        outputs.append(self._output(seq, [], time.monotonic(), FinishReason.ERROR, error=msg))
 
     def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, list[int]]:
         """Drive the loop until every request finished; returns output ids per request id."""

@@ -38,6 +38,8 @@ class Request:
             raise ValueError("the prompt is empty")
         if any(not 0 <= t < vocab_size for t in self.prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+        if any(not 0 <= t < vocab_size for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must lie in [0, {vocab_size})")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:

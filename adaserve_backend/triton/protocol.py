@@ -96,9 +96,8 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
     if slo_ms is not None and slo_ms <= 0:
         raise ValueError(f"tpot_slo_ms must be positive, got {slo_ms}")
     slo_class = x.scalar("slo_class", None, str) or None
-    min_tokens = x.scalar("min_tokens", None, int)
-    if min_tokens is None:
-        min_tokens = x.scalar("min_length", 0, int)
+    min_length = x.scalar("min_length", 0, int)  # parsed even when min_tokens wins: a bad value is an error
+    min_tokens = x.scalar("min_tokens", min_length, int)
     request = Request(
         request_id=request_id,
         prompt_ids=[int(i) for i in ids],

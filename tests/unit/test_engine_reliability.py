@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from adaserve_backend.request import FinishReason, Request
+from adaserve_backend.sampling import SamplingParams
 from tests.model_fixtures import tiny_checkpoint
-from tests.unit.test_engine import assert_all_blocks_free, make_engine
+from tests.unit.test_engine import assert_all_blocks_free, make_engine, reference, workload
 
 
 def test_fail_all_answers_a_queued_abort():
@@ -20,4 +23,42 @@ def test_fail_all_answers_a_queued_abort():
     assert reasons == {"a": FinishReason.ABORT, "b": FinishReason.ERROR, "c": FinishReason.ERROR}
     assert all(o.finished for o in outs)
     assert not engine.has_work()
+    assert_all_blocks_free(engine)
+
+
+def test_inputs_made_unused_by_others_are_still_validated():
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "adaserve")
+    with pytest.raises(ValueError, match="slo_class"):
+        engine.add_request(Request("x", [5, 6], tpot_slo_ms=50.0, slo_class="no-such-class"))
+    for bad in ([-1], [10_000]):
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            engine.add_request(Request("y", [5, 6], stop_token_ids=tuple(bad)))
+    assert not engine.has_work()
+
+
+def poisoned(request_id: str) -> Request:
+    """A request whose sampling fails inside the step (top_k = -1 slipped past validation)."""
+    sampling = SamplingParams(temperature=1.0, seed=1)
+    object.__setattr__(sampling, "top_k", -1)
+    return Request(request_id, [5, 6, 7], max_tokens=6, sampling=sampling)
+
+
+@pytest.mark.parametrize("policy", ["adaserve", "continuous"])
+def test_a_failing_request_ends_alone(policy):
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, policy)
+    good = workload(target, n=2)
+    engine.add_request(good[0])
+    engine.step()  # one decoding when the poisoned one prefills, one prefilling along
+    engine.add_request(poisoned("bad"))
+    engine.add_request(good[1])
+    outs = []
+    while engine.has_work():
+        outs += engine.step()
+    finals = {o.request_id: o for o in outs if o.finished}
+    assert finals["bad"].finish_reason == FinishReason.ERROR and "internal error" in finals["bad"].error
+    for r in good:
+        assert finals[r.request_id].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        assert [t for o in outs if o.request_id == r.request_id for t in o.new_token_ids] == reference(target, r)
     assert_all_blocks_free(engine)

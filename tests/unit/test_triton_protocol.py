@@ -78,6 +78,9 @@ def test_parse_request_accepts_the_vllm_style_inputs():
         ({"tpot_slo_ms": np.array([np.nan], dtype=np.float32)}, "finite"),
         ({"slo_class": np.array([b"\xff\xfe"], dtype=object)}, "UTF-8"),
         ({"top_p": np.array([0.0], dtype=np.float32)}, "top_p"),
+        # unused because another input wins, still validated
+        ({"min_tokens": np.array([1], dtype=np.int32), "min_length": np.array([1, 2], dtype=np.int32)}, "min_length"),
+        ({"tpot_slo_ms": np.array([50.0], dtype=np.float32), "slo_class": np.array([b"\xff"], dtype=object)}, "UTF-8"),
     ],
 )
 def test_parse_request_rejects_bad_input_clearly(tensors, message):
