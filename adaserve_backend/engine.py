@@ -37,7 +37,9 @@ from .cost_model.cost_model import CostModel
 from .model_runner import ModelRunner, SeqInput
 from .models import LlamaModel, load_model
 from .request import FinishReason, Request, RequestOutput
+from . import stop_strings
 from .sampling import choose_token
+from .stop_strings import StopScan
 from .scheduler.control import adaptive_depth_width, ends_within_slo, paced_chunk, slo_slack_s
 from .speculation.beam import BeamRequest, beam_search
 from .speculation.selection import ROOT_CREDIT, SelectionParams, expected_accepted, required_accepted, select_tokens
@@ -63,6 +65,8 @@ class Sequence:
     # read (a feature-conditioned draft only): the draft's token i reads the feature of position i-1.
     features: torch.Tensor | None = None
     features_start: int = 0
+    emitted: int = 0  # output tokens reported; those after it are held back by a possible stop string
+    stop_scan: StopScan = field(default_factory=StopScan)
     verifications: int = 0
     draft_tokens: int = 0
     accepted_drafts: int = 0
@@ -571,30 +575,28 @@ class Engine:
             self._emit(seq, [self._choose(seq, logits[0], 0)], now, outputs)
 
     def _emit(self, seq: Sequence, tokens: list[int], now: float, outputs: list[RequestOutput]) -> None:
-        req, new, reason = seq.request, [], None
+        req, reason = seq.request, None
         for tok in tokens:
-            new.append(tok)
             seq.output.append(tok)
-            stops = tok in seq.eos_ids or tok in req.stop_token_ids or self._ends_with_stop_string(seq)
-            if stops and len(seq.output) > req.min_tokens:
+            if (tok in seq.eos_ids or tok in req.stop_token_ids) and len(seq.output) > req.min_tokens:
                 reason = FinishReason.STOP
             elif len(seq.output) >= req.max_tokens:
                 reason = FinishReason.LENGTH
             if reason:
                 break
+        send = len(seq.output)
+        if req.stop_strings:
+            send, matched = stop_strings.scan(self.tokenizer, seq.output, req.stop_strings, seq.stop_scan, len(seq.output) > req.min_tokens)
+            if matched:
+                del seq.output[send:]
+                reason = FinishReason.STOP
+            elif reason:
+                send = len(seq.output)  # finished anyway: nothing is held back
+        new, seq.emitted = seq.output[seq.emitted : send], max(seq.emitted, send)
         if reason:
             self.running.remove(seq)
             self._release(seq)
         outputs.append(self._output(seq, new, now, reason))
-
-    def _ends_with_stop_string(self, seq: Sequence) -> bool:
-        stops = seq.request.stop_strings
-        if not stops:
-            return False
-        # Each token adds at least one character, so this window holds any freshly completed match;
-        # earlier matches would have stopped the request already.
-        tail = self.tokenizer.decode(seq.output[-(max(map(len, stops)) + 2) :])
-        return any(s in tail for s in stops)
 
     def _output(self, seq, new, now, reason, error=None) -> RequestOutput:
         if reason is not None:
@@ -610,7 +612,7 @@ class Engine:
             first_token_time=seq.first_token_time,
             emit_time=now,
             num_prompt_tokens=len(seq.request.prompt_ids),
-            num_output_tokens=len(seq.output),
+            num_output_tokens=seq.emitted,
             tpot_slo_ms=seq.tpot_slo_s * 1e3,
             stats={"verifications": seq.verifications, "draft_tokens": seq.draft_tokens, "accepted_drafts": seq.accepted_drafts},
         )
