@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import queue
 import threading
 import time
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import EngineConfig, policy_name
-from .cost_model.cost_model import CostModel
+from .cost_model.cost_model import CostModel, load_cost_model
 from .model_runner import ModelRunner, SeqInput
 from .models import LlamaModel, load_model
 from .request import FinishReason, Request, RequestOutput
@@ -41,6 +40,7 @@ from . import stop_strings
 from .sampling import choose_token
 from .stop_strings import StopScan
 from .scheduler.control import adaptive_depth_width, ends_within_slo, paced_chunk, slo_slack_s
+from .speculation.draft_fit import check_draft_fits, check_tokenizers_match
 from .speculation.beam import BeamRequest, beam_search
 from .speculation.selection import ROOT_CREDIT, SelectionParams, expected_accepted, required_accepted, select_tokens
 from .speculation.token_tree import CandidateTree, TokenTree
@@ -101,14 +101,14 @@ class Engine:
                 draft = target
             elif draft is None:
                 draft = load_model(dataclasses.replace(config.draft, max_model_len=self.max_model_len))
+            check_draft_fits(target, draft)
             self.draft = ModelRunner(draft, config.draft_cache)
         self._keep_features = self.draft is not None and self.draft.model.takes_features
         self._no_features = torch.zeros(0, target.spec.hidden_size, device=self.target.device)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tokenizer = tokenizer  # only needed for stop strings
         spec = config.speculation
-        profiled = spec.profile_path and os.path.exists(spec.profile_path)
-        self.cost: CostModel | None = CostModel.load(spec.profile_path) if profiled else None
+        self.cost: CostModel | None = load_cost_model(spec.profile_path)
         self.budget = self.cost.budget if self.cost else spec.budget
         # t_spec in A(r): the cost model's prediction times an EMA of measured/predicted, or without a
         # profile an EMA of measured decode iterations.
@@ -134,8 +134,11 @@ class Engine:
     def from_config(cls, config: EngineConfig) -> "Engine":
         """Load the target (and draft) checkpoints, the tokenizer and the end-of-sequence ids."""
         from .models import load_tokenizer, locate
+        from .models.loader import is_trained_draft
 
         tokenizer = load_tokenizer(locate(config.target.path))
+        if config.scheduler.speculative and config.draft is not None and not is_trained_draft(config.draft.path):
+            check_tokenizers_match(tokenizer, load_tokenizer(locate(config.draft.path)))
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         return cls(config, eos_token_ids=eos, tokenizer=tokenizer)
 

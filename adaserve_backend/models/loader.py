@@ -106,12 +106,17 @@ def read_checkpoint(path: str):
     return hf_config, LlamaSpec.from_hf_config(hf_config), load_state_dict(loc)
 
 
+def is_trained_draft(path: str) -> bool:
+    """This project's draft tensors, built around the target's own embeddings and tokenizer."""
+    return path == EMBEDDED_DRAFT or path.endswith(".safetensors")
+
+
 def load_model(config: ModelConfig, checkpoint=None):
     """Build our decoder on `config.device` in `config.dtype`; `checkpoint` (from read_checkpoint)
     saves reading the files again."""
     from .llama import LlamaModel
 
-    if config.path == EMBEDDED_DRAFT or config.path.endswith(".safetensors"):
+    if is_trained_draft(config.path):
         from ..draft.model import load_draft
 
         return load_draft(config.path, config)

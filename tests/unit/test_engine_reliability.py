@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request
 from adaserve_backend.sampling import SamplingParams
-from tests.model_fixtures import tiny_checkpoint
+from tests.model_fixtures import our_model, tiny_checkpoint
 from tests.unit.test_engine import assert_all_blocks_free, make_engine, reference, workload
 
 
@@ -62,3 +63,35 @@ def test_a_failing_request_ends_alone(policy):
         assert finals[r.request_id].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
         assert [t for o in outs if o.request_id == r.request_id for t in o.new_token_ids] == reference(target, r)
     assert_all_blocks_free(engine)
+
+
+def test_a_draft_that_does_not_fit_the_target_is_refused_at_load():
+    from adaserve_backend.draft.model import DraftLayout, base_draft
+    from adaserve_backend.speculation.draft_fit import check_tokenizers_match
+
+    target = tiny_checkpoint("llama")
+    with pytest.raises(ValueError, match="vocabulary"):
+        make_engine(target, tiny_checkpoint("llama", vocab_size=300), "adaserve")
+    narrow = tiny_checkpoint("llama", hidden_size=32)
+    feature_draft = base_draft(DraftLayout(narrow, [0], list(range(100))), max_len=512)
+    cfg = make_engine(target, target, "adaserve").config
+    with pytest.raises(ValueError, match="hidden size"):
+        Engine(cfg, target=our_model(target), draft=feature_draft)
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    check_tokenizers_match(Tok({"a": 0, "b": 1}), Tok({"a": 0, "b": 1}))
+    with pytest.raises(ValueError, match="tokenizer"):
+        check_tokenizers_match(Tok({"a": 0, "b": 1}), Tok({"b": 0, "a": 1}))
+
+
+def test_a_missing_profile_is_an_error_not_a_silent_fallback(tmp_path):
+    target = tiny_checkpoint("llama")
+    with pytest.raises(FileNotFoundError, match="profile_path"):
+        make_engine(target, target, "adaserve", profile_path=str(tmp_path / "no-such-profile.json"))
+    assert make_engine(target, target, "adaserve").cost is None  # none configured: the documented defaults
