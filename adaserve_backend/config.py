@@ -71,8 +71,6 @@ class CacheConfig:
             raise ValueError("block_size and memory_mb must be positive")
 
 
-POLICIES = ("adaserve", "continuous", "sarathi", "priority", "spec:N")
-
 
 @dataclass(frozen=True)
 class SLOClass:
@@ -113,7 +111,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
         object.__setattr__(self, "slo_classes", classes)
-        policy_name(self.policy)  # validates
+        self.make_policy()  # validates the name
         if self.default_slo_class not in {c.name for c in classes}:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
@@ -123,25 +121,19 @@ class SchedulerConfig:
 
     @property
     def speculative(self) -> bool:
-        return policy_name(self.policy)[0] in ("adaserve", "spec")
+        return self.make_policy().speculative
+
+    def make_policy(self):
+        """The policy object `policy` names (imported here: the policies module reads this one)."""
+        from .scheduler.policies import make_policy
+
+        return make_policy(self.policy)
 
     def slo_ms(self, name: str) -> float:
         for c in self.slo_classes:
             if c.name == name:
                 return c.tpot_ms
         raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
-
-
-def policy_name(policy: str) -> tuple[str, int]:
-    """('spec', N) for `spec:N`, (policy, 0) for the others."""
-    if policy.startswith("spec:"):
-        n = policy[5:]
-        if not n.isdigit() or int(n) < 1:
-            raise ValueError(f"spec:N needs a positive integer N, got {policy!r}")
-        return "spec", int(n)
-    if policy not in ("adaserve", "continuous", "sarathi", "priority"):
-        raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
-    return policy, 0
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,8 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
     if engine is not None:
         its = list(engine.iteration_stats)
         row["mean_accepted_per_verify"] = engine.mean_accepted()
-        total = sum(it["latency"] for it in its) or 1.0
-        row["latency_breakdown"] = {k: sum(it[k] for it in its) / total for k in ("speculation", "selection", "verification")}
+        total = sum(it.latency for it in its) or 1.0
+        row["latency_breakdown"] = {k: sum(getattr(it, k) for it in its) / total for k in ("speculation", "selection", "verification")}
     return row
 
 

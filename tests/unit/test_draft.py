@@ -65,7 +65,7 @@ def test_draft_reads_the_targets_features_for_every_token_it_keeps(tmp_path):
     out, *_ = tiny_draft(target, tmp_path)
     engine = make_engine(target, out, "adaserve", num_blocks=16)
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    model = engine.draft.model
+    model = engine.draft.runner.model
     original = model.forward
 
     def recording(ids, positions, attn, features=None):

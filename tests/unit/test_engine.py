@@ -3,9 +3,7 @@ under every policy, with requests of mixed SLOs arriving at different iterations
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import time
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ import torch
 from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT, EngineConfig, SchedulerConfig, SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.engine import Engine, Sequence
+from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request
 from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint
 
@@ -89,9 +87,12 @@ def run_staggered(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
 
 
 def assert_all_blocks_free(engine: Engine) -> None:
-    for runner in (engine.target, engine.draft):
-        if runner is not None:
-            assert runner.blocks.num_free_blocks == runner.blocks.num_blocks
+    for runner in runners(engine):
+        assert runner.blocks.num_free_blocks == runner.blocks.num_blocks
+
+
+def runners(engine: Engine):
+    return [engine.target] + ([engine.draft.runner] if engine.draft else [])
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -138,69 +139,6 @@ def steep_profile(tmp_path) -> str:
     path = str(tmp_path / "profile.json")
     CostModel(Roofline(10.0, 4, 5.0), Roofline(1.0, 4, 0.0), budget=8).save(path)
     return path
-
-
-def slo_engine(tmp_path, slo_admission=True) -> Engine:
-    target = tiny_checkpoint("llama")
-    engine = make_engine(target, target, "adaserve", profile_path=steep_profile(tmp_path))
-    sched = SchedulerConfig(prefill_chunk=256, slo_admission=slo_admission)
-    return Engine(dataclasses.replace(engine.config, scheduler=sched), target=engine.target.model, draft=engine.draft.model)
-
-
-def hand_made(slo_ms, decoded=None, elapsed_s=0.0, now=0.0, max_tokens=100, prompt=300) -> Sequence:
-    """A sequence `elapsed_s` after its first token with `decoded` tokens since (None: not started)."""
-    s = Sequence(Request("r", [5] * prompt, max_tokens=max_tokens), 0, slo_ms / 1e3, 0.0, frozenset(), None, prompt)
-    if decoded is not None:
-        s.output, s.first_token_time = [7] * (decoded + 1), now - elapsed_s
-    return s
-
-
-def test_slo_paced_prefill_follows_the_least_slack(tmp_path):
-    """adaserve prefills along decode only what the decoding requests' slack pays for; requests
-    behind schedule stop it unless they cannot make their SLO anyway."""
-    engine = slo_engine(tmp_path)
-    start, waiting = 1000.0, [hand_made(100)]
-    depth, width = engine._depth_width(1)
-    t_iter = engine._predicted_iteration_s(1, depth, width)
-
-    def chunk(decoding, engine=engine):
-        return engine._prefill_chunks(waiting, [decoding], depth, width, start).get(waiting[0], 0)
-
-    assert chunk(hand_made(100, 50, 0.1, start)) == 256  # 4.9 s ahead of schedule: a full chunk
-    assert chunk(hand_made(100, 10, 1.2, start)) == 0  # behind, but 89 tokens can still catch up
-    assert chunk(hand_made(100, 10, 1.2, start, max_tokens=12)) == 256  # behind with no way back
-    # 52 ms ahead: the verification of 8 tokens sits at the knee, so 5 ms per prefill token
-    assert chunk(hand_made(100, 10, 1.1 - t_iter - 0.052, start)) == 10
-    assert chunk(hand_made(100, 10, 1.2, start), slo_engine(tmp_path, slo_admission=False)) == 256
-
-
-def test_slo_admission_starts_only_what_keeps_slos(tmp_path, monkeypatch):
-    """With 50 ms per token for one running request and 80 ms for two (92 ms with the headroom): a
-    request starts only if it and every running request that can still make its SLO end within their
-    SLOs; a looser one may go first."""
-    engine = slo_engine(tmp_path)
-    monkeypatch.setattr(engine, "_tpot_at", lambda n: {1: 0.05, 2: 0.08, 3: 0.1}[n])
-
-    def admitted(running, waiting):
-        running = running if isinstance(running, list) else [running]
-        engine.running, engine.waiting = list(running), collections.deque(waiting)
-        engine._admit()
-        return [s.tpot_slo_s * 1e3 for s in engine.running[len(running):]]
-
-    now = time.monotonic()
-    relaxed = hand_made(100, 10, 0.5, now)  # 0.6 s ahead
-    assert admitted(relaxed, [hand_made(100, prompt=8)]) == [100]
-    assert admitted(relaxed, [hand_made(60, prompt=8), hand_made(1000, prompt=8)]) == [1000]  # 60 < 92 ms
-    assert [s.tpot_slo_s * 1e3 for s in engine.waiting] == [60]
-    assert admitted(relaxed, [hand_made(90, prompt=8)]) == []  # within the prediction, not the headroom
-    tight = hand_made(60, 10, 0.6, now)  # on track at 50 ms per token, not at 92
-    assert admitted(tight, [hand_made(1000, prompt=8)]) == []
-    # behind even at the current load (80 ms with two running), but alone it catches up: it holds the door
-    behind = hand_made(60, 10, 0.7, now)
-    assert admitted([behind, hand_made(1000, 10, 0.5, now)], [hand_made(1000, prompt=8)]) == []
-    doomed = hand_made(40, 10, 0.6, now)  # cannot make 40 ms even alone: holds nobody back
-    assert admitted(doomed, [hand_made(1000, prompt=8)]) == [1000]
-    assert slo_engine(tmp_path, slo_admission=False)._slo_admission is False
 
 
 def test_slo_paced_prefill_keeps_greedy_exact(tmp_path):

@@ -112,5 +112,5 @@ def test_hundreds_of_requests_with_cancellations_and_preemptions_leak_nothing():
     assert {r for r, why in finals.items() if why == FinishReason.ABORT} <= cancelled
     assert any(why == FinishReason.ABORT for why in finals.values())
     assert engine.num_preemptions > 0
-    for runner in (engine.target, engine.draft):
+    for runner in (engine.target, engine.draft.runner):
         assert runner.blocks.num_free_blocks == runner.blocks.num_blocks
