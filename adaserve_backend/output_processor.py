@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import stop_strings
-from .request import FinishReason, RequestOutput
+from .request import FinishReason, RequestOutput, RequestStats
 from .sampling import choose_token
 from .sequence import Sequence
 
@@ -21,7 +21,7 @@ def choose(seq: Sequence, logits: torch.Tensor, num_output: int) -> int:
     return choose_token(logits, seq.request.sampling, seq.generator)
 
 
-def append_tokens(seq: Sequence, tokens: list[int], tokenizer) -> tuple[list[int], str | None]:
+def append_tokens(seq: Sequence, tokens: list[int], tokenizer) -> tuple[list[int], FinishReason | None]:
     """Append `tokens` to seq.output up to a stop or the length limit; returns the tokens to report
     now (a possible stop string's beginning is held back) and the finish reason, if any."""
     req, reason = seq.request, None
@@ -46,7 +46,7 @@ def append_tokens(seq: Sequence, tokens: list[int], tokenizer) -> tuple[list[int
     return new, reason
 
 
-def make_output(seq: Sequence, new: list[int], now: float, reason: str | None, error: str | None = None) -> RequestOutput:
+def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason | None, error: str | None = None) -> RequestOutput:
     return RequestOutput(
         request_id=seq.request.request_id,
         new_token_ids=new,
@@ -59,5 +59,5 @@ def make_output(seq: Sequence, new: list[int], now: float, reason: str | None, e
         num_prompt_tokens=len(seq.request.prompt_ids),
         num_output_tokens=seq.emitted,
         tpot_slo_ms=seq.tpot_slo_s * 1e3,
-        stats={"verifications": seq.verifications, "draft_tokens": seq.draft_tokens, "accepted_drafts": seq.accepted_drafts},
+        stats=RequestStats(seq.verifications, seq.draft_tokens, seq.accepted_drafts),
     )

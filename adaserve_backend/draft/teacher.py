@@ -12,8 +12,7 @@ from ..attention.dense import DenseCausalBackend
 from ..config import CacheConfig, EngineConfig, SchedulerConfig
 from ..engine import Engine
 from ..models.llama import LlamaModel
-from ..request import Request
-from ..sampling import SamplingParams
+from ..request import Request, SamplingParams
 
 
 def continuations(

@@ -21,16 +21,10 @@ from ..request import FinishReason, RequestOutput
 from ..slo import attains, tpot_seconds
 from .detokenize import StreamState
 from .metrics import EngineMetrics
-from .protocol import ResponseOptions, parse_request, response_tensors
+from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors
 from .repository import load_engine_config
 
 log = logging.getLogger("adaserve")
-
-INPUT_NAMES = (
-    "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
-    "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
-    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "slo_class",
-)
 
 
 @dataclass

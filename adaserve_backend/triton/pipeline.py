@@ -18,12 +18,10 @@ import uuid
 
 import numpy as np
 
-from .engine_loop import INPUT_NAMES
+from .protocol import INPUT_NAMES
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
 
 log = logging.getLogger("adaserve")
-
-
 
 class BLSPipeline:
     def __init__(self, pb) -> None:

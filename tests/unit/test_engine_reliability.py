@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaserve_backend.engine import Engine
-from adaserve_backend.request import FinishReason, Request
-from adaserve_backend.sampling import SamplingParams
+from adaserve_backend.request import FinishReason, Request, SamplingParams
 from tests.model_fixtures import our_model, tiny_checkpoint
 from tests.unit.test_engine import assert_all_blocks_free, make_engine, reference, workload
 

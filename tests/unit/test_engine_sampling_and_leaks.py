@@ -11,8 +11,7 @@ from scipy.stats import chi2
 
 from adaserve_backend.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculationConfig
 from adaserve_backend.engine import Engine
-from adaserve_backend.request import FinishReason, Request
-from adaserve_backend.sampling import SamplingParams
+from adaserve_backend.request import FinishReason, Request, SamplingParams
 from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint
 
 VOCAB = 6
