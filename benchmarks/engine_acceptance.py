@@ -62,7 +62,7 @@ def run_level(engine: Engine, tokenizer, concurrency: int, max_tokens: int) -> d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="engine JSON (default: built-in defaults)")
-    ap.add_argument("--profile", help="profile JSON from `python -m adaserve_backend.profile`")
+    ap.add_argument("--profile", help="profile JSON from `python -m tools.profile`")
     ap.add_argument("--policy", default="adaserve")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=32)

@@ -45,7 +45,7 @@ class InProcess:
         self.draft = load_model(dataclasses.replace(config.draft, max_model_len=config.target.max_model_len)) if config.draft else self.target
 
     def encode(self, item) -> list[int]:
-        from adaserve_backend.draft.data import Prompt, encode
+        from tools.draft.data import Prompt, encode
 
         return encode(self.tokenizer, Prompt(item.category, item.prompt, item.chat))[-1024:]
 

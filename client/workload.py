@@ -37,7 +37,7 @@ class WorkItem:
 # ---- prompts -------------------------------------------------------------------------------------
 def builtin_prompts() -> dict[str, list[tuple[str, bool]]]:
     """Offline prompt sets: HumanEval code, templated instructions, stdlib docstrings to summarise."""
-    from adaserve_backend.draft.data import humaneval_prompts, instruction_prompts, summary_prompts
+    from tools.draft.data import humaneval_prompts, instruction_prompts, summary_prompts
 
     return {
         "coding": [(p, False) for p in humaneval_prompts()],

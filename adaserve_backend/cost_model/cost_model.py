@@ -66,9 +66,9 @@ def load_cost_model(path: str | None) -> CostModel | None:
     if not path:
         logging.getLogger("adaserve").info(
             "no speculation.profile_path: budget B from SpeculationConfig.budget, no SLO-aware admission or "
-            "prefill pacing, throughput selection spends all of B (profile with python -m adaserve_backend.profile)"
+            "prefill pacing, throughput selection spends all of B (profile with python -m tools.profile)"
         )
         return None
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"speculation.profile_path {path!r} does not exist (write it with python -m adaserve_backend.profile)")
+        raise FileNotFoundError(f"speculation.profile_path {path!r} does not exist (write it with python -m tools.profile)")
     return CostModel.load(path)

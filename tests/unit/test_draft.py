@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
-from adaserve_backend.draft.model import SHIPPED, DraftLayout, base_draft, load_draft, save_draft, trainable
-from adaserve_backend.draft.teacher import dense_hidden, dense_logits, shifted
+from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, load_draft, save_draft, trainable
+from tools.draft.teacher import dense_hidden, dense_logits, shifted
 from adaserve_backend.models import load_model
 from tests.model_fixtures import our_model, tiny_checkpoint
 from tests.unit.test_engine import POLICIES, make_engine, reference, run_staggered, workload

@@ -65,7 +65,7 @@ def test_a_failing_request_ends_alone(policy):
 
 
 def test_a_draft_that_does_not_fit_the_target_is_refused_at_load():
-    from adaserve_backend.draft.model import DraftLayout, base_draft
+    from adaserve_backend.models.feature_draft import DraftLayout, base_draft
     from adaserve_backend.speculation.draft_fit import check_tokenizers_match
 
     target = tiny_checkpoint("llama")

@@ -116,3 +116,12 @@ def test_the_front_model_imports_neither_torch_nor_the_engine():
     code = "import sys, adaserve_backend.triton.pipeline; print(sorted(m for m in ('torch', 'adaserve_backend.engine') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_serving_process_imports_no_offline_tools():
+    import subprocess
+    import sys
+
+    code = "import sys, adaserve_backend.triton.engine_loop; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tools'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from ..attention.dense import DenseCausalBackend
-from ..config import CacheConfig, EngineConfig, SchedulerConfig
-from ..engine import Engine
-from ..models.llama import LlamaModel
-from ..request import Request, SamplingParams
+from adaserve_backend.attention.dense import DenseCausalBackend
+from adaserve_backend.config import CacheConfig, EngineConfig, SchedulerConfig
+from adaserve_backend.engine import Engine
+from adaserve_backend.models.llama import LlamaModel
+from adaserve_backend.request import Request, SamplingParams
 
 
 def continuations(
