@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -181,15 +181,20 @@ class Engine:
         msg = f"internal error: {type(error).__name__}: {error}"
         outputs.append(self._output(seq, [], time.monotonic(), FinishReason.ERROR, error=msg))
 
+    def drain(self, max_steps: int = 1_000_000) -> Iterator[RequestOutput]:
+        """Drive the loop until every request finished, yielding the outputs as they come."""
+        for _ in range(max_steps):
+            if not self.has_work():
+                return
+            yield from self.step()
+        raise RuntimeError("engine did not finish within max_steps")
+
     def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, list[int]]:
         """Drive the loop until every request finished; returns output ids per request id."""
         results: dict[str, list[int]] = {}
-        for _ in range(max_steps):
-            if not self.has_work():
-                return results
-            for o in self.step():
-                results.setdefault(o.request_id, []).extend(o.new_token_ids)
-        raise RuntimeError("engine did not finish within max_steps")
+        for o in self.drain(max_steps):
+            results.setdefault(o.request_id, []).extend(o.new_token_ids)
+        return results
 
     # ---- requests in and out --------------------------------------------------------------------
     def _drain_inbox(self, outputs: list[RequestOutput]) -> None:

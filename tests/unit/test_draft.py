@@ -14,7 +14,7 @@ from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_dra
 from tools.draft.teacher import dense_hidden, dense_logits, shifted
 from adaserve_backend.models import load_model
 from tests.model_fixtures import our_model, tiny_checkpoint
-from tests.unit.test_engine import POLICIES, make_engine, reference, run_staggered, workload
+from tests.engines import POLICIES, make_engine, reference, run_staggered, workload
 
 
 def tiny_draft(path: str, tmp_path, train_steps: int = 0):
@@ -106,6 +106,22 @@ def test_a_draft_file_for_another_layout_is_rejected(tmp_path):
 
 @pytest.mark.slow
 def test_shipped_draft_is_small_and_loads_for_the_embedded_target():
+    """It fits the embedded target and, reading the target's features, predicts the target's next token
+    on ordinary text far more often than chance (a draft loaded wrong would almost never)."""
+    from adaserve_backend.config import EMBEDDED_DEFAULT
+    from adaserve_backend.models import load_tokenizer, locate
+    from adaserve_backend.speculation.draft_fit import check_draft_fits
+
     assert os.path.getsize(SHIPPED) < 20 * 2**20
-    draft = load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="bfloat16"))
-    assert draft.vocab_ids is not None and draft.takes_features and len(draft.layers) < 30
+    draft = load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="float32"))
+    target = our_model(EMBEDDED_DEFAULT)
+    check_draft_fits(target, draft)
+    assert draft.takes_features and len(set(draft.vocab_ids.tolist())) == len(draft.vocab_ids)
+    text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+    ids = torch.tensor([load_tokenizer(locate(EMBEDDED_DEFAULT))(text)["input_ids"]])
+    with torch.no_grad():
+        features = dense_hidden(target, ids)
+        target_next = dense_logits(target, ids).argmax(-1)
+        draft_next = draft.vocab_ids[dense_logits(draft, ids, shifted(features)).argmax(-1)]
+    agreement = (draft_next == target_next)[0, 1:].float().mean().item()
+    assert agreement > 0.3, agreement

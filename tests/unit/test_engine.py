@@ -6,94 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
-from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT, EngineConfig, SchedulerConfig, SpeculationConfig
+from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request
-from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint
-
-POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:3"]
-EOS = 2
-
-
-def make_engine(target_path, draft_path, policy, num_blocks=256, **spec) -> Engine:
-    cfg = EngineConfig(
-        target_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
-        draft_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
-        scheduler=SchedulerConfig(policy=policy, max_num_seqs=6, prefill_chunk=8, token_budget=12),
-        speculation=SpeculationConfig(**{"budget": 24, "draft_budget": 8, "d_max": 4, "w_max": 3, **spec}),
-    )
-    draft = our_model(draft_path) if draft_path else None
-    return Engine(cfg, target=our_model(target_path), draft=draft, eos_token_ids=[EOS])
-
-
-def workload(path: str, n: int = 9, seed: int = 0) -> list[Request]:
-    vocab = our_model(path).spec.vocab_size
-    g = torch.Generator().manual_seed(seed)
-    reqs = []
-    for i in range(n):
-        plen = int(torch.randint(3, 21, (1,), generator=g))
-        prompt = torch.randint(3, vocab, (plen,), generator=g).tolist()
-        reqs.append(
-            Request(
-                request_id=f"r{i}",
-                prompt_ids=prompt,
-                max_tokens=int(torch.randint(4, 17, (1,), generator=g)),
-                min_tokens=2 if i % 4 == 0 else 0,
-                tpot_slo_ms=[20.0, 50.0, 150.0][i % 3],
-            )
-        )
-    return reqs
-
-
-@torch.no_grad()
-def reference(path: str, req: Request) -> list[int]:
-    hf = hf_reference(path)
-    out = hf.generate(
-        torch.tensor([req.prompt_ids]),
-        max_new_tokens=req.max_tokens,
-        min_new_tokens=req.min_tokens,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=EOS,
-    )[0, len(req.prompt_ids) :].tolist()
-    if EOS in out[req.min_tokens :]:
-        out = out[: out.index(EOS, req.min_tokens) + 1]
-    return out
-
-
-def run_staggered(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
-    """Three requests arrive, then two more every iteration."""
-    results: dict[str, list[int]] = {}
-    finished: dict[str, str] = {}
-    pending = list(reqs)
-    for r in pending[:3]:
-        engine.add_request(r)
-    pending = pending[3:]
-    while engine.has_work() or pending:
-        for r in pending[:2]:
-            engine.add_request(r)
-        pending = pending[2:]
-        for o in engine.step():
-            results.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.finished:
-                finished[o.request_id] = o.finish_reason
-    assert set(finished) == {r.request_id for r in reqs}
-    assert set(finished.values()) <= {FinishReason.STOP, FinishReason.LENGTH}
-    return results
-
-
-def assert_all_blocks_free(engine: Engine) -> None:
-    for runner in runners(engine):
-        assert runner.blocks.num_free_blocks == runner.blocks.num_blocks
-
-
-def runners(engine: Engine):
-    return [engine.target] + ([engine.draft.runner] if engine.draft else [])
-
+from tests.engines import POLICIES, assert_all_blocks_free, make_engine, reference, run_staggered, workload
+from tests.model_fixtures import tiny_checkpoint
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("draft", ["self", "other"])

@@ -7,7 +7,7 @@ import pytest
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request, SamplingParams
 from tests.model_fixtures import our_model, tiny_checkpoint
-from tests.unit.test_engine import assert_all_blocks_free, make_engine, reference, workload
+from tests.engines import assert_all_blocks_free, make_engine, reference, workload
 
 
 def test_fail_all_answers_a_queued_abort():
@@ -53,9 +53,7 @@ def test_a_failing_request_ends_alone(policy):
     engine.step()  # one decoding when the poisoned one prefills, one prefilling along
     engine.add_request(poisoned("bad"))
     engine.add_request(good[1])
-    outs = []
-    while engine.has_work():
-        outs += engine.step()
+    outs = list(engine.drain())
     finals = {o.request_id: o for o in outs if o.finished}
     assert finals["bad"].finish_reason == FinishReason.ERROR and "internal error" in finals["bad"].error
     for r in good:

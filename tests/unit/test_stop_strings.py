@@ -8,7 +8,7 @@ import pytest
 from adaserve_backend.request import FinishReason, Request
 from adaserve_backend.stop_strings import StopScan, scan
 from tests.model_fixtures import tiny_checkpoint
-from tests.unit.test_engine import assert_all_blocks_free, make_engine, reference, workload
+from tests.engines import assert_all_blocks_free, make_engine, reference, workload
 
 E_ACUTE = "é".encode()  # two bytes: one token each below
 
@@ -77,9 +77,7 @@ def test_engine_strips_stop_strings_and_stops_on_stop_ids(policy):
     engine.tokenizer = ByteTokenizer()
     engine.add_request(Request("s", req.prompt_ids, max_tokens=16, ignore_eos=True, stop_strings=(stop, "never")))
     engine.add_request(Request("i", req.prompt_ids, max_tokens=16, ignore_eos=True, stop_token_ids=(full[6],)))
-    outs = []
-    while engine.has_work():
-        outs += engine.step()
+    outs = list(engine.drain())
     by_id = {r: [o for o in outs if o.request_id == r] for r in ("s", "i")}
     assert [t for o in by_id["s"] for t in o.new_token_ids] == expected
     assert by_id["s"][-1].finish_reason == FinishReason.STOP and by_id["s"][-1].num_output_tokens == len(expected)

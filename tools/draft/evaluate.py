@@ -68,11 +68,10 @@ def run_one_by_one(engine: Engine, prompts: list[list[int]], max_tokens: int, sl
     for i, ids in enumerate(prompts):
         engine.add_request(Request(f"p{i}", ids, max_tokens=max_tokens, tpot_slo_ms=slo_ms))
         toks, first, last = [], None, None
-        while engine.has_work():
-            for o in engine.step():
-                toks += o.new_token_ids
-                first = first or o.emit_time
-                last = o.emit_time
+        for o in engine.drain():
+            toks += o.new_token_ids
+            first = first or o.emit_time
+            last = o.emit_time
         outs.append(toks)
         if (tpot := tpot_seconds(first, last, len(toks))) is not None:
             tpots.append(tpot)

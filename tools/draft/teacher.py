@@ -28,10 +28,9 @@ def continuations(
         engine.add_request(Request(str(i), ids, max_tokens=max_tokens, sampling=SamplingParams(temperature=temp, seed=i)))
     out: dict[str, list[int]] = {}
     with tqdm(total=len(prompts), desc="target continuations") as bar:
-        while engine.has_work():
-            for o in engine.step():
-                out.setdefault(o.request_id, []).extend(o.new_token_ids)
-                bar.update(int(o.finished))
+        for o in engine.drain():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+            bar.update(int(o.finished))
     return [out.get(str(i), []) for i in range(len(prompts))]
 
 
