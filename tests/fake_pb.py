@@ -101,3 +101,50 @@ class MetricFamily:
 
     def Metric(self, labels=None, buckets=None):  # noqa: N802  (pb_utils' spelling)
         return _Metric()
+
+
+def get_output_tensor_by_name(response, name):
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+# BLS: model name -> handler(inputs: dict[str, np.ndarray], decoupled: bool) -> a response, or an
+# iterable of responses for a decoupled call. Tests install the models their pipeline calls.
+MODELS: dict = {}
+# False once the server is stopping: Triton then refuses new inferences, BLS calls included, and (worst
+# case) what a called model still sends never reaches its caller.
+SERVER_READY = True
+
+
+class InferenceRequest:
+    def __init__(self, model_name, inputs, requested_output_names=()):
+        self.model_name, self.inputs = model_name, {t.name(): t.as_numpy() for t in inputs}
+
+    def exec(self, decoupled=False):
+        if not SERVER_READY:
+            error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready"))
+            return iter([error]) if decoupled else error
+        return MODELS[self.model_name](self.inputs, decoupled)
+
+
+class StreamSender(Sender):
+    """A sender whose responses a BLS caller iterates, as Triton hands a decoupled model's responses
+    to the model that called it."""
+
+    def __init__(self):
+        super().__init__()
+        import queue
+
+        self.queue = queue.Queue()
+
+    def send(self, response=None, flags=0):
+        super().send(response, flags)
+        if not SERVER_READY:
+            return
+        if response is not None:
+            self.queue.put(response)
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.queue.put(None)
+
+    def __iter__(self):
+        while (item := self.queue.get()) is not None:
+            yield item

@@ -11,7 +11,7 @@ import pytest
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from tests import fake_pb
 from tests.model_fixtures import tiny_checkpoint
-from tests.unit.test_engine import make_engine, reference, workload
+from tests.engines import make_engine, reference, workload
 
 REPO_MODEL = "model_repository/adaserve"  # only its engine.json's SLO classes are read
 
@@ -92,3 +92,22 @@ def test_shutdown_ends_requests_in_flight_with_a_final_response_at_once(loop):
         resp, _ = r.sender.sent[-1]
         assert resp is not None and resp.has_error() and "shutting down" in resp.error().message()
     assert not loop.loop_thread.is_alive() and not loop.send_thread.is_alive()
+
+
+def test_shutdown_returns_even_if_a_send_never_returns(loop, monkeypatch):
+    """At finalize Triton may no longer service the stub: a send that never returns must not hold
+    the process past the server's exit timeout."""
+    import threading
+
+    from adaserve_backend.triton import engine_loop
+
+    monkeypatch.setattr(engine_loop, "SHUTDOWN_WAIT_S", 0.5)
+    r = request([5, 6, 7], 400, stream=[True])
+    released = threading.Event()
+    r.sender.send = lambda response=None, flags=0: released.wait()
+    loop.submit(r)
+    time.sleep(0.3)
+    start = time.monotonic()
+    loop.shutdown()
+    assert time.monotonic() - start < 3
+    released.set()
