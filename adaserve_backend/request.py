@@ -4,15 +4,50 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
-from .sampling import SamplingParams
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy. top_k 0 and top_p 1.0 disable those filters. seed makes one
+    request's sampling reproducible."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
-class FinishReason:
+class FinishReason(str, Enum):  # a str: the wire value is .value, and it compares equal to it
     STOP = "stop"  # an end-of-sequence token, a stop token or a stop string
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # cancelled by the client
     ERROR = "error"
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Speculation counters of one request so far."""
+
+    verifications: int = 0
+    draft_tokens: int = 0  # draft tokens sent to verification
+    accepted_drafts: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_drafts / self.draft_tokens if self.draft_tokens else 0.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +73,8 @@ class Request:
             raise ValueError("the prompt is empty")
         if any(not 0 <= t < vocab_size for t in self.prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+        if any(not 0 <= t < vocab_size for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must lie in [0, {vocab_size})")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -58,7 +95,7 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     arrival_time: float = 0.0
     first_token_time: float | None = None
@@ -66,4 +103,4 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     tpot_slo_ms: float = 0.0
-    stats: dict = field(default_factory=dict)  # verifications, draft tokens sent, drafts accepted
+    stats: RequestStats = field(default_factory=RequestStats)

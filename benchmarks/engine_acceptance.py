@@ -50,10 +50,10 @@ def run_level(engine: Engine, tokenizer, concurrency: int, max_tokens: int) -> d
     return {
         "concurrency": concurrency,
         "mean_accepted_per_verify": engine.mean_accepted(),
-        "mean_depth": statistics.mean(it["depth"] for it in its),
-        "mean_width": statistics.mean(it["width"] for it in its),
-        "mean_verified_tokens": statistics.mean(it["verified_tokens"] for it in its),
-        "mean_iteration_ms": 1e3 * statistics.mean(it["latency"] for it in its),
+        "mean_depth": statistics.mean(it.depth for it in its),
+        "mean_width": statistics.mean(it.width for it in its),
+        "mean_verified_tokens": statistics.mean(it.verified_tokens for it in its),
+        "mean_iteration_ms": 1e3 * statistics.mean(it.latency for it in its),
         "mean_tpot_ms": 1e3 * statistics.mean(tpot),
         "throughput_tok_s": sum(counts.values()) / wall,
     }
@@ -62,7 +62,7 @@ def run_level(engine: Engine, tokenizer, concurrency: int, max_tokens: int) -> d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="engine JSON (default: built-in defaults)")
-    ap.add_argument("--profile", help="profile JSON from `python -m adaserve_backend.profile`")
+    ap.add_argument("--profile", help="profile JSON from `python -m tools.profile`")
     ap.add_argument("--policy", default="adaserve")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=32)

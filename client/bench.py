@@ -46,7 +46,7 @@ class InProcess:
         self.draft = load_model(dataclasses.replace(config.draft, max_model_len=config.target.max_model_len)) if config.draft else self.target
 
     def encode(self, item) -> list[int]:
-        from adaserve_backend.draft.data import Prompt, encode
+        from tools.draft.data import Prompt, encode
 
         return encode(self.tokenizer, Prompt(item.category, item.prompt, item.chat))[-1024:]
 
@@ -75,8 +75,8 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
     if engine is not None:
         its = list(engine.iteration_stats)
         row["mean_accepted_per_verify"] = engine.mean_accepted()
-        total = sum(it["latency"] for it in its) or 1.0
-        row["latency_breakdown"] = {k: sum(it[k] for it in its) / total for k in ("speculation", "selection", "verification")}
+        total = sum(it.latency for it in its) or 1.0
+        row["latency_breakdown"] = {k: sum(getattr(it, k) for it in its) / total for k in ("speculation", "selection", "verification")}
     return row
 
 

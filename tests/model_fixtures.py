@@ -44,7 +44,7 @@ TINY_QWEN2 = dict(
 
 
 @functools.cache
-def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sharpen: float = 1.0) -> str:
+def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sharpen: float = 1.0, hidden_size: int | None = None) -> str:
     """Save a random tiny model (safetensors + config.json) and return its directory. `sharpen` scales
     the output head so next-token distributions are peaked rather than nearly uniform."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -53,6 +53,8 @@ def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sha
     spec.pop("model")
     if vocab_size:
         spec["vocab_size"] = vocab_size
+    if hidden_size:
+        spec["hidden_size"] = hidden_size
     cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**spec))

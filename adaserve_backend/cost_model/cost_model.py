@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from dataclasses import dataclass
 
 from .roofline import Roofline, through_points
@@ -56,3 +58,17 @@ class CostModel:
         tokens = measured.get("tokens", [])
         return cls(Roofline(**data["target"]), Roofline(**data["draft"]), int(data["budget"]),
                    tuple(zip(tokens, measured.get("verify_ms", []))), tuple(zip(tokens, measured.get("draft_ms", []))))
+
+
+def load_cost_model(path: str | None) -> CostModel | None:
+    """The profile at `path`; a path that is set but missing is an error, since running on without it
+    would quietly change admission, selection and B. No path: say which defaults apply."""
+    if not path:
+        logging.getLogger("adaserve").info(
+            "no speculation.profile_path: budget B from SpeculationConfig.budget, no SLO-aware admission or "
+            "prefill pacing, throughput selection spends all of B (profile with python -m tools.profile)"
+        )
+        return None
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"speculation.profile_path {path!r} does not exist (write it with python -m tools.profile)")
+    return CostModel.load(path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, ModelConfig
+from ..config import EMBEDDED_DEFAULT
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -104,19 +104,3 @@ def read_checkpoint(path: str):
     loc = locate(path)
     hf_config = load_hf_config(loc)
     return hf_config, LlamaSpec.from_hf_config(hf_config), load_state_dict(loc)
-
-
-def load_model(config: ModelConfig, checkpoint=None):
-    """Build our decoder on `config.device` in `config.dtype`; `checkpoint` (from read_checkpoint)
-    saves reading the files again."""
-    from .llama import LlamaModel
-
-    if config.path == EMBEDDED_DRAFT or config.path.endswith(".safetensors"):
-        from ..draft.model import load_draft
-
-        return load_draft(config.path, config)
-    hf_config, spec, state_dict = checkpoint or read_checkpoint(config.path)
-    # Sequences never outgrow a sliding window here, so full attention is exact for Mistral too.
-    limits = [config.max_model_len, spec.max_position_embeddings, spec.sliding_window or config.max_model_len]
-    model = LlamaModel(spec, hf_config, state_dict, max_len=min(limits))
-    return model.place(config.device, TORCH_DTYPES[config.dtype]).eval()

@@ -4,8 +4,10 @@ prefill pacing (from how far each request is ahead of its SLO)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..config import SpeculationConfig
+if TYPE_CHECKING:  # config builds a default SchedulerConfig at import, which loads the policies, which use this
+    from ..config import SpeculationConfig
 
 
 def clip(x: int, lo: int, hi: int) -> int:

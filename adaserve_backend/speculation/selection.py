@@ -104,33 +104,6 @@ def goodput_prefix(tokens: int, expected: float, gains: Sequence[float], iterati
     return best
 
 
-def optimal_trees(
-    f: Sequence[CandidateTree], a: Sequence[float], budget: int
-) -> list[list[int]] | None:
-    """Algorithm 1, the optimal construction when every node's acceptance probability f(v) is known
-    (here `scores` of finite trees standing in for the infinite ones). None means INVALID: the SLO
-    constraints cannot all be met within the budget. A reference for tests."""
-    n = len(f)
-    selected = [[0] for _ in range(n)]
-    budget -= n
-    if budget < 0:
-        return None
-    for i in range(n):
-        acc = ROOT_CREDIT
-        rest = sorted((j for j in range(1, len(f[i]))), key=lambda j: (-f[i].scores[j], j))
-        while acc < a[i] - 1e-12:
-            if budget <= 0 or not rest:
-                return None
-            j = rest.pop(0)
-            selected[i].append(j)
-            acc += f[i].scores[j]
-            budget -= 1
-    remaining = [(-f[i].scores[j], i, j) for i in range(n) for j in range(len(f[i])) if j not in selected[i]]
-    for _, i, j in sorted(remaining)[: max(budget, 0)]:
-        selected[i].append(j)
-    return [sorted(s) for s in selected]
-
-
 def expected_accepted(tree: CandidateTree, nodes: Sequence[int], calibration: float = 1.0) -> float:
     """E[acc(T)] = sum of f(v) over the tree (the root counting 1.0), f = the calibrated score."""
     return ROOT_CREDIT + math.fsum(acceptance(tree.scores[j], calibration) for j in nodes if j != 0)

@@ -21,16 +21,14 @@ from ..request import FinishReason, RequestOutput
 from ..slo import attains, tpot_seconds
 from .detokenize import StreamState
 from .metrics import EngineMetrics
-from .protocol import ResponseOptions, parse_request, response_tensors
+from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors
 from .repository import load_engine_config
 
 log = logging.getLogger("adaserve")
 
-INPUT_NAMES = (
-    "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
-    "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
-    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "slo_class",
-)
+# finalize must return well within Triton's exit timeout (30 s): a step takes at most a few seconds on
+# a CPU, and a send the backend no longer services must not hold the process.
+SHUTDOWN_WAIT_S = 5.0
 
 
 @dataclass
@@ -100,16 +98,24 @@ class TritonEngineLoop:
         self.wake.set()
 
     def shutdown(self) -> None:
+        """Stop the loop after its current step; it ends every request with a final error response."""
         self.stopping = True
         self.wake.set()
-        self.loop_thread.join(timeout=30)
-        for out in self.engine.fail_all("the server is shutting down"):
-            self._deliver(out)
+        self.loop_thread.join(timeout=SHUTDOWN_WAIT_S)
+        if self.loop_thread.is_alive():
+            log.warning("the engine loop did not stop within %.0f s", SHUTDOWN_WAIT_S)
         self.sends.put(None)
-        self.send_thread.join(timeout=30)
+        self.send_thread.join(timeout=SHUTDOWN_WAIT_S)
 
     # ---- engine loop thread ---------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._run_steps()
+        finally:  # on the loop thread: no step runs concurrently with fail_all
+            for out in self.engine.fail_all("the server is shutting down"):
+                self._deliver(out)
+
+    def _run_steps(self) -> None:
         while not self.stopping:
             if not self.engine.has_work():
                 self.wake.wait(0.05)

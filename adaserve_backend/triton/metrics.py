@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..scheduler.plan import IterationStats
+
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ACCEPTED_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
 
@@ -46,7 +51,7 @@ class EngineMetrics:
         if attained:
             self.attained[slo_class].increment(1)
 
-    def on_step(self, engine, new_tokens: int, iteration: dict | None) -> None:
+    def on_step(self, engine, new_tokens: int, iteration: IterationStats | None) -> None:
         self.generation_tokens.increment(new_tokens)
         self.running.set(len(engine.running))
         self.waiting.set(len(engine.waiting))
@@ -55,6 +60,6 @@ class EngineMetrics:
         self.blocks_free.set(blocks.num_free_blocks)
         self.budget.set(engine.budget)
         if iteration:
-            self.accepted.observe(iteration["accepted"] / iteration["n"])
-            self.depth.set(iteration["depth"])
-            self.width.set(iteration["width"])
+            self.accepted.observe(iteration.accepted / iteration.n)
+            self.depth.set(iteration.depth)
+            self.width.set(iteration.width)

@@ -18,12 +18,10 @@ import uuid
 
 import numpy as np
 
-from .engine_loop import INPUT_NAMES
+from .protocol import INPUT_NAMES
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
 
 log = logging.getLogger("adaserve")
-
-
 
 class BLSPipeline:
     def __init__(self, pb) -> None:
@@ -42,12 +40,28 @@ class BLSPipeline:
         threading.Thread(target=self._run, args=(request, sender, request_id), daemon=True).start()
 
     def shutdown(self) -> None:
+        """End every client request still waiting with a final error: by now Triton refuses new
+        inferences (BLS included), so what the scheduler model would still send may never arrive."""
         self.stopping = True
-        self.watcher.join(timeout=5)
+        self.watcher.join(timeout=1)
+        if not self.lock.acquire(timeout=1):  # the watcher may be stuck in is_cancelled(); do not wait on it
+            log.warning("pipeline shutdown: lock busy, in-flight requests not answered")
+            return
+        try:
+            pending, self.active = self.active, {}
+        finally:
+            self.lock.release()
+        error = self.pb.InferenceResponse(error=self.pb.TritonError("the server is shutting down"))
+        for sender in pending.values():
+            try:
+                sender.send(error, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:
+                log.warning("could not send the final response", exc_info=True)
 
     # ---- one request ----------------------------------------------------------------------------
     def _run(self, request, sender, request_id: str) -> None:
         pb = self.pb
+        streaming = False  # the scheduler model holds the request until its stream ends
         try:
             ids = self._preprocess(request)
             inputs = [pb.Tensor("input_ids", ids), pb.Tensor("request_id", np.array([request_id.encode()], dtype=object))]
@@ -57,25 +71,33 @@ class BLSPipeline:
                     inputs.append(pb.Tensor(name, t.as_numpy()))
             wanted = ["output_ids", "context_ids", "is_final", *PASS_THROUGH]
             stream = pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True)
+            streaming = True
             for response in stream:
                 if response.has_error():
+                    streaming = False
                     self._finish(sender, request_id, pb.InferenceResponse(error=response.error()))
                     return
                 tensors = {t.name(): t for t in response.output_tensors()}
                 if not tensors:
                     continue  # a flags-only final response
                 final = bool(tensors["is_final"].as_numpy().reshape(-1)[0])
+                streaming = not final
                 out = self._postprocess(tensors)
                 if final:
                     self._finish(sender, request_id, out)
                     return
-                sender.send(out)
+                if not self._send(sender, request_id, out):
+                    return  # answered by shutdown meanwhile
+            streaming = False
             self._finish(sender, request_id, None)
         except ValueError as e:
             self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e))))
         except Exception as e:  # never leave a client without a final response
             log.exception("pipeline failed")
             self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(f"internal error: {e}")))
+        finally:
+            if streaming:  # we stopped listening (postprocessing failed...): free its KV blocks
+                self._abort(request_id)
 
     def _preprocess(self, request) -> np.ndarray:
         pb = self.pb
@@ -95,13 +117,22 @@ class BLSPipeline:
             raise RuntimeError(response.error().message())
         return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy()) for t in response.output_tensors()])
 
+    def _send(self, sender, request_id: str, response) -> bool:
+        """A data response, unless the request was already answered (its sender may be freed)."""
+        with self.lock:
+            if request_id not in self.active:
+                return False
+            sender.send(response)
+            return True
+
     def _finish(self, sender, request_id: str, response) -> None:
         # Under the lock: Triton frees a sender's response factory once the final response is sent,
         # and is_cancelled() on a freed factory crashes the server (seen under load), so the watcher
         # must never hold a sender past its final send.
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self.lock:
-            self.active.pop(request_id, None)
+            if self.active.pop(request_id, None) is None:
+                return  # already answered (shutdown)
             try:
                 sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
             except Exception:
@@ -113,6 +144,8 @@ class BLSPipeline:
         while not self.stopping:
             time.sleep(0.05)
             with self.lock:  # see _finish
+                if self.stopping:
+                    return
                 live = set(self.active)
                 cancelled = [rid for rid, sender in self.active.items() if rid not in aborted and sender.is_cancelled()]
             for request_id in cancelled:

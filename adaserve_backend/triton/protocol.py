@@ -12,10 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..request import Request, RequestOutput
-from ..sampling import SamplingParams
+from ..request import Request, RequestOutput, SamplingParams
 
 MAX_STOP_WORDS = 16
+# The `adaserve` model's inputs (the front model forwards those the client sent, input_ids first).
+INPUT_NAMES = (
+    "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
+    "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
+    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "slo_class",
+)
 # Optional outputs that travel from the scheduler through the detokenizer to the client unchanged.
 PASS_THROUGH_OUTPUTS = (
     "num_input_tokens", "num_output_tokens", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
@@ -96,9 +101,8 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
     if slo_ms is not None and slo_ms <= 0:
         raise ValueError(f"tpot_slo_ms must be positive, got {slo_ms}")
     slo_class = x.scalar("slo_class", None, str) or None
-    min_tokens = x.scalar("min_tokens", None, int)
-    if min_tokens is None:
-        min_tokens = x.scalar("min_length", 0, int)
+    min_length = x.scalar("min_length", 0, int)  # parsed even when min_tokens wins: a bad value is an error
+    min_tokens = x.scalar("min_tokens", min_length, int)
     request = Request(
         request_id=request_id,
         prompt_ids=[int(i) for i in ids],
@@ -134,12 +138,11 @@ def response_tensors(
     if options.return_num_output_tokens:
         t["num_output_tokens"] = np.asarray([out.num_output_tokens], dtype=np.int32)
     if options.return_finish_reason and out.finished:
-        t["finish_reason"] = np.asarray([out.finish_reason or ""], dtype=object)
+        t["finish_reason"] = np.asarray([out.finish_reason.value if out.finish_reason else ""], dtype=object)
     if options.return_perf_metrics:
-        drafts, accepted = out.stats.get("draft_tokens", 0), out.stats.get("accepted_drafts", 0)
-        t["acceptance_rate"] = np.asarray([accepted / drafts if drafts else 0.0], dtype=np.float32)
-        t["total_accepted_draft_tokens"] = np.asarray([accepted], dtype=np.int32)
-        t["total_draft_tokens"] = np.asarray([drafts], dtype=np.int32)
+        t["acceptance_rate"] = np.asarray([out.stats.acceptance_rate], dtype=np.float32)
+        t["total_accepted_draft_tokens"] = np.asarray([out.stats.accepted_drafts], dtype=np.int32)
+        t["total_draft_tokens"] = np.asarray([out.stats.draft_tokens], dtype=np.int32)
         ns = lambda s: int(s * 1e9) + clock_offset_ns  # noqa: E731  monotonic -> wall clock
         t["arrival_time_ns"] = np.asarray([ns(out.arrival_time)], dtype=np.int64)
         t["first_token_time_ns"] = np.asarray([ns(out.first_token_time or out.emit_time)], dtype=np.int64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ..chat import encode_chat
 from ..config import EngineConfig
 from ..models import load_tokenizer, locate
 
@@ -34,8 +35,5 @@ def encode_prompt(tokenizer, raw: bytes, apply_chat_template: bool) -> list[int]
     if not text:
         raise ValueError("text_input is empty")
     if apply_chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this model has no chat template")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_chat(tokenizer, text)
     return tokenizer(text)["input_ids"]

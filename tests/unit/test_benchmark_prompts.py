@@ -3,7 +3,7 @@ text it was distilled on than on what users send)."""
 
 from __future__ import annotations
 
-from adaserve_backend.draft.data import build_prompts
+from tools.draft.data import build_prompts
 from client.prompts import BENCHMARK_FAMILIES, benchmark_prompts, normalize
 
 

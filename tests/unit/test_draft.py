@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
-from adaserve_backend.draft.model import SHIPPED, DraftLayout, base_draft, load_draft, save_draft, trainable
-from adaserve_backend.draft.teacher import dense_hidden, dense_logits, shifted
+from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, load_draft, save_draft, trainable
+from tools.draft.teacher import dense_hidden, dense_logits, shifted
 from adaserve_backend.models import load_model
 from tests.model_fixtures import our_model, tiny_checkpoint
-from tests.unit.test_engine import POLICIES, make_engine, reference, run_staggered, workload
+from tests.engines import POLICIES, make_engine, reference, run_staggered, workload
 
 
 def tiny_draft(path: str, tmp_path, train_steps: int = 0):
@@ -65,7 +65,7 @@ def test_draft_reads_the_targets_features_for_every_token_it_keeps(tmp_path):
     out, *_ = tiny_draft(target, tmp_path)
     engine = make_engine(target, out, "adaserve", num_blocks=16)
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    model = engine.draft.model
+    model = engine.draft.runner.model
     original = model.forward
 
     def recording(ids, positions, attn, features=None):
@@ -106,6 +106,22 @@ def test_a_draft_file_for_another_layout_is_rejected(tmp_path):
 
 @pytest.mark.slow
 def test_shipped_draft_is_small_and_loads_for_the_embedded_target():
+    """It fits the embedded target and, reading the target's features, predicts the target's next token
+    on ordinary text far more often than chance (a draft loaded wrong would almost never)."""
+    from adaserve_backend.config import EMBEDDED_DEFAULT
+    from adaserve_backend.models import load_tokenizer, locate
+    from adaserve_backend.speculation.draft_fit import check_draft_fits
+
     assert os.path.getsize(SHIPPED) < 20 * 2**20
-    draft = load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="bfloat16"))
-    assert draft.vocab_ids is not None and draft.takes_features and len(draft.layers) < 30
+    draft = load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="float32"))
+    target = our_model(EMBEDDED_DEFAULT)
+    check_draft_fits(target, draft)
+    assert draft.takes_features and len(set(draft.vocab_ids.tolist())) == len(draft.vocab_ids)
+    text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+    ids = torch.tensor([load_tokenizer(locate(EMBEDDED_DEFAULT))(text)["input_ids"]])
+    with torch.no_grad():
+        features = dense_hidden(target, ids)
+        target_next = dense_logits(target, ids).argmax(-1)
+        draft_next = draft.vocab_ids[dense_logits(draft, ids, shifted(features)).argmax(-1)]
+    agreement = (draft_next == target_next)[0, 1:].float().mean().item()
+    assert agreement > 0.3, agreement

@@ -3,96 +3,16 @@ under every policy, with requests of mixed SLOs arriving at different iterations
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import time
 
 import pytest
-import torch
 
-from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT, EngineConfig, SchedulerConfig, SpeculationConfig
+from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.engine import Engine, Sequence
 from adaserve_backend.request import FinishReason, Request
-from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint
-
-POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:3"]
-EOS = 2
-
-
-def make_engine(target_path, draft_path, policy, num_blocks=256, **spec) -> Engine:
-    cfg = EngineConfig(
-        target_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
-        draft_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
-        scheduler=SchedulerConfig(policy=policy, max_num_seqs=6, prefill_chunk=8, token_budget=12),
-        speculation=SpeculationConfig(**{"budget": 24, "draft_budget": 8, "d_max": 4, "w_max": 3, **spec}),
-    )
-    draft = our_model(draft_path) if draft_path else None
-    return Engine(cfg, target=our_model(target_path), draft=draft, eos_token_ids=[EOS])
-
-
-def workload(path: str, n: int = 9, seed: int = 0) -> list[Request]:
-    vocab = our_model(path).spec.vocab_size
-    g = torch.Generator().manual_seed(seed)
-    reqs = []
-    for i in range(n):
-        plen = int(torch.randint(3, 21, (1,), generator=g))
-        prompt = torch.randint(3, vocab, (plen,), generator=g).tolist()
-        reqs.append(
-            Request(
-                request_id=f"r{i}",
-                prompt_ids=prompt,
-                max_tokens=int(torch.randint(4, 17, (1,), generator=g)),
-                min_tokens=2 if i % 4 == 0 else 0,
-                tpot_slo_ms=[20.0, 50.0, 150.0][i % 3],
-            )
-        )
-    return reqs
-
-
-@torch.no_grad()
-def reference(path: str, req: Request) -> list[int]:
-    hf = hf_reference(path)
-    out = hf.generate(
-        torch.tensor([req.prompt_ids]),
-        max_new_tokens=req.max_tokens,
-        min_new_tokens=req.min_tokens,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=EOS,
-    )[0, len(req.prompt_ids) :].tolist()
-    if EOS in out[req.min_tokens :]:
-        out = out[: out.index(EOS, req.min_tokens) + 1]
-    return out
-
-
-def run_staggered(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
-    """Three requests arrive, then two more every iteration."""
-    results: dict[str, list[int]] = {}
-    finished: dict[str, str] = {}
-    pending = list(reqs)
-    for r in pending[:3]:
-        engine.add_request(r)
-    pending = pending[3:]
-    while engine.has_work() or pending:
-        for r in pending[:2]:
-            engine.add_request(r)
-        pending = pending[2:]
-        for o in engine.step():
-            results.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.finished:
-                finished[o.request_id] = o.finish_reason
-    assert set(finished) == {r.request_id for r in reqs}
-    assert set(finished.values()) <= {FinishReason.STOP, FinishReason.LENGTH}
-    return results
-
-
-def assert_all_blocks_free(engine: Engine) -> None:
-    for runner in (engine.target, engine.draft):
-        if runner is not None:
-            assert runner.blocks.num_free_blocks == runner.blocks.num_blocks
-
+from tests.engines import POLICIES, assert_all_blocks_free, make_engine, reference, run_staggered, workload
+from tests.model_fixtures import tiny_checkpoint
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("draft", ["self", "other"])
@@ -138,69 +58,6 @@ def steep_profile(tmp_path) -> str:
     path = str(tmp_path / "profile.json")
     CostModel(Roofline(10.0, 4, 5.0), Roofline(1.0, 4, 0.0), budget=8).save(path)
     return path
-
-
-def slo_engine(tmp_path, slo_admission=True) -> Engine:
-    target = tiny_checkpoint("llama")
-    engine = make_engine(target, target, "adaserve", profile_path=steep_profile(tmp_path))
-    sched = SchedulerConfig(prefill_chunk=256, slo_admission=slo_admission)
-    return Engine(dataclasses.replace(engine.config, scheduler=sched), target=engine.target.model, draft=engine.draft.model)
-
-
-def hand_made(slo_ms, decoded=None, elapsed_s=0.0, now=0.0, max_tokens=100, prompt=300) -> Sequence:
-    """A sequence `elapsed_s` after its first token with `decoded` tokens since (None: not started)."""
-    s = Sequence(Request("r", [5] * prompt, max_tokens=max_tokens), 0, slo_ms / 1e3, 0.0, frozenset(), None, prompt)
-    if decoded is not None:
-        s.output, s.first_token_time = [7] * (decoded + 1), now - elapsed_s
-    return s
-
-
-def test_slo_paced_prefill_follows_the_least_slack(tmp_path):
-    """adaserve prefills along decode only what the decoding requests' slack pays for; requests
-    behind schedule stop it unless they cannot make their SLO anyway."""
-    engine = slo_engine(tmp_path)
-    start, waiting = 1000.0, [hand_made(100)]
-    depth, width = engine._depth_width(1)
-    t_iter = engine._predicted_iteration_s(1, depth, width)
-
-    def chunk(decoding, engine=engine):
-        return engine._prefill_chunks(waiting, [decoding], depth, width, start).get(waiting[0], 0)
-
-    assert chunk(hand_made(100, 50, 0.1, start)) == 256  # 4.9 s ahead of schedule: a full chunk
-    assert chunk(hand_made(100, 10, 1.2, start)) == 0  # behind, but 89 tokens can still catch up
-    assert chunk(hand_made(100, 10, 1.2, start, max_tokens=12)) == 256  # behind with no way back
-    # 52 ms ahead: the verification of 8 tokens sits at the knee, so 5 ms per prefill token
-    assert chunk(hand_made(100, 10, 1.1 - t_iter - 0.052, start)) == 10
-    assert chunk(hand_made(100, 10, 1.2, start), slo_engine(tmp_path, slo_admission=False)) == 256
-
-
-def test_slo_admission_starts_only_what_keeps_slos(tmp_path, monkeypatch):
-    """With 50 ms per token for one running request and 80 ms for two (92 ms with the headroom): a
-    request starts only if it and every running request that can still make its SLO end within their
-    SLOs; a looser one may go first."""
-    engine = slo_engine(tmp_path)
-    monkeypatch.setattr(engine, "_tpot_at", lambda n: {1: 0.05, 2: 0.08, 3: 0.1}[n])
-
-    def admitted(running, waiting):
-        running = running if isinstance(running, list) else [running]
-        engine.running, engine.waiting = list(running), collections.deque(waiting)
-        engine._admit()
-        return [s.tpot_slo_s * 1e3 for s in engine.running[len(running):]]
-
-    now = time.monotonic()
-    relaxed = hand_made(100, 10, 0.5, now)  # 0.6 s ahead
-    assert admitted(relaxed, [hand_made(100, prompt=8)]) == [100]
-    assert admitted(relaxed, [hand_made(60, prompt=8), hand_made(1000, prompt=8)]) == [1000]  # 60 < 92 ms
-    assert [s.tpot_slo_s * 1e3 for s in engine.waiting] == [60]
-    assert admitted(relaxed, [hand_made(90, prompt=8)]) == []  # within the prediction, not the headroom
-    tight = hand_made(60, 10, 0.6, now)  # on track at 50 ms per token, not at 92
-    assert admitted(tight, [hand_made(1000, prompt=8)]) == []
-    # behind even at the current load (80 ms with two running), but alone it catches up: it holds the door
-    behind = hand_made(60, 10, 0.7, now)
-    assert admitted([behind, hand_made(1000, 10, 0.5, now)], [hand_made(1000, prompt=8)]) == []
-    doomed = hand_made(40, 10, 0.6, now)  # cannot make 40 ms even alone: holds nobody back
-    assert admitted(doomed, [hand_made(1000, prompt=8)]) == [1000]
-    assert slo_engine(tmp_path, slo_admission=False)._slo_admission is False
 
 
 def test_slo_paced_prefill_keeps_greedy_exact(tmp_path):

@@ -9,10 +9,9 @@ import random
 import torch
 from scipy.stats import chi2
 
-from adaserve_backend.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculationConfig
 from adaserve_backend.engine import Engine
-from adaserve_backend.request import FinishReason, Request
-from adaserve_backend.sampling import SamplingParams
+from adaserve_backend.request import FinishReason, Request, SamplingParams
+from tests.engines import small_config
 from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint
 
 VOCAB = 6
@@ -20,12 +19,8 @@ PROMPT = [1, 4, 2, 5, 3]
 
 
 def engine_for(target: str, draft: str, policy: str = "adaserve", num_blocks: int = 2048, max_num_seqs: int = 64) -> Engine:
-    cfg = EngineConfig(
-        target_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
-        draft_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
-        scheduler=SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, prefill_chunk=64, token_budget=64),
-        speculation=SpeculationConfig(budget=max_num_seqs * 4, draft_budget=max_num_seqs * 2, d_max=3, w_max=2),
-    )
+    cfg = small_config(policy, num_blocks, max_num_seqs, prefill_chunk=64, token_budget=64,
+                       budget=max_num_seqs * 4, draft_budget=max_num_seqs * 2, d_max=3, w_max=2)
     return Engine(cfg, target=our_model(target), draft=our_model(draft))
 
 
@@ -103,14 +98,13 @@ def test_hundreds_of_requests_with_cancellations_and_preemptions_leak_nothing():
             if o.finished:
                 finals[o.request_id] = o.finish_reason
     engine.abort("never-submitted")
-    while engine.has_work():
-        for o in engine.step():
-            assert o.request_id not in finals
-            if o.finished:
-                finals[o.request_id] = o.finish_reason
+    for o in engine.drain():
+        assert o.request_id not in finals
+        if o.finished:
+            finals[o.request_id] = o.finish_reason
     assert set(finals) == set(submitted), "every accepted request ends with a final response"
     assert {r for r, why in finals.items() if why == FinishReason.ABORT} <= cancelled
     assert any(why == FinishReason.ABORT for why in finals.values())
     assert engine.num_preemptions > 0
-    for runner in (engine.target, engine.draft):
+    for runner in (engine.target, engine.draft.runner):
         assert runner.blocks.num_free_blocks == runner.blocks.num_blocks

@@ -177,15 +177,19 @@ def test_out_of_capacity_is_reported_without_side_effects():
         runner.forward([SeqInput(seq, random_ids(path, n, seed=seq), num_logits=0)])
         runner.commit_all(seq)
         seq += 1
-    too_many = [SeqInput(1000, random_ids(path, 65, seed=7)), SeqInput(1001, random_ids(path, 3, seed=8))]
-    too_many = [SeqInput(1, random_ids(path, 5, seed=7)), SeqInput(2, random_ids(path, 3, seed=8))]
+    assert seq >= 2, "the test needs several sequences in the cache"
+    before = {i: (list(runner.blocks.seq(i).block_table), runner.blocks.seq(i).num_committed) for i in range(seq)}
+    too_many = [SeqInput(1000, random_ids(path, 65, seed=7)), SeqInput(1001, random_ids(path, 3, seed=8))]  # 3 blocks
     assert not runner.can_forward(too_many)
     with pytest.raises(KVCacheFull):
         runner.forward(too_many)
     assert runner.blocks.num_free_blocks == 1 and not runner.blocks.has(1000) and not runner.blocks.has(1001)
+    after = {i: (list(runner.blocks.seq(i).block_table), runner.blocks.seq(i).num_committed) for i in range(seq)}
+    assert after == before, "sequences outside the failed batch are untouched"
     runner.free(0)  # the scheduler preempts a request: its blocks come back and the batch fits
     assert runner.can_forward(too_many)
-    runner.forward(too_many)
+    out = runner.forward(too_many)
+    assert runner.region_len(1000) == 65 and runner.region_len(1001) == 3 and out.logits.shape[0] == 2
 
 
 def test_rejects_bad_inputs_before_touching_state():

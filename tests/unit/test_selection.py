@@ -11,7 +11,6 @@ from adaserve_backend.speculation.selection import (
     SelectionParams,
     expected_accepted,
     goodput_prefix,
-    optimal_trees,
     required_accepted,
     select_tokens,
     slo_customized_selection,
@@ -117,7 +116,9 @@ def brute_force(trees: list[CandidateTree], a: list[float], budget: int) -> floa
     return best
 
 
-def test_algorithm1_equals_brute_force_on_small_trees():
+def test_select_tokens_equals_brute_force_on_small_trees():
+    """The production selection (SLO phase, then throughput phase) reaches the optimum of Algorithm 1
+    whenever the SLO constraints can be met, and stays a valid, in-budget selection when not."""
     rng = random.Random(11)
     checked = invalid = 0
     for _ in range(150):
@@ -134,22 +135,32 @@ def test_algorithm1_equals_brute_force_on_small_trees():
         a = [rng.uniform(1.0, 2.0) for _ in range(n)]
         budget = rng.randint(n, n + 8)
         ref = brute_force(trees, a, budget)
-        got = optimal_trees(trees, a, budget)
-        if ref is None:
-            assert got is None
-            invalid += 1
-            continue
-        assert got is not None
+        got = select_tokens(trees, a, SelectionParams(budget=budget, n_max=64, order=rng.choice(["desc", "asc"])))
         assert all(is_connected(t, g) for t, g in zip(trees, got))
         assert sum(len(g) for g in got) <= budget
+        if ref is None:
+            invalid += 1
+            continue
+        assert all(expected_accepted(t, g) >= ai - 1e-9 for t, g, ai in zip(trees, got, a)), "every SLO met"
         assert sum(expected_accepted(t, g) for t, g in zip(trees, got)) == pytest.approx(ref)
         checked += 1
     assert checked > 40 and invalid > 5
 
 
-def test_required_accepted():
-    # 100 ms since the first decode step, 20 ms iteration, 30 ms SLO, 2 tokens so far: 4 - 2 = 2
-    assert required_accepted(0.100, 0.020, 0.030, 2) == pytest.approx(2.0)
+def test_required_accepted_is_what_keeps_a_request_on_its_slo():
+    slo, t_iter = 0.030, 0.030
+    # on schedule, iterations as long as the SLO: one token per iteration keeps it there
+    assert required_accepted(10 * slo, t_iter, slo, 10) == pytest.approx(1.0)
+    # one SLO behind: it must catch up a token this iteration
+    assert required_accepted(11 * slo, t_iter, slo, 10) == pytest.approx(2.0)
+    # iterations twice the SLO: two tokens each just to keep pace
+    assert required_accepted(10 * slo, 2 * t_iter, slo, 10) == pytest.approx(2.0)
+    # ahead of schedule: less than a token is needed (the root's bonus token always comes)
+    assert required_accepted(5 * slo, t_iter, slo, 10) < 1.0
+    # the definition: after accepting A tokens the request's TPOT equals its SLO exactly
+    elapsed, decoded = 0.47, 9
+    a = required_accepted(elapsed, t_iter, slo, decoded)
+    assert (elapsed + t_iter) / (decoded + a) == pytest.approx(slo)
 
 
 def test_goodput_prefix_maximizes_expected_tokens_per_ms():

@@ -9,7 +9,7 @@ import pytest
 
 from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.models import load_tokenizer, locate
-from adaserve_backend.request import RequestOutput
+from adaserve_backend.request import FinishReason, RequestOutput, RequestStats
 from adaserve_backend.triton.detokenize import StreamState, text_delta
 from adaserve_backend.triton.protocol import ResponseOptions, parse_request, response_tensors
 from adaserve_backend.triton.repository import encode_prompt
@@ -78,6 +78,9 @@ def test_parse_request_accepts_the_vllm_style_inputs():
         ({"tpot_slo_ms": np.array([np.nan], dtype=np.float32)}, "finite"),
         ({"slo_class": np.array([b"\xff\xfe"], dtype=object)}, "UTF-8"),
         ({"top_p": np.array([0.0], dtype=np.float32)}, "top_p"),
+        # unused because another input wins, still validated
+        ({"min_tokens": np.array([1], dtype=np.int32), "min_length": np.array([1, 2], dtype=np.int32)}, "min_length"),
+        ({"tpot_slo_ms": np.array([50.0], dtype=np.float32), "slo_class": np.array([b"\xff"], dtype=object)}, "UTF-8"),
     ],
 )
 def test_parse_request_rejects_bad_input_clearly(tensors, message):
@@ -87,12 +90,12 @@ def test_parse_request_rejects_bad_input_clearly(tensors, message):
 
 
 def test_response_carries_only_what_was_asked():
-    out = RequestOutput("r", [1], finished=True, finish_reason="stop", arrival_time=1.0, first_token_time=1.5,
-                        emit_time=2.0, num_prompt_tokens=3, num_output_tokens=4, stats={"draft_tokens": 8, "accepted_drafts": 2})
+    out = RequestOutput("r", [1], finished=True, finish_reason=FinishReason.STOP, arrival_time=1.0, first_token_time=1.5,
+                        emit_time=2.0, num_prompt_tokens=3, num_output_tokens=4, stats=RequestStats(3, 8, 2))
     plain = response_tensors(out, ResponseOptions(), [7], [1], 0)
     assert set(plain) == {"output_ids", "context_ids", "is_final"} and plain["is_final"][0]
     full = response_tensors(out, ResponseOptions(True, False, True, True, True, True), [], [1], 10)
-    assert full["finish_reason"][0] == "stop" and full["num_output_tokens"][0] == 4
+    assert type(full["finish_reason"][0]) is str and full["finish_reason"][0] == "stop" and full["num_output_tokens"][0] == 4
     assert full["acceptance_rate"][0] == pytest.approx(0.25) and full["emit_time_ns"][0] == 2_000_000_010
 
 
@@ -104,3 +107,21 @@ def test_encode_prompt_validates_text():
         encode_prompt(tok, b"", False)
     chat = encode_prompt(tok, "Hi".encode(), True)
     assert len(chat) > len(encode_prompt(tok, b"Hi", False))
+
+
+def test_the_front_model_imports_neither_torch_nor_the_engine():
+    import subprocess
+    import sys
+
+    code = "import sys, adaserve_backend.triton.pipeline; print(sorted(m for m in ('torch', 'adaserve_backend.engine') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_serving_process_imports_no_offline_tools():
+    import subprocess
+    import sys
+
+    code = "import sys, adaserve_backend.triton.engine_loop; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tools'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

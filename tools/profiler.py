@@ -9,7 +9,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..model_runner import ModelRunner, SeqInput
+from adaserve_backend.model_runner import ModelRunner, SeqInput
 
 
 def timed_ms(fn, repeats: int) -> float:

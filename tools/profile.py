@@ -1,7 +1,7 @@
 """Profile this device: target verification and draft step latency against batch tokens, the fitted
 rooflines and the budget B they imply. Writes a JSON the engine reads (speculation.profile_path).
 
-    python -m adaserve_backend.profile [--config engine.json] [--out profile.json]
+    python -m tools.profile [--config engine.json] [--out profile.json]
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import platform
 
 import torch
 
-from .config import EngineConfig
-from .cost_model.cost_model import CostModel
-from .cost_model.profiler import measure_forward
-from .cost_model.roofline import fit_roofline, pick_budget
-from .model_runner import ModelRunner
-from .models import load_model
+from adaserve_backend.config import EngineConfig
+from adaserve_backend.cost_model.cost_model import CostModel
+from tools.profiler import measure_forward
+from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
+from adaserve_backend.model_runner import ModelRunner
+from adaserve_backend.models import load_model
 
 
 def main() -> None:

@@ -14,6 +14,8 @@ import sys
 import warnings
 from dataclasses import dataclass
 
+from adaserve_backend.chat import encode_chat
+
 CATEGORIES = ("code", "instruction", "summary")
 
 
@@ -117,6 +119,5 @@ def build_prompts(seed: int = 0, held_out: float = 0.15) -> tuple[list[Prompt], 
 
 def encode(tokenizer, prompt: Prompt) -> list[int]:
     if prompt.chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_chat(tokenizer, prompt.text)
     return tokenizer(prompt.text)["input_ids"]

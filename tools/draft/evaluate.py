@@ -7,7 +7,7 @@
 - time per output token of the engine's `adaserve` policy vs `continuous`, one request at a time,
   greedy outputs compared token for token.
 
-    python -m adaserve_backend.draft.evaluate [--draft embedded:smollm2-135m-instruct-draft]
+    python -m tools.draft.evaluate [--draft embedded:smollm2-135m-instruct-draft]
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from ..config import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculationConfig
-from ..cost_model.profiler import measure_forward
-from ..engine import Engine
-from ..model_runner import ModelRunner
-from ..models.loader import load_model, load_tokenizer, locate
-from ..request import Request
-from ..slo import tpot_seconds
-from .data import CATEGORIES, build_prompts, encode
-from .teacher import continuations, dense_hidden, dense_logits, shifted
+from adaserve_backend.config import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculationConfig
+from tools.profiler import measure_forward
+from adaserve_backend.engine import Engine
+from adaserve_backend.model_runner import ModelRunner
+from adaserve_backend.models import load_model, load_tokenizer, locate
+from adaserve_backend.request import Request
+from adaserve_backend.slo import tpot_seconds
+from tools.draft.data import CATEGORIES, build_prompts, encode
+from tools.draft.teacher import continuations, dense_hidden, dense_logits, shifted
 
 SHAPES = [("chain d=4", "spec:4", 4, 1), ("tree d=4 w=2", "adaserve", 4, 2), ("tree d=4 w=4", "adaserve", 4, 4), ("tree d=6 w=2", "adaserve", 6, 2)]
 
@@ -68,11 +68,10 @@ def run_one_by_one(engine: Engine, prompts: list[list[int]], max_tokens: int, sl
     for i, ids in enumerate(prompts):
         engine.add_request(Request(f"p{i}", ids, max_tokens=max_tokens, tpot_slo_ms=slo_ms))
         toks, first, last = [], None, None
-        while engine.has_work():
-            for o in engine.step():
-                toks += o.new_token_ids
-                first = first or o.emit_time
-                last = o.emit_time
+        for o in engine.drain():
+            toks += o.new_token_ids
+            first = first or o.emit_time
+            last = o.emit_time
         outs.append(toks)
         if (tpot := tpot_seconds(first, last, len(toks))) is not None:
             tpots.append(tpot)

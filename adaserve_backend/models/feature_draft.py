@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from ..config import EMBEDDED_DRAFT, ModelConfig
-from ..models.llama import LlamaModel
-from ..models.loader import TORCH_DTYPES, read_checkpoint
+from .llama import LlamaModel
+from .loader import TORCH_DTYPES, read_checkpoint
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "weights", "smollm2-135m-instruct-draft.safetensors")
 SHARED = ("embed_tokens.", "lm_head.")  # read from the target, never trained or shipped
@@ -102,7 +102,7 @@ def load_draft(path: str, config: ModelConfig, target_parts=None) -> FeatureDraf
     if path == EMBEDDED_DRAFT:
         path = SHIPPED
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"draft weights not found: {path} (train them: python -m adaserve_backend.draft.train)")
+        raise FileNotFoundError(f"draft weights not found: {path} (train them: python -m tools.draft.train)")
     with safe_open(path, "pt") as f:
         layout = DraftLayout.from_json(f.metadata()["layout"])
     model = base_draft(layout, config.max_model_len, target_parts)

@@ -1,6 +1,6 @@
 """Distil the draft for the embedded default from the target itself (self-distillation).
 
-    python -m adaserve_backend.draft.train [--out adaserve_backend/draft/weights/...safetensors]
+    python -m tools.draft.train [--out adaserve_backend/models/weights/...safetensors]
 
 1. prompts: code, instructions, summarisation inputs (draft/data.py; held-out prompts excluded);
 2. the target's own continuations of them (greedy, some sampled), with continuous batching;
@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..config import EMBEDDED_DEFAULT, ModelConfig
-from ..models.loader import load_model, load_tokenizer, locate, read_checkpoint
-from .data import build_prompts, encode
-from .model import SHIPPED, DraftLayout, base_draft, save_draft, trainable
-from .teacher import continuations, dense_head, dense_hidden, padded_batch, shifted, teacher_data
+from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
+from adaserve_backend.models import load_model, load_tokenizer, locate, read_checkpoint
+from tools.draft.data import build_prompts, encode
+from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, save_draft, trainable
+from tools.draft.teacher import continuations, dense_head, dense_hidden, padded_batch, shifted, teacher_data
 
 
 def main() -> None:

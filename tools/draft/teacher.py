@@ -8,12 +8,11 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from ..attention.dense import DenseCausalBackend
-from ..config import CacheConfig, EngineConfig, SchedulerConfig
-from ..engine import Engine
-from ..models.llama import LlamaModel
-from ..request import Request
-from ..sampling import SamplingParams
+from adaserve_backend.attention.dense import DenseCausalBackend
+from adaserve_backend.config import CacheConfig, EngineConfig, SchedulerConfig
+from adaserve_backend.engine import Engine
+from adaserve_backend.models.llama import LlamaModel
+from adaserve_backend.request import Request, SamplingParams
 
 
 def continuations(
@@ -29,10 +28,9 @@ def continuations(
         engine.add_request(Request(str(i), ids, max_tokens=max_tokens, sampling=SamplingParams(temperature=temp, seed=i)))
     out: dict[str, list[int]] = {}
     with tqdm(total=len(prompts), desc="target continuations") as bar:
-        while engine.has_work():
-            for o in engine.step():
-                out.setdefault(o.request_id, []).extend(o.new_token_ids)
-                bar.update(int(o.finished))
+        for o in engine.drain():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+            bar.update(int(o.finished))
     return [out.get(str(i), []) for i in range(len(prompts))]
 
 

@@ -1,1 +1,0 @@
-"""The project's own draft model for the embedded default target (see model.py)."""

@@ -1,0 +1,96 @@
+"""The draft side of speculation: what the draft reads next (its chain), the target features a
+feature-conditioned draft reads with it, the beam search that proposes candidate trees, and what stays
+in the draft cache after verification.
+
+The draft cache only keeps tokens the draft saw with the target's features: accepted tokens are fed
+again, as the next iteration's chain, with the features the target just computed for them (a plain
+draft is fed the same way).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .model_runner import ModelRunner, SeqInput
+from .scheduler.plan import IterationPlan
+from .sequence import Sequence, draft_chain_span
+from .speculation.beam import BeamRequest, beam_search
+from .speculation.token_tree import CandidateTree
+
+
+class DraftWorker:
+    def __init__(self, runner: ModelRunner, target: ModelRunner) -> None:
+        self.runner = runner
+        self.target = target  # only its committed lengths are read
+        self.keeps_features = runner.model.takes_features
+        self._no_features = torch.zeros(0, target.model.spec.hidden_size, device=target.device)
+        # seq_id -> (the target's final hidden states of positions start.., start): those the draft
+        # has not read yet; the draft's token i reads the feature of position i-1.
+        self._features: dict[int, tuple[torch.Tensor, int]] = {}
+
+    def chain(self, seq: Sequence) -> list[int]:
+        start, end = draft_chain_span(seq, self.target.num_committed(seq.seq_id), self.runner.num_committed(seq.seq_id))
+        return seq.tokens[start:end]
+
+    def propose(self, plan: IterationPlan, max_model_len: int) -> list[CandidateTree]:
+        """Candidate trees for plan.decode; the draft also reads the prefill chunks' chains."""
+        extra = []
+        for s in plan.prefill:
+            if chain := self.chain(s):
+                extra.append(SeqInput(s.seq_id, chain, num_logits=0, features=self._chain_features(s, len(chain))))
+        reqs = []
+        for s in plan.decode:
+            chain = self.chain(s)
+            reqs.append(BeamRequest(s.seq_id, chain, self._chain_features(s, len(chain))))
+        cands = beam_search(self.runner, reqs, plan.depth, plan.width, extra)
+        for s in plan.prefill:
+            self.runner.commit_all(s.seq_id)
+        for seq, cand in zip(plan.decode, cands):  # no tree may outgrow max_tokens or the context
+            room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
+            truncate_depth(cand, max(room, 0))
+        return cands
+
+    def commit(self, seq: Sequence, cand: CandidateTree) -> None:
+        """Keep the chain the draft read this iteration; its beams go (accepted tokens are re-read)."""
+        self.runner.commit(seq.seq_id, list(range(cand.draft_region[0] + 1)))
+
+    def add_features(self, seq: Sequence, position: int, hidden: torch.Tensor) -> None:
+        """Keep the target's features of positions position.., dropping those the draft has read."""
+        if not self.keeps_features:
+            return
+        if seq.seq_id not in self._features:
+            features, start = hidden, position
+        else:
+            features, start = self._features[seq.seq_id]
+            assert position == start + features.shape[0], "features must be contiguous"
+            features = torch.cat([features, hidden])
+        read = self.runner.num_committed(seq.seq_id) - 1 - start  # rows no longer needed
+        if read > 0:
+            features, start = features[read:], start + read
+        self._features[seq.seq_id] = (features, start)
+
+    def release(self, seq: Sequence) -> None:
+        self.runner.free(seq.seq_id)
+        self._features.pop(seq.seq_id, None)
+
+    def _chain_features(self, seq: Sequence, n: int) -> torch.Tensor | None:
+        """The features of the draft's next `n` tokens: token i reads position i-1 (zeros for i = 0)."""
+        if not self.keeps_features:
+            return None
+        start = self.runner.num_committed(seq.seq_id)
+        have, first = self._features.get(seq.seq_id, (self._no_features, 0))
+        if start == 0:
+            have = torch.cat([self._no_features.new_zeros(1, have.shape[1]), have])
+        else:
+            have = have[start - 1 - first :]
+        assert have.shape[0] >= n, "the draft cannot run ahead of the target's features"
+        return have[:n]
+
+
+def truncate_depth(cand: CandidateTree, max_depth: int) -> None:
+    """Drop nodes deeper than `max_depth` (levels are stored in order, so this is a list cut)."""
+    depth = [0]
+    for p in cand.parents[1:]:
+        depth.append(depth[p] + 1)
+    keep = next((i for i, d in enumerate(depth) if d > max_depth), len(depth))
+    del cand.tokens[keep:], cand.parents[keep:], cand.scores[keep:], cand.draft_region[keep:]

@@ -1,0 +1,25 @@
+"""Build a served model from its config: a Llama-family checkpoint, or this project's feature draft."""
+
+from __future__ import annotations
+
+from ..config import EMBEDDED_DRAFT, ModelConfig
+from .feature_draft import load_draft
+from .llama import LlamaModel
+from .loader import TORCH_DTYPES, read_checkpoint
+
+
+def is_trained_draft(path: str) -> bool:
+    """This project's draft tensors, built around the target's own embeddings and tokenizer."""
+    return path == EMBEDDED_DRAFT or path.endswith(".safetensors")
+
+
+def load_model(config: ModelConfig, checkpoint=None) -> LlamaModel:
+    """Build our decoder on `config.device` in `config.dtype`; `checkpoint` (from read_checkpoint)
+    saves reading the files again."""
+    if is_trained_draft(config.path):
+        return load_draft(config.path, config)
+    hf_config, spec, state_dict = checkpoint or read_checkpoint(config.path)
+    # Sequences never outgrow a sliding window here, so full attention is exact for Mistral too.
+    limits = [config.max_model_len, spec.max_position_embeddings, spec.sliding_window or config.max_model_len]
+    model = LlamaModel(spec, hf_config, state_dict, max_len=min(limits))
+    return model.place(config.device, TORCH_DTYPES[config.dtype]).eval()

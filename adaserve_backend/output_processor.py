@@ -1,0 +1,63 @@
+"""From the target's logits to what a request reports: the token chosen at each verified node
+(min_tokens holds off stops), the tokens emitted with stop and length checks, the output record."""
+
+from __future__ import annotations
+
+import torch
+
+from . import stop_strings
+from .request import FinishReason, RequestOutput, RequestStats
+from .sampling import choose_token
+from .sequence import Sequence
+
+
+def choose(seq: Sequence, logits: torch.Tensor, num_output: int) -> int:
+    """The target's next token after `num_output` output tokens."""
+    if num_output < seq.request.min_tokens:
+        banned = list(seq.eos_ids | set(seq.request.stop_token_ids))
+        if banned:
+            logits = logits.clone()
+            logits[banned] = float("-inf")
+    return choose_token(logits, seq.request.sampling, seq.generator)
+
+
+def append_tokens(seq: Sequence, tokens: list[int], tokenizer) -> tuple[list[int], FinishReason | None]:
+    """Append `tokens` to seq.output up to a stop or the length limit; returns the tokens to report
+    now (a possible stop string's beginning is held back) and the finish reason, if any."""
+    req, reason = seq.request, None
+    for tok in tokens:
+        seq.output.append(tok)
+        if (tok in seq.eos_ids or tok in req.stop_token_ids) and len(seq.output) > req.min_tokens:
+            reason = FinishReason.STOP
+        elif len(seq.output) >= req.max_tokens:
+            reason = FinishReason.LENGTH
+        if reason:
+            break
+    send = len(seq.output)
+    if req.stop_strings:
+        may_stop = len(seq.output) > req.min_tokens
+        send, matched = stop_strings.scan(tokenizer, seq.output, req.stop_strings, seq.stop_scan, may_stop)
+        if matched:
+            del seq.output[send:]
+            reason = FinishReason.STOP
+        elif reason:
+            send = len(seq.output)  # finished anyway: nothing is held back
+    new, seq.emitted = seq.output[seq.emitted : send], max(seq.emitted, send)
+    return new, reason
+
+
+def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason | None, error: str | None = None) -> RequestOutput:
+    return RequestOutput(
+        request_id=seq.request.request_id,
+        new_token_ids=new,
+        finished=reason is not None,
+        finish_reason=reason,
+        error=error,
+        arrival_time=seq.arrival,
+        first_token_time=seq.first_token_time,
+        emit_time=now,
+        num_prompt_tokens=len(seq.request.prompt_ids),
+        num_output_tokens=seq.emitted,
+        tpot_slo_ms=seq.tpot_slo_s * 1e3,
+        stats=RequestStats(seq.verifications, seq.draft_tokens, seq.accepted_drafts),
+    )

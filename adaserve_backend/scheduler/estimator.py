@@ -1,0 +1,102 @@
+"""Online estimates the scheduler and the selection predict with, learned from measured iterations:
+the iteration time (the profiled cost model times a measured correction, or without a profile an EMA
+of measured iterations), the yield at each load (tokens per request and tree tokens verified, by the
+number of decoding requests) and the draft's calibration (accepted drafts per unit of draft score).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..cost_model.cost_model import CostModel
+from .plan import IterationStats
+
+ITERATION_EMA = 0.3  # weight of the newest iteration in the time EMA and the cost correction
+LOAD_EMA = 0.2  # weight of the newest iteration in the per-load yield table
+CALIBRATION_DECAY = 0.98  # the draft score and hit sums forget over about 50 iterations
+CALIBRATION_RANGE = (0.05, 2.0)
+
+
+def ema(old: float, new: float, weight: float) -> float:
+    return (1 - weight) * old + weight * new
+
+
+class Estimator:
+    def __init__(self, cost: CostModel | None, budget: int, depth_width: Callable[[int], tuple[int, int]]) -> None:
+        self.cost = cost
+        self.budget = budget
+        self.depth_width = depth_width  # the policy's (depth, width) for a number of decoding requests
+        self.t_iter = 0.0  # EMA of measured decode iterations (s)
+        self.cost_correction = 1.0  # EMA of measured / predicted
+        self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
+        self.scored = 0.0  # decaying sum of the draft scores verified (bonus tokens excluded)
+        self.hits = 0.0  # decaying sum of the drafts accepted
+        self.total_verifications = 0
+        self.total_accepted = 0
+
+    # ---- learning ------------------------------------------------------------------------------
+    def record(self, it: IterationStats) -> None:
+        self.t_iter = it.latency if self.t_iter == 0 else ema(self.t_iter, it.latency, ITERATION_EMA)
+        if self.cost:
+            predicted = self.cost.iteration_ms(it.n, it.depth, it.width, it.verified_tokens + it.prefill_tokens) / 1e3
+            self.cost_correction = ema(self.cost_correction, it.latency / predicted, ITERATION_EMA)
+        if it.depth:
+            self.hits = CALIBRATION_DECAY * self.hits + it.accepted - it.n  # bonus tokens excluded
+        now = (it.accepted / it.n, float(it.verified_tokens))
+        old = self.by_load.get(it.n, now)
+        self.by_load[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
+        self.total_verifications += it.n
+        self.total_accepted += it.accepted
+
+    def record_selection(self, expected_drafts: float) -> None:
+        """The expected accepted drafts (by uncalibrated draft scores) of the trees just selected."""
+        self.scored = CALIBRATION_DECAY * self.scored + expected_drafts
+
+    def reset_totals(self) -> None:
+        self.total_verifications = self.total_accepted = 0
+
+    # ---- predictions ---------------------------------------------------------------------------
+    def mean_accepted(self) -> float:
+        """Mean tokens produced per verification (bonus included) since the last reset."""
+        return self.total_accepted / max(self.total_verifications, 1)
+
+    def calibration(self) -> float:
+        """Accepted draft tokens per unit of draft score verified: what turns the draft's path
+        probabilities into acceptance probabilities (drafts are rarely calibrated). 1 until measured."""
+        if self.scored < 1.0:
+            return 1.0
+        lo, hi = CALIBRATION_RANGE
+        return min(max(self.hits / self.scored, lo), hi)
+
+    def at_load(self, n: int, depth: int) -> tuple[float, float]:
+        """Tokens per request per iteration and tree tokens verified with `n` decoding requests: as
+        measured at that load, else at the nearest measured load with as many tokens per request (the
+        fewer requests, the more each gets, so extrapolating the yield upwards would be optimistic and
+        admit too many), else all of B at the lifetime yield."""
+        if n in self.by_load:
+            return self.by_load[n]
+        if not self.by_load:
+            return max(self.mean_accepted(), 1.0), float(max(self.budget, n) if depth else n)
+        m = min(self.by_load, key=lambda k: (abs(k - n), k))
+        accepted, verified = self.by_load[m]
+        return accepted, verified * n / m
+
+    def verify_tokens(self, n: int, depth: int) -> int:
+        return round(self.at_load(n, depth)[1])
+
+    def iteration_s(self, n: int, depth: int, width: int) -> float:
+        """t_spec: the cost model's prediction, corrected by measurements; without a profile, the EMA of
+        measured decode iterations."""
+        if not self.cost:
+            return self.t_iter
+        return self.cost.iteration_ms(n, depth, width, self.verify_tokens(n, depth)) / 1e3 * self.cost_correction
+
+    def tpot_at(self, n: int) -> float:
+        """Predicted time per token of each of `n` decoding requests: an iteration over the tokens it
+        yields per request, as measured at that load."""
+        depth, width = self.depth_width(n)
+        return self.iteration_s(n, depth, width) / self.at_load(n, depth)[0]
+
+    def chunk_extra_ms(self, n: int, depth: int, chunk: int) -> float:
+        """What a prefill chunk adds to an iteration of `n` decoding requests (needs a cost model)."""
+        return self.cost.chunk_extra_ms(n, self.verify_tokens(n, depth), chunk) * self.cost_correction

@@ -1,0 +1,111 @@
+"""Scheduling policies: one small class each, behind one interface. Adding a policy touches this file.
+
+A policy decides what differs between the systems compared: the order requests wait in, whom to
+preempt, whether a more urgent request may preempt to start, how much prefill an iteration takes,
+whether and how deep the draft speculates, and which draft tokens are verified.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .control import adaptive_depth_width
+
+if TYPE_CHECKING:  # config validates policy names through make_policy: no import cycle at load
+    from ..config import SchedulerConfig, SpeculationConfig
+    from ..sequence import Sequence
+
+
+class Policy:
+    """The defaults are vLLM's continuous batching without its prefill priority: FIFO, the newest
+    running request is preempted, prefill chunks of `prefill_chunk` tokens, no speculation."""
+
+    name = "base"
+    speculative = False  # runs a draft model
+    prefill_first = False  # a prefill iteration holds back decode (vLLM's default scheduler)
+    slo_aware = False  # may pace admission and prefill by the running requests' SLO slack
+    verify_whole_draft = False  # verify every drafted token instead of selecting within budget B
+
+    def order(self, waiting: deque[Sequence]) -> deque[Sequence]:
+        return waiting
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        return max(running, key=lambda s: s.arrival)  # vLLM: the most recent arrival
+
+    def preempts_for(self, head: Sequence, running: list[Sequence]) -> bool:
+        """Whether `head`, which does not fit, may preempt a running request to start sooner."""
+        return False
+
+    def prefill_cap(self, config: SchedulerConfig, num_decode: int) -> int:
+        return config.prefill_chunk
+
+    def depth_width(self, num_decode: int, budget: int, spec: SpeculationConfig) -> tuple[int, int]:
+        return 0, 0
+
+
+class Continuous(Policy):
+    name = "continuous"
+    prefill_first = True
+
+
+class Sarathi(Policy):
+    """Chunked prefill piggybacked on decode, within one token budget per iteration."""
+
+    name = "sarathi"
+
+    def prefill_cap(self, config: SchedulerConfig, num_decode: int) -> int:
+        return config.token_budget - num_decode
+
+
+class Priority(Sarathi):
+    """Sarathi-style batching; the tightest SLO first, preempting the loosest."""
+
+    name = "priority"
+
+    def order(self, waiting: deque[Sequence]) -> deque[Sequence]:
+        return deque(sorted(waiting, key=lambda s: (s.tpot_slo_s, s.arrival)))
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        return max(running, key=lambda s: (s.tpot_slo_s, s.arrival))  # the loosest SLO; ties: the newest
+
+    def preempts_for(self, head: Sequence, running: list[Sequence]) -> bool:
+        return bool(running) and self.victim(running).tpot_slo_s > head.tpot_slo_s
+
+
+class AdaServe(Policy):
+    """SLO-customized tree speculation with adaptive depth and width (the paper's Algorithm 2)."""
+
+    name = "adaserve"
+    speculative = True
+    slo_aware = True
+    victim = Priority.victim
+
+    def depth_width(self, num_decode: int, budget: int, spec: SpeculationConfig) -> tuple[int, int]:
+        return adaptive_depth_width(num_decode, budget, spec)
+
+
+class SpecChain(Policy):
+    """Every decoding request drafts a chain of N tokens, all verified."""
+
+    speculative = True
+    verify_whole_draft = True
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.name = f"spec:{n}"
+
+    def depth_width(self, num_decode: int, budget: int, spec: SpeculationConfig) -> tuple[int, int]:
+        return self.n, 1
+
+
+def make_policy(name: str) -> Policy:
+    if name.startswith("spec:"):
+        n = name[5:]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"spec:N needs a positive integer N, got {name!r}")
+        return SpecChain(int(n))
+    policies = {p.name: p for p in (AdaServe, Continuous, Sarathi, Priority)}
+    if name not in policies:
+        raise ValueError(f"unknown policy {name!r}; one of {', '.join(list(policies) + ['spec:N'])}")
+    return policies[name]()

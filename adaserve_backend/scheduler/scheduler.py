@@ -1,0 +1,207 @@
+"""The scheduler: owns the waiting and running queues, admits, chunks and paces prefill, keeps each
+iteration within the KV caches (preempting when needed) and hands the engine an `IterationPlan`.
+
+It reads KV capacity from the block managers (pure bookkeeping) and frees a request's model state
+through `release`, so it runs without a model: tests drive it with a fake clock and fake estimates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from ..config import SchedulerConfig, SpeculationConfig
+from ..kv_cache import BlockManager
+from ..sequence import Sequence, draft_chain_span
+from .control import ends_within_slo, paced_chunk, slo_slack_s
+from .estimator import Estimator
+from .plan import IterationPlan
+from .policies import Policy
+
+NO_ROOM = "the KV cache cannot hold this request; raise the cache's memory_mb"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        speculation: SpeculationConfig,
+        policy: Policy,
+        estimator: Estimator,
+        target_blocks: BlockManager,
+        draft_blocks: BlockManager | None,
+        release: Callable[[Sequence], None],
+    ) -> None:
+        self.config, self.speculation, self.policy, self.estimator = config, speculation, policy, estimator
+        self.target_blocks, self.draft_blocks = target_blocks, draft_blocks
+        self.release = release  # frees a request's KV blocks (and draft state) in every model
+        self.slo_admission = policy.slo_aware and config.slo_admission and estimator.cost is not None
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ---- queues --------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+        self.waiting = self.policy.order(self.waiting)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Remove and release the request's sequences; returns them."""
+        gone = [s for s in list(self.waiting) + self.running if s.request.request_id == request_id]
+        for seq in gone:
+            self._drop(seq)
+        return gone
+
+    def finish(self, seq: Sequence) -> None:
+        """A request ended (finished, failed): it leaves the queues and its blocks are freed."""
+        self._drop(seq)
+
+    def drop_all(self) -> list[Sequence]:
+        gone = list(self.waiting) + self.running
+        for seq in gone:
+            self._drop(seq)
+        return gone
+
+    def _drop(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.release(seq)
+
+    # ---- one iteration -------------------------------------------------------------------------
+    def schedule(self, now: float) -> IterationPlan:
+        self._admit(now)
+        plan = IterationPlan(start=now)
+        decode = [s for s in self.running if s.decoding]
+        prefill = [s for s in self.running if not s.decoding]
+        if self.policy.prefill_first and prefill:
+            decode = []
+        depth, width = self.depth_width(len(decode)) if self.draft_blocks is not None and decode else (0, 0)
+        chunks = self._prefill_chunks(prefill, decode, depth, width, now)
+        plan.decode, plan.depth, plan.width = self._ensure_capacity(decode, chunks, depth, width, plan)
+        plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
+        return plan
+
+    def depth_width(self, num_decode: int) -> tuple[int, int]:
+        return self.policy.depth_width(num_decode, self.estimator.budget, self.speculation)
+
+    def _admit(self, now: float) -> None:
+        reserved, i = 0, 0
+        while i < len(self.waiting):
+            seq = self.waiting[i]
+            need = self.target_blocks.blocks_for(seq.prefill_goal + 1)
+            fits = reserved + need <= self.target_blocks.num_free_blocks
+            if len(self.running) < self.config.max_num_seqs and fits:
+                if self.slo_admission and self.running and not self._keeps_slos(seq, now):
+                    i += 1  # it would put someone off their SLO now; a looser request may still fit
+                    continue
+                del self.waiting[i]
+                self.running.append(seq)
+                reserved += need
+            elif self.policy.preempts_for(seq, self.running):
+                self._preempt(self.policy.victim(self.running))  # re-ordered behind the more urgent head
+            else:
+                return
+
+    def _keeps_slos(self, seq: Sequence, now: float) -> bool:
+        """Whether, with `seq` running too, every running request that can still make its SLO (at the
+        time per token of a lone request) is on track for it, and `seq` itself can make its SLO (see
+        SchedulerConfig.slo_admission). One that fell behind blocks admissions until it has caught up:
+        letting others in because it is behind anyway would make it, and those after it, miss."""
+        est, n = self.estimator, len(self.running)
+        best, after = est.tpot_at(1), est.tpot_at(n + 1) * self.config.admission_headroom
+        if not _on_track(seq, now, after):
+            return False
+        return all(_on_track(s, now, after) or not _on_track(s, now, best) for s in self.running)
+
+    def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
+        cap = self.policy.prefill_cap(self.config, len(decode))
+        if self.slo_admission and decode and prefill:
+            cap = self._paced_prefill(decode, depth, width, now, cap)
+        chunks: dict[Sequence, int] = {}
+        for seq in prefill:
+            n = min(seq.prefill_goal - seq.prefilled, cap)
+            if n <= 0:
+                break
+            chunks[seq] = n
+            cap -= n
+        return chunks
+
+    def _paced_prefill(self, decode, depth, width, now, cap) -> int:
+        """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
+        est = self.estimator
+        t_iter, best = est.iteration_s(len(decode), depth, width), est.tpot_at(1)
+        slacks = [(_slack_s(s, now, t_iter), s) for s in decode]
+        slacks = [x for x, s in slacks if _ends_within_slo(s, x, best)]
+        if not slacks:
+            return cap
+        return paced_chunk(min(slacks) * 1e3, lambda chunk: est.chunk_extra_ms(len(decode), depth, chunk), cap)
+
+    # ---- KV capacity ---------------------------------------------------------------------------
+    def _ensure_capacity(self, decode, chunks, depth, width, plan: IterationPlan):
+        """Preempt the least urgent requests until this iteration's worst-case KV needs fit; a lone
+        request that still does not fit decodes without speculation, or fails if even that cannot fit.
+        Returns the surviving decode list, depth and width."""
+        while True:
+            decode = [s for s in decode if s in self.running]
+            prefill = {s: n for s, n in chunks.items() if s in self.running}
+            tree = 1 + depth * width
+            fits = _fits(self.target_blocks, {**{s: tree for s in decode}, **prefill})
+            if fits and self.draft_blocks is not None:
+                # the draft takes its chain, then d-1 levels of w beams
+                beams = {s: self.draft_chain_len(s) + depth * width for s in decode}
+                fits = _fits(self.draft_blocks, {**beams, **{s: self.draft_chain_len(s) for s in prefill}})
+            if fits:
+                return decode, depth, width
+            if len(self.running) > 1:
+                self._preempt(self.policy.victim(self.running))
+            elif depth:
+                depth = width = 0
+            else:
+                seq = self.running[0]
+                self._drop(seq)
+                plan.failed.append((seq, NO_ROOM))
+                return [], 0, 0
+
+    def draft_chain_len(self, seq: Sequence) -> int:
+        start, end = draft_chain_span(seq, _committed(self.target_blocks, seq), _committed(self.draft_blocks, seq))
+        return max(end - start, 0)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute later: the request keeps its output and re-prefills it when re-admitted."""
+        self.running.remove(seq)
+        self.release(seq)
+        self.num_preemptions += 1
+        seq.preempted()
+        self.waiting.appendleft(seq)
+        self.waiting = self.policy.order(self.waiting)
+
+
+def _committed(blocks: BlockManager, seq: Sequence) -> int:
+    return blocks.seq(seq.seq_id).num_committed if blocks.has(seq.seq_id) else 0
+
+
+def _fits(blocks: BlockManager, new_tokens: dict[Sequence, int]) -> bool:
+    """Whether appending `n` tokens to each sequence fits the free blocks."""
+    need = sum(blocks.extra_blocks_needed(s.seq_id, n) for s, n in new_tokens.items())
+    return need <= blocks.num_free_blocks
+
+
+def _slack_s(seq: Sequence, now: float, t_iter: float) -> float:
+    """How far a decoding `seq` is ahead of its SLO after an iteration of `t_iter` yielding one token."""
+    return slo_slack_s(now - seq.first_token_time, t_iter, seq.tpot_slo_s, len(seq.output) - 1)
+
+
+def _ends_within_slo(seq: Sequence, slack: float, tpot: float) -> bool:
+    return ends_within_slo(slack, seq.tpot_slo_s, seq.remaining, tpot)
+
+
+def _on_track(seq: Sequence, now: float, tpot: float) -> bool:
+    """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
+    if seq.first_token_time is None:
+        return tpot <= seq.tpot_slo_s
+    return _ends_within_slo(seq, _slack_s(seq, now, tpot), tpot)

@@ -1,0 +1,53 @@
+"""One request's state inside the engine: its tokens, prefill progress, output and counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .request import Request
+from .stop_strings import StopScan
+
+
+@dataclass(eq=False)  # identity semantics: sequences key per-iteration dicts
+class Sequence:
+    request: Request
+    seq_id: int
+    tpot_slo_s: float
+    arrival: float
+    eos_ids: frozenset[int]
+    generator: torch.Generator | None
+    prefill_goal: int  # tokens to prefill: the prompt, or after a preemption all but the last token
+    output: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
+    prefilled: int = 0  # of those, already in the target cache
+    emitted: int = 0  # output tokens reported; those after it are held back by a possible stop string
+    stop_scan: StopScan = field(default_factory=StopScan)
+    verifications: int = 0
+    draft_tokens: int = 0
+    accepted_drafts: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.request.prompt_ids + self.output
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled >= self.prefill_goal and bool(self.output)
+
+    @property
+    def remaining(self) -> int:
+        """Output tokens still to come after the next one."""
+        return self.request.max_tokens - len(self.output) - 1
+
+    def preempted(self) -> None:
+        """Recompute later: the output stays and is prefilled again with the prompt."""
+        self.prefilled, self.prefill_goal = 0, len(self.tokens) - (1 if self.output else 0)
+
+
+def draft_chain_span(seq: Sequence, target_committed: int, draft_committed: int) -> tuple[int, int]:
+    """The tokens the draft reads next, as [start, end) of seq.tokens: those it lacks up to one past the
+    target's cache (for a decoding request, up to the root). It trails a prefilling request by one
+    chunk, since it reads the features the target computed for that chunk."""
+    return draft_committed, min(len(seq.tokens), target_committed + 1)

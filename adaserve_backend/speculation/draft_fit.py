@@ -1,0 +1,23 @@
+"""Whether a draft can serve a target, checked when the engine loads rather than at the first decode
+(where a mismatch would fail every request)."""
+
+from __future__ import annotations
+
+
+def check_draft_fits(target, draft) -> None:
+    """Raise ValueError naming what does not match: the vocabulary (the draft reads the target's
+    tokens and proposes tokens the target reads), or the hidden size of a feature-conditioned draft
+    (it reads the target's hidden states)."""
+    t, d = target.spec, draft.spec
+    if d.vocab_size != t.vocab_size:
+        raise ValueError(f"the draft's vocabulary ({d.vocab_size} tokens) differs from the target's ({t.vocab_size})")
+    if draft.takes_features and d.hidden_size != t.hidden_size:
+        raise ValueError(
+            f"the draft reads the target's features of size {d.hidden_size}, the target's hidden size is {t.hidden_size}"
+        )
+
+
+def check_tokenizers_match(target_tokenizer, draft_tokenizer) -> None:
+    """Same ids must mean the same text (a draft checkpoint of its own ships its own tokenizer)."""
+    if draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise ValueError("the draft's tokenizer differs from the target's: the same token ids would mean different text")

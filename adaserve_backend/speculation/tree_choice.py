@@ -1,0 +1,37 @@
+"""Which draft tokens each decoding request verifies this iteration: all of them (`spec:N`), or the
+SLO-customized and throughput-optimized selection within budget B (the paper's Algorithm 2)."""
+
+from __future__ import annotations
+
+from ..config import SpeculationConfig
+from ..scheduler.estimator import Estimator
+from ..scheduler.plan import IterationPlan
+from ..scheduler.policies import Policy
+from .selection import ROOT_CREDIT, SelectionParams, expected_accepted, required_accepted, select_tokens
+from .token_tree import CandidateTree, TokenTree
+
+
+def choose_trees(
+    plan: IterationPlan, cands: list[CandidateTree], policy: Policy, estimator: Estimator, spec: SpeculationConfig
+) -> list[TokenTree]:
+    if not cands:  # no speculation: each request decodes its next token
+        return [TokenTree.chain([s.tokens[-1]]) for s in plan.decode]
+    if policy.verify_whole_draft:
+        return [TokenTree.from_selection(c, list(range(len(c)))) for c in cands]
+    n, depth = len(plan.decode), plan.depth
+    t_spec = estimator.iteration_s(n, depth, plan.width)
+    a_caps = [
+        min(required_accepted(plan.start - s.first_token_time, t_spec, s.tpot_slo_s, len(s.output) - 1), depth + 1)
+        for s in plan.decode
+    ]
+    iteration_ms, cost = None, estimator.cost
+    if cost and spec.goodput_selection:
+        draft_ms, prefill = cost.draft_ms(n, depth, plan.width), plan.prefill_tokens
+
+        def iteration_ms(tree_tokens: int) -> float:
+            return draft_ms + cost.verify_ms(tree_tokens + prefill)
+
+    params = SelectionParams(max(estimator.budget, n), spec.n_max, spec.order, iteration_ms, estimator.calibration())
+    selections = select_tokens(cands, a_caps, params)
+    estimator.record_selection(sum(expected_accepted(c, nodes) - ROOT_CREDIT for c, nodes in zip(cands, selections)))
+    return [TokenTree.from_selection(c, nodes) for c, nodes in zip(cands, selections)]

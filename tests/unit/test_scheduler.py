@@ -1,0 +1,169 @@
+"""The scheduler alone: no model, a fake clock, estimates either from a profiled cost model (pure
+arithmetic) or a fake table. Request progress is set by hand, as the engine's updates would leave it."""
+
+from __future__ import annotations
+
+from adaserve_backend.config import SchedulerConfig, SpeculationConfig
+from adaserve_backend.cost_model.cost_model import CostModel
+from adaserve_backend.cost_model.roofline import Roofline
+from adaserve_backend.kv_cache import BlockManager
+from adaserve_backend.request import Request
+from adaserve_backend.scheduler.estimator import Estimator
+from adaserve_backend.scheduler.policies import make_policy
+from adaserve_backend.scheduler.scheduler import NO_ROOM, Scheduler
+from adaserve_backend.sequence import Sequence
+
+SPEC = SpeculationConfig(budget=24, draft_budget=8, d_max=4, w_max=3)
+START = 1000.0
+
+
+class TableEstimator:
+    """Predicted time per token by the number of decoding requests; everything else constant."""
+
+    cost = "profiled"  # SLO-aware admission needs a cost model
+    budget = 8
+
+    def __init__(self, tpot=None):
+        self.tpot = tpot or {}
+
+    def tpot_at(self, n):
+        return self.tpot.get(n, 0.0)
+
+    def iteration_s(self, n, depth, width):
+        return 0.05
+
+    def chunk_extra_ms(self, n, depth, chunk):
+        return 0.0
+
+
+def scheduler(estimator, policy="adaserve", num_blocks=1024, draft=False, **config) -> Scheduler:
+    sched = SchedulerConfig(policy=policy, prefill_chunk=256, **config)
+    blocks = BlockManager(num_blocks, 4)
+    draft_blocks = BlockManager(num_blocks, 4) if draft else None
+
+    def release(seq):
+        for b in (blocks, draft_blocks):
+            if b is not None and b.has(seq.seq_id):
+                b.free(seq.seq_id)
+
+    return Scheduler(sched, SPEC, make_policy(policy), estimator, blocks, draft_blocks, release)
+
+
+_ids = iter(range(10**6))
+
+
+def seq(slo_ms, prompt=8, max_tokens=100, arrival=0.0) -> Sequence:
+    req = Request(f"r{next(_ids)}", [5] * prompt, max_tokens=max_tokens)
+    return Sequence(req, next(_ids), slo_ms / 1e3, arrival, frozenset(), None, prompt)
+
+
+def decoding(s: Sequence, decoded: int, elapsed_s: float, now: float = START) -> Sequence:
+    """`s` prefilled, `elapsed_s` after its first token, `decoded` tokens since."""
+    s.prefilled = s.prefill_goal
+    s.output, s.first_token_time = [7] * (decoded + 1), now - elapsed_s
+    return s
+
+
+def running(sched: Scheduler, *seqs: Sequence) -> list[Sequence]:
+    """Admit `seqs` through an unconstrained schedule (SLO admission lets everything in with zero
+    predicted time per token)."""
+    saved, est = getattr(sched.estimator, "tpot", None), sched.estimator
+    if saved is not None:
+        est.tpot = {}
+    for s in seqs:  # one at a time: running in this order whatever the policy's waiting order
+        sched.add(s)
+        sched.schedule(0.0)
+    if saved is not None:
+        est.tpot = saved
+    assert sched.running == list(seqs)
+    return list(seqs)
+
+
+def admitted(sched: Scheduler, waiting: list[Sequence]) -> list[float]:
+    before = list(sched.running)
+    for s in waiting:
+        sched.add(s)
+    sched.schedule(START)
+    return [s.tpot_slo_s * 1e3 for s in sched.running if s not in before]
+
+
+def test_slo_admission_starts_only_what_keeps_slos():
+    """With 50 ms per token for one running request and 80 ms for two (92 ms with the headroom): a
+    request starts only if it and every running request that can still make its SLO end within their
+    SLOs; a looser one may go first."""
+    table = {1: 0.05, 2: 0.08, 3: 0.1}
+
+    def case(run, waiting):
+        sched = scheduler(TableEstimator(table))
+        for s, state in zip(running(sched, *[r for r, _ in run]), run):
+            decoding(s, *state[1])
+        got = admitted(sched, waiting)
+        return got, [s.tpot_slo_s * 1e3 for s in sched.waiting]
+
+    relaxed = lambda: [(seq(100), (10, 0.5))]  # noqa: E731  0.6 s ahead
+    assert case(relaxed(), [seq(100)]) == ([100], [])
+    assert case(relaxed(), [seq(60), seq(1000)]) == ([1000], [60])  # 60 < 92 ms: the looser goes first
+    assert case(relaxed(), [seq(90)])[0] == []  # within the prediction, not the headroom
+    assert case([(seq(60), (10, 0.6))], [seq(1000)])[0] == []  # on track at 50 ms per token, not at 92
+    # behind even at the current load (80 ms with two running), but alone it catches up: it holds the door
+    assert case([(seq(60), (10, 0.7)), (seq(1000), (10, 0.5))], [seq(1000)])[0] == []
+    assert case([(seq(40), (10, 0.6))], [seq(1000)])[0] == [1000]  # cannot make 40 ms even alone
+    assert scheduler(TableEstimator(table), slo_admission=False).slo_admission is False
+    assert scheduler(TableEstimator(table), policy="continuous").slo_admission is False
+
+
+def steep_estimator() -> Estimator:
+    """A cost model where every prefill token beyond the knee costs 5 ms: pacing bites."""
+    cost = CostModel(Roofline(10.0, 4, 5.0), Roofline(1.0, 4, 0.0), budget=8)
+    policy = make_policy("adaserve")
+    return Estimator(cost, cost.budget, lambda n: policy.depth_width(n, cost.budget, SPEC))
+
+
+def test_slo_paced_prefill_follows_the_least_slack():
+    """adaserve prefills along decode only what the decoding requests' slack pays for; requests
+    behind schedule stop it unless they cannot make their SLO anyway."""
+    est = steep_estimator()
+    t_iter = est.iteration_s(1, *scheduler(est, draft=True).depth_width(1))
+
+    def chunk(decoded, elapsed_s, max_tokens=100, **config):
+        sched = scheduler(est, draft=True, **config)
+        d, p = running(sched, seq(100, max_tokens=max_tokens), seq(100, prompt=300))
+        decoding(d, decoded, elapsed_s)
+        plan = sched.schedule(START)
+        assert plan.decode == [d] and plan.depth > 0
+        return plan.prefill.get(p, 0)
+
+    assert chunk(50, 0.1) == 256  # 4.9 s ahead of schedule: a full chunk
+    assert chunk(10, 1.2) == 0  # behind, but 89 tokens can still catch up
+    assert chunk(10, 1.2, max_tokens=12) == 256  # behind with no way back
+    # 52 ms ahead: the verification of 8 tokens sits at the knee, so 5 ms per prefill token
+    assert chunk(10, 1.1 - t_iter - 0.052) == 10
+    assert chunk(10, 1.2, slo_admission=False) == 256
+
+
+def cached(sched: Scheduler, s: Sequence, n: int) -> None:
+    """`s` decoding with `n` tokens in the target cache: its prompt and a first output token."""
+    sched.target_blocks.append(s.seq_id, [-1] + list(range(n - 1)))
+    sched.target_blocks.commit_all(s.seq_id)
+    s.prefilled = s.prefill_goal = n
+    decoding(s, 0, 0.0)
+
+
+def test_preemption_frees_the_newest_or_loosest_and_a_lone_misfit_fails():
+    for policy, victim in (("continuous", 1), ("sarathi", 1), ("priority", 0), ("adaserve", 0)):
+        sched = scheduler(TableEstimator(), policy=policy, num_blocks=5)
+        loose, tight = running(sched, seq(300, prompt=7), seq(50, prompt=7, arrival=1.0))  # the tight one arrived last
+        for s in (loose, tight):
+            cached(sched, s, 8)  # two full blocks each, one block free
+        plan = sched.schedule(START)  # each decode token needs a block of its own
+        survivor, evicted = ((loose, tight)[1 - victim], (loose, tight)[victim])
+        assert sched.num_preemptions == 1 and plan.decode == [survivor], policy
+        assert list(sched.waiting) == [evicted] and evicted.prefilled == 0 and evicted.prefill_goal == 7  # all but the root
+        assert not sched.target_blocks.has(evicted.seq_id)
+
+    sched = scheduler(TableEstimator(), num_blocks=2)
+    (lone,) = running(sched, seq(100, prompt=7))
+    cached(sched, lone, 8)  # the cache is full: its next token cannot be verified
+    plan = sched.schedule(START)
+    assert plan.failed == [(lone, NO_ROOM)] and plan.empty and not sched.has_work()
+    assert sched.target_blocks.num_free_blocks == 2

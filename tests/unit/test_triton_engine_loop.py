@@ -1,0 +1,113 @@
+"""The `adaserve` model's runtime against a fake pb_utils: every accepted request ends with exactly one
+final response (data, error or cancelled), and shutdown ends the ones in flight at once."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from adaserve_backend.triton.engine_loop import TritonEngineLoop
+from tests import fake_pb
+from tests.model_fixtures import tiny_checkpoint
+from tests.engines import make_engine, reference, workload
+
+REPO_MODEL = "model_repository/adaserve"  # only its engine.json's SLO classes are read
+
+
+class Detok:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+@pytest.fixture
+def loop():
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "adaserve")
+    engine.tokenizer = Detok()
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+    yield loop
+    if not loop.stopping:
+        loop.shutdown()
+
+
+def request(prompt, max_tokens, **extra):
+    return fake_pb.Request(input_ids=np.asarray(prompt, dtype=np.int32), max_tokens=np.asarray([max_tokens], dtype=np.int32), **extra)
+
+
+def wait(*requests, timeout=60):
+    for r in requests:
+        assert r.sender.finished.wait(timeout), "no final response"
+
+
+def ids_of(req) -> list[int]:
+    return [int(i) for resp, _ in req.sender.sent if resp is not None and not resp.has_error() for i in resp.tensors()["output_ids"]]
+
+
+def test_streams_and_aggregates_and_every_request_ends_once(loop):
+    target = tiny_checkpoint("llama")
+    a, b = workload(target, n=2)
+    streamed = request(a.prompt_ids, a.max_tokens, stream=[True], min_tokens=[a.min_tokens])
+    whole = request(b.prompt_ids, b.max_tokens, exclude_input_in_output=[True], return_finish_reason=[True], min_tokens=[b.min_tokens])
+    bad = request([1, 2], 0)
+    for r in (streamed, whole, bad):
+        loop.submit(r)
+    wait(streamed, whole, bad)
+    assert ids_of(streamed) == reference(target, a) and len(streamed.sender.sent) > 1
+    assert ids_of(whole) == reference(target, b) and len(whole.sender.sent) == 1
+    assert whole.sender.sent[0][0].tensors()["finish_reason"][0] in ("stop", "length")
+    (resp, flags), = bad.sender.sent
+    assert resp.has_error() and "max_tokens" in resp.error().message() and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def test_a_cancelled_request_ends_cancelled_and_frees_its_blocks(loop):
+    r = request([5, 6, 7], 400, stream=[True])
+    loop.submit(r)
+    deadline = time.monotonic() + 30
+    while len(r.sender.sent) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    r.sender.cancelled = True
+    wait(r)
+    resp, _ = r.sender.sent[-1]
+    assert resp.has_error() and resp.error().code == fake_pb.TritonError.CANCELLED
+    blocks = loop.engine.target.blocks
+    deadline = time.monotonic() + 10
+    while blocks.num_free_blocks != blocks.num_blocks:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_shutdown_ends_requests_in_flight_with_a_final_response_at_once(loop):
+    reqs = [request([5, 6, 7 + i], 400, stream=[True]) for i in range(3)]
+    for r in reqs:
+        loop.submit(r)
+    time.sleep(0.2)
+    start = time.monotonic()
+    loop.shutdown()
+    assert time.monotonic() - start < 5
+    for r in reqs:
+        assert r.sender.finished.is_set()
+        resp, _ = r.sender.sent[-1]
+        assert resp is not None and resp.has_error() and "shutting down" in resp.error().message()
+    assert not loop.loop_thread.is_alive() and not loop.send_thread.is_alive()
+
+
+def test_shutdown_returns_even_if_a_send_never_returns(loop, monkeypatch):
+    """At finalize Triton may no longer service the stub: a send that never returns must not hold
+    the process past the server's exit timeout."""
+    import threading
+
+    from adaserve_backend.triton import engine_loop
+
+    monkeypatch.setattr(engine_loop, "SHUTDOWN_WAIT_S", 0.5)
+    r = request([5, 6, 7], 400, stream=[True])
+    released = threading.Event()
+    r.sender.send = lambda response=None, flags=0: released.wait()
+    loop.submit(r)
+    time.sleep(0.3)
+    start = time.monotonic()
+    loop.shutdown()
+    assert time.monotonic() - start < 3
+    released.set()

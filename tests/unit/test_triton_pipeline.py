@@ -1,0 +1,126 @@
+"""The front model's BLS pipeline, in-process: a fake pb_utils routes its calls to a real engine loop
+(the `adaserve` model over a tiny checkpoint) and to fake pre- and postprocessing."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from adaserve_backend.triton.engine_loop import TritonEngineLoop
+from adaserve_backend.triton.pipeline import BLSPipeline
+from tests import fake_pb
+from tests.engines import make_engine
+from tests.model_fixtures import tiny_checkpoint
+from tests.unit.test_triton_engine_loop import REPO_MODEL, Detok
+
+FINAL = fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def preprocessing(inputs, decoupled):
+    text = inputs["text_input"].reshape(-1)[0].decode()
+    return fake_pb.InferenceResponse([fake_pb.Tensor("input_ids", np.asarray([3 + ord(c) % 250 for c in text], dtype=np.int32))])
+
+
+def postprocessing(inputs, decoupled):
+    text = Detok().decode(inputs["output_ids"].tolist())
+    return fake_pb.InferenceResponse([fake_pb.Tensor("text_output", np.asarray([text.encode()], dtype=object))])
+
+
+@pytest.fixture
+def served(monkeypatch):
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "adaserve")
+    engine.tokenizer = Detok()
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+    loop.streams = []  # the senders of the scheduler model's requests, as the pipeline made them
+
+    def adaserve(inputs, decoupled):
+        req = fake_pb.Request(**inputs)
+        req.sender = fake_pb.StreamSender()
+        loop.submit(req)
+        if "abort_request_id" not in inputs:
+            loop.streams.append(req.sender)
+        return req.sender
+
+    monkeypatch.setattr(fake_pb, "MODELS", {"preprocessing": preprocessing, "adaserve": adaserve, "postprocessing": postprocessing})
+    pipeline = BLSPipeline(fake_pb)
+    yield pipeline, loop
+    pipeline.shutdown()
+    if not loop.stopping:
+        loop.shutdown()
+
+
+def client(text, max_tokens):
+    return fake_pb.Request(text_input=np.asarray([text.encode()], dtype=object), max_tokens=np.asarray([max_tokens], dtype=np.int32),
+                           stream=np.asarray([True]))
+
+
+def texts(req) -> list[str]:
+    return [r.tensors()["text_output"][0].decode() for r, _ in req.sender.sent if r is not None and not r.has_error()]
+
+
+def kv_free(loop, timeout=20) -> bool:
+    blocks, deadline = loop.engine.target.blocks, time.monotonic() + timeout
+    while blocks.num_free_blocks != blocks.num_blocks or loop.engine.has_work():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_streams_through_the_pipeline_with_one_final(served):
+    pipeline, loop = served
+    req = client("hello", 12)
+    pipeline.submit(req)
+    assert req.sender.finished.wait(60)
+    assert len(texts(req)) > 1 and sum(f == FINAL for _, f in req.sender.sent) == 1
+    assert kv_free(loop)
+
+
+def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, monkeypatch):
+    pipeline, loop = served
+    calls = []
+
+    def failing(inputs, decoupled):
+        calls.append(1)
+        if len(calls) > 2:
+            return fake_pb.InferenceResponse(error=fake_pb.TritonError("Server not ready"))
+        return postprocessing(inputs, decoupled)
+
+    monkeypatch.setitem(fake_pb.MODELS, "postprocessing", failing)
+    req = client("a long story", 400)
+    pipeline.submit(req)
+    assert req.sender.finished.wait(60)
+    resp, flags = req.sender.sent[-1]
+    assert resp.has_error() and "Server not ready" in resp.error().message() and flags == FINAL
+    (stream,) = loop.streams
+    assert stream.finished.wait(10), "the scheduler model was told to drop the request the pipeline gave up on"
+    assert stream.sent[-1][0].error().code == fake_pb.TritonError.CANCELLED
+    assert kv_free(loop)
+
+
+def test_shutdown_answers_every_request_in_flight_at_once(served, monkeypatch):
+    pipeline, loop = served
+    reqs = [client(f"story {i}", 400) for i in range(3)]
+    for r in reqs:
+        pipeline.submit(r)
+    deadline = time.monotonic() + 30
+    while not all(r.sender.sent for r in reqs):  # all streaming
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    in_flight = [r for r in reqs if not r.sender.finished.is_set()]  # the tiny model may stop early
+    monkeypatch.setattr(fake_pb, "SERVER_READY", False)  # as Triton stops: nothing reaches the pipeline
+    start = time.monotonic()
+    pipeline.shutdown()
+    loop.shutdown()
+    assert time.monotonic() - start < 5
+    assert in_flight
+    for r in reqs:
+        assert r.sender.finished.is_set() and sum(f == FINAL for _, f in r.sender.sent) == 1
+    for r in in_flight:
+        assert r.sender.sent[-1][0].has_error() and "shutting down" in r.sender.sent[-1][0].error().message()
+    time.sleep(0.3)  # the pipeline's request threads see the engine's own final errors; no second final
+    for r in reqs:
+        assert sum(f == FINAL for _, f in r.sender.sent) == 1
