@@ -51,16 +51,25 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
 
 
 class Frontend:
-    def __init__(self, ensemble: EnsembleClient, model_name: str, render_chat: Callable[[tuple[dict, ...]], str]) -> None:
-        self.ensemble, self.model_name, self.render_chat = ensemble, model_name, render_chat
+    def __init__(self, triton_url: str, model_name: str, render_chat: Callable[[tuple[dict, ...]], str]) -> None:
+        self.triton_url, self.model_name, self.render_chat = triton_url, model_name, render_chat
+        self.ensemble: EnsembleClient | None = None
         self.inputs: set[str] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors])
         app.add_routes([web.get("/health", self.health), web.get("/v1/models", self.models),
                         web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat)])
-        app.on_cleanup.append(lambda _: self.ensemble.close())
+        app.on_startup.append(self._connect)
+        app.on_cleanup.append(self._disconnect)
         return app
+
+    async def _connect(self, app: web.Application) -> None:
+        # grpc.aio channels belong to the event loop they are made on: make it on the server's loop.
+        self.ensemble = EnsembleClient(self.triton_url)
+
+    async def _disconnect(self, app: web.Application) -> None:
+        await self.ensemble.close()
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
@@ -170,5 +179,5 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model-repository", default="model_repository", help="for the chat template")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    frontend = Frontend(EnsembleClient(args.triton_url), args.served_model_name, tokenizer_chat_renderer(args.model_repository))
+    frontend = Frontend(args.triton_url, args.served_model_name, tokenizer_chat_renderer(args.model_repository))
     web.run_app(frontend.app(), host=args.host, port=args.port, handler_cancellation=True, print=None)

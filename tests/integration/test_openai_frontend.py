@@ -32,8 +32,11 @@ def frontend(triton_server, tmp_path_factory):
             "--served-model-name", MODEL, "--model-repository", str(PROJECT_ROOT / "model_repository")]
     proc = ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (),
                          tmp_path_factory.mktemp("openai") / "frontend.log")
-    with proc:
+    proc.start(timeout_s=180)
+    try:
         yield f"http://localhost:{port}"
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="module")
