@@ -5,7 +5,7 @@ transformers' own single-token decode latency, all measured in one run on this m
 
 Decode-style: N sequences, each with a 128-token context, one new token each.
 Tree-style: N tree tokens, 8 per sequence (ceil(N/8) sequences), each tree branching, verified in one
-forward, each sequence over a 128-token context (see adaserve_backend.cost_model.profiler).
+forward, each sequence over a 128-token context (see tools/profiler.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import os
 import torch
 
 from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT, ModelConfig
-from adaserve_backend.cost_model.profiler import measure_forward, timed_ms
-from adaserve_backend.model_runner import ModelRunner, SeqInput
+from tools.profiler import measure_forward, timed_ms
+from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
 
 CONTEXT = 128
