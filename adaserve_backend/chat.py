@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 
-def encode_chat(tokenizer, text: str) -> list[int]:
-    """Ids of `text` as a single user turn, ready for the assistant's reply; ValueError without a
-    chat template. The template writes its own special tokens, so the tokenizer adds none."""
+def chat_text(tokenizer, text: str) -> str:
+    """`text` as a single user turn, ready for the assistant's reply; ValueError without a chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
+
+def encode_chat(tokenizer, text: str) -> list[int]:
+    """Ids of `chat_text`. The template writes its own special tokens, so the tokenizer adds none."""
+    return tokenizer(chat_text(tokenizer, text), add_special_tokens=False)["input_ids"]

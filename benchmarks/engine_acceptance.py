@@ -14,6 +14,7 @@ import time
 
 from tqdm import tqdm
 
+from adaserve_backend.chat import encode_chat
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import Request
@@ -35,8 +36,7 @@ def run_level(engine: Engine, tokenizer, concurrency: int, max_tokens: int) -> d
     engine.reset_stats()
     first, last, counts = {}, {}, {}
     for i in range(concurrency):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = encode_chat(tokenizer, PROMPTS[i % len(PROMPTS)])
         engine.add_request(Request(f"c{concurrency}-{i}", ids, max_tokens=max_tokens, tpot_slo_ms=1.0))
     start = time.monotonic()
     while engine.has_work():

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from client.bench import fmt_ms, score
+from client.bench import score
+from client.metrics import fmt_ms
 from client.runners import run_openai, run_triton
 from client.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
 from client.workload import (
@@ -47,15 +48,12 @@ SYSTEMS = ("adaserve", "vllm", "vllm-priority")
 
 def render_chat(items: list[WorkItem]) -> list[WorkItem]:
     """Chat items as the plain text of the model's chat template, so every server gets the same ids."""
+    from adaserve_backend.chat import chat_text
     from adaserve_backend.config import EMBEDDED_DEFAULT
     from adaserve_backend.models import load_tokenizer, locate
 
     tok = load_tokenizer(locate(EMBEDDED_DEFAULT))
-
-    def text(item: WorkItem) -> str:
-        return tok.apply_chat_template([{"role": "user", "content": item.prompt}], tokenize=False, add_generation_prompt=True)
-
-    return [dataclasses.replace(i, prompt=text(i), chat=False) if i.chat else i for i in items]
+    return [dataclasses.replace(i, prompt=chat_text(tok, i.prompt), chat=False) if i.chat else i for i in items]
 
 
 def arrivals_for(kind: str, rps: float, n: int, seed: int) -> list[float]:

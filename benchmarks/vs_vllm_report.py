@@ -8,17 +8,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from client.metrics import fmt_ms  # noqa: E402
+
 COLUMNS = ("system", "rps", "joint attainment", "TPOT-only", "goodput tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
            "errors")
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v / 1e3:.1f} s" if v >= 1e3 else f"{v:.0f} ms"
-
-
 def table_rows(rows: list[dict]) -> list[list[str]]:
     return [[r["system"], f"{r['rps']:g}", f"{r['slo_attainment']:.2f}", f"{r['tpot_slo_attainment']:.2f}", f"{r['goodput_tok_s']:.1f}",
-             _ms(r["ttft_ms_p50"]), _ms(r["ttft_ms_p99"]), _ms(r["tpot_ms_p50"]), _ms(r["tpot_ms_p99"]), f"{r['errors']}/{r['requests']}"]
+             fmt_ms(r["ttft_ms_p50"]), fmt_ms(r["ttft_ms_p99"]), fmt_ms(r["tpot_ms_p50"]), fmt_ms(r["tpot_ms_p99"]), f"{r['errors']}/{r['requests']}"]
             for r in sorted(rows, key=lambda r: (r["rps"], r["system"]))]
 
 

@@ -28,7 +28,7 @@ from adaserve_backend.config import EngineConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.models import load_model, load_tokenizer, locate
 
-from .metrics import attainment_timeline, summarize
+from .metrics import attainment_timeline, fmt_ms, summarize
 from .runners import run_inprocess, run_openai, run_triton
 from .slo_targets import add_slo_arguments, slo_targets_from_args
 from .workload import DEFAULT_MIX, build_workload, builtin_prompts, fluctuating_arrivals, poisson_arrivals
@@ -168,10 +168,6 @@ def main() -> None:
 
         plot_sweep(rows, name, stem)
         print(f"wrote {stem}.json, .csv, .png")
-
-
-def fmt_ms(ms: float | None) -> str:
-    return "-" if ms is None else f"{ms / 1e3:.1f} s" if ms >= 1e3 else f"{ms:.0f} ms"
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

@@ -65,6 +65,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def fmt_ms(ms: float | None) -> str:
+    """A latency for people: ms below a second, seconds above, '-' when there is none."""
+    return "-" if ms is None else f"{ms / 1e3:.1f} s" if ms >= 1e3 else f"{ms:.0f} ms"
+
+
 def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict:
     """Attainment = attained / sent: a request that is rejected, errs or misses the time limit is a
     violation, so an overloaded system cannot look good by finishing few requests. `slo_attainment`
