@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..config import EMBEDDED_DRAFT, ModelConfig
+from .linear import Linear
 from .llama import LlamaModel
 from .loader import TORCH_DTYPES, read_checkpoint
 
@@ -53,7 +54,7 @@ class FeatureDraft(LlamaModel):
 
     def __init__(self, spec, hf_config, state_dict, max_len, head_vocab) -> None:
         super().__init__(spec, hf_config, state_dict, max_len, head_vocab)
-        self.fc = nn.Linear(spec.hidden_size, spec.hidden_size)
+        self.fc = Linear(spec.hidden_size, spec.hidden_size)
         nn.init.zeros_(self.fc.weight)
         nn.init.zeros_(self.fc.bias)
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention.backend import AttentionBackend
+from .linear import Linear, prepack_all
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; cos/sin [T, 1, D] (rotate-half convention, as transformers)."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D]; cos/signed_sin [T, 1, D]. The rotate-half convention of transformers,
+    x * cos + cat(-x2, x1) * sin, computed as x * cos + cat(x2, x1) * cat(-sin, sin): the same products
+    bit for bit (negation is exact), with one flip instead of two slices, a negation and a cat."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return x * cos + swapped * signed_sin
 
 
 class DecoderLayer(nn.Module):
@@ -90,21 +93,20 @@ class DecoderLayer(nn.Module):
         self.spec = spec
         q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.qkv_proj = nn.Linear(spec.hidden_size, q + 2 * kv, bias=qkv_bias)
-        self.o_proj = nn.Linear(q, spec.hidden_size, bias=o_bias)
+        self.qkv_proj = Linear(spec.hidden_size, q + 2 * kv, bias=qkv_bias)
+        self.o_proj = Linear(q, spec.hidden_size, bias=o_bias)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=mlp_bias)
+        self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=mlp_bias)
+        self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, bias=mlp_bias)
         self.act = {"silu": F.silu, "gelu": F.gelu}[spec.hidden_act]
 
     def forward(self, layer: int, x, cos, sin, attn: AttentionBackend) -> torch.Tensor:
         s = self.spec
         h = self.input_layernorm(x)
-        q, k, v = self.qkv_proj(h).split(
-            [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1
-        )
-        q = apply_rope(q.view(-1, s.num_heads, s.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
+        qk, v = self.qkv_proj(h).split([(s.num_heads + s.num_kv_heads) * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1)
+        # Queries and keys rotate together: one set of kernels for both instead of two.
+        qk = apply_rope(qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim), cos, sin)
+        q, k = qk.split([s.num_heads, s.num_kv_heads], dim=1)
         v = v.view(-1, s.num_kv_heads, s.head_dim)
         x = x + self.o_proj(attn.forward(layer, q, k, v).reshape(x.shape[0], -1))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
@@ -138,17 +140,20 @@ class LlamaModel(nn.Module):
             for _ in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size if head_vocab is None else len(head_vocab), bias=False)
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size if head_vocab is None else len(head_vocab), bias=False)
         self.max_len = max_len
         # Plain attributes, not buffers: the tables stay float32 whatever dtype the weights take.
-        self.rope_cos, self.rope_sin = rope_tables(hf_config, max_len)
+        self.rope_cos, sin = rope_tables(hf_config, max_len)
+        half = sin.shape[-1] // 2
+        self.rope_signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # see apply_rope
         self._load(state_dict)
 
     def place(self, device: torch.device | str, dtype: torch.dtype) -> "LlamaModel":
         self.to(device=device, dtype=dtype)
-        self.rope_cos, self.rope_sin = self.rope_cos.to(device), self.rope_sin.to(device)
+        self.rope_cos, self.rope_signed_sin = self.rope_cos.to(device), self.rope_signed_sin.to(device)
         if self.vocab_ids is not None:
             self.vocab_ids = self.vocab_ids.to(device)
+        prepack_all(self)
         return self
 
     @torch.no_grad()
@@ -195,8 +200,8 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T]; features: [T, hidden] for models that take them. Returns
         final-norm hidden states [T, hidden]."""
         x = self.embed(input_ids, features)
-        cos = self.rope_cos[positions].to(x.dtype)[:, None, :]
-        sin = self.rope_sin[positions].to(x.dtype)[:, None, :]
+        cos = self.rope_cos.index_select(0, positions).to(x.dtype)[:, None, :]
+        sin = self.rope_signed_sin.index_select(0, positions).to(x.dtype)[:, None, :]
         for i, layer in enumerate(self.layers):
             x = layer(i, x, cos, sin, attn)
         return self.norm(x)
