@@ -31,8 +31,7 @@ def postprocessing(inputs, decoupled):
 @pytest.fixture
 def served(monkeypatch):
     target = tiny_checkpoint("llama")
-    engine = make_engine(target, target, "adaserve")
-    engine.tokenizer = Detok()
+    engine = make_engine(target, target, "adaserve", tokenizer=Detok())
     loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
     loop.streams = []  # the senders of the scheduler model's requests, as the pipeline made them
 
