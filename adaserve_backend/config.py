@@ -135,6 +135,12 @@ class SchedulerConfig:
                 return c.tpot_ms
         raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
 
+    def request_slo_ms(self, tpot_slo_ms: float | None, slo_class: str | None) -> float:
+        """A request's TPOT SLO: its own, else its class's, else the default class's. The class is looked
+        up even when the request's own SLO leaves it unused: a typo is an error, not silently ignored."""
+        class_ms = self.slo_ms(slo_class or self.default_slo_class)
+        return tpot_slo_ms or class_ms
+
 
 @dataclass(frozen=True)
 class SpeculationConfig:

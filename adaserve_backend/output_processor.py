@@ -1,24 +1,11 @@
-"""From the target's logits to what a request reports: the token chosen at each verified node
-(min_tokens holds off stops), the tokens emitted with stop and length checks, the output record."""
+"""What a request reports: the tokens emitted with stop and length checks (stop strings held back
+until settled), and the output record."""
 
 from __future__ import annotations
 
-import torch
-
 from . import stop_strings
 from .request import FinishReason, RequestOutput, RequestStats
-from .sampling import choose_token
 from .sequence import Sequence
-
-
-def choose(seq: Sequence, logits: torch.Tensor, num_output: int) -> int:
-    """The target's next token after `num_output` output tokens."""
-    if num_output < seq.request.min_tokens:
-        banned = list(seq.eos_ids | set(seq.request.stop_token_ids))
-        if banned:
-            logits = logits.clone()
-            logits[banned] = float("-inf")
-    return choose_token(logits, seq.request.sampling, seq.generator)
 
 
 def append_tokens(seq: Sequence, tokens: list[int], tokenizer) -> tuple[list[int], FinishReason | None]:

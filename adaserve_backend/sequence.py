@@ -28,6 +28,15 @@ class Sequence:
     draft_tokens: int = 0
     accepted_drafts: int = 0
 
+    @classmethod
+    def start(cls, req: Request, seq_id: int, tpot_slo_ms: float, received: float, eos_ids: frozenset[int]) -> Sequence:
+        """A new request's state; a sampled request gets its own generator, seeded if it asked."""
+        gen = None
+        if not req.sampling.greedy:
+            gen = torch.Generator().manual_seed(req.sampling.seed if req.sampling.seed is not None else torch.seed())
+        eos = frozenset() if req.ignore_eos else eos_ids
+        return cls(req, seq_id, tpot_slo_ms / 1e3, req.arrival_time or received, eos, gen, len(req.prompt_ids))
+
     @property
     def tokens(self) -> list[int]:
         return self.request.prompt_ids + self.output

@@ -24,10 +24,11 @@ def small_config(policy: str, num_blocks: int = 256, max_num_seqs: int = 6, pref
     )
 
 
-def make_engine(target_path, draft_path, policy, num_blocks=256, **spec) -> Engine:
+def make_engine(target_path, draft_path, policy, num_blocks=256, tokenizer=None, **spec) -> Engine:
     """An engine over tiny checkpoints (draft_path None: the target drafts for itself), EOS id 2."""
     draft = our_model(draft_path) if draft_path else None
-    return Engine(small_config(policy, num_blocks, **spec), target=our_model(target_path), draft=draft, eos_token_ids=[EOS])
+    return Engine(small_config(policy, num_blocks, **spec), target=our_model(target_path), draft=draft, eos_token_ids=[EOS],
+                  tokenizer=tokenizer)
 
 
 def workload(path: str, n: int = 9, seed: int = 0) -> list[Request]:

@@ -115,6 +115,10 @@ MODELS: dict = {}
 SERVER_READY = True
 
 
+def is_model_ready(model_name, model_version=""):
+    return SERVER_READY
+
+
 class InferenceRequest:
     def __init__(self, model_name, inputs, requested_output_names=()):
         self.model_name, self.inputs = model_name, {t.name(): t.as_numpy() for t in inputs}

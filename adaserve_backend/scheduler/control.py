@@ -1,5 +1,5 @@
 """Per-iteration knobs: AdaServe's adaptive depth and width (from load), and SLO-aware admission and
-prefill pacing (from how far each request is ahead of its SLO)."""
+prefill pacing (from how far each request is ahead of its SLO): formulas, then the same over a request."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # config builds a default SchedulerConfig at import, which loads the policies, which use this
     from ..config import SpeculationConfig
+    from ..sequence import Sequence
 
 
 def clip(x: int, lo: int, hi: int) -> int:
@@ -48,3 +49,19 @@ def paced_chunk(allowance_ms: float, extra_ms: Callable[[int], float], cap: int)
         else:
             hi = mid - 1
     return lo
+
+
+def seq_slack_s(seq: Sequence, now: float, t_iter: float) -> float:
+    """How far a decoding `seq` is ahead of its SLO after an iteration of `t_iter` yielding one token."""
+    return slo_slack_s(now - seq.first_token_time, t_iter, seq.tpot_slo_s, len(seq.output) - 1)
+
+
+def seq_ends_within_slo(seq: Sequence, slack: float, tpot: float) -> bool:
+    return ends_within_slo(slack, seq.tpot_slo_s, seq.remaining, tpot)
+
+
+def on_track(seq: Sequence, now: float, tpot: float) -> bool:
+    """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
+    if seq.first_token_time is None:
+        return tpot <= seq.tpot_slo_s
+    return seq_ends_within_slo(seq, seq_slack_s(seq, now, tpot), tpot)

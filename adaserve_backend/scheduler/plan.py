@@ -1,4 +1,5 @@
-"""What crosses the scheduler's boundary: the plan of one iteration and the record of what it did."""
+"""What crosses the scheduler's boundary: the plan of one iteration, what the model made of it (built
+by the verification, or by hand in tests) and the record of how long it took."""
 
 from __future__ import annotations
 
@@ -27,6 +28,38 @@ class IterationPlan:
     @property
     def prefill_tokens(self) -> int:
         return sum(self.prefill.values())
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One decoding request's verification: the accepted drafts, then the bonus token."""
+
+    seq: Sequence
+    tokens: list[int]
+    draft_tokens: int  # draft tokens verified (the tree without its root)
+    accepted_drafts: int
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """One prefill chunk now in the target cache; the first output token if it ended the prompt."""
+
+    seq: Sequence
+    tokens: int
+    first_token: int | None = None
+
+
+@dataclass
+class IterationResult:
+    """What the model made of a plan. `now` is the emit time; the durations (s) feed the estimator."""
+
+    now: float
+    decoded: list[Verified] = field(default_factory=list)
+    prefilled: list[Prefilled] = field(default_factory=list)
+    failed: list[tuple[Sequence, str]] = field(default_factory=list)  # per-request failures, message each
+    speculation: float = 0.0
+    selection: float = 0.0
+    verification: float = 0.0  # the target's forward, acceptance and commits
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,30 @@
 """The scheduler: owns the waiting and running queues, admits, chunks and paces prefill, keeps each
-iteration within the KV caches (preempting when needed) and hands the engine an `IterationPlan`.
+iteration within the KV caches (preempting when needed) and hands the engine an `IterationPlan`;
+`update` applies what the model made of it (an `IterationResult`): outputs, stops, finished requests,
+the estimator's measurements. Every request's final output comes from here, aborts included.
 
 It reads KV capacity from the block managers (pure bookkeeping) and frees a request's model state
-through `release`, so it runs without a model: tests drive it with a fake clock and fake estimates.
+through `release`, so it runs without a model: tests drive `schedule` and `update` with a fake clock,
+fake estimates and hand-built results.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 
 from ..config import SchedulerConfig, SpeculationConfig
 from ..kv_cache import BlockManager
+from ..output_processor import append_tokens, make_output
+from ..request import FinishReason, RequestOutput
 from ..sequence import Sequence, draft_chain_span
-from .control import ends_within_slo, paced_chunk, slo_slack_s
+from .control import on_track, paced_chunk, seq_ends_within_slo, seq_slack_s
 from .estimator import Estimator
-from .plan import IterationPlan
+from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
+
+log = logging.getLogger("adaserve")
 
 NO_ROOM = "the KV cache cannot hold this request; raise the cache's memory_mb"
 
@@ -31,14 +39,18 @@ class Scheduler:
         target_blocks: BlockManager,
         draft_blocks: BlockManager | None,
         release: Callable[[Sequence], None],
+        tokenizer=None,
     ) -> None:
         self.config, self.speculation, self.policy, self.estimator = config, speculation, policy, estimator
         self.target_blocks, self.draft_blocks = target_blocks, draft_blocks
         self.release = release  # frees a request's KV blocks (and draft state) in every model
+        self.tokenizer = tokenizer  # only stop strings need one
         self.slo_admission = policy.slo_aware and config.slo_admission and estimator.cost is not None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.iteration_stats: deque[IterationStats] = deque(maxlen=10_000)  # recent decode iterations
+        self.decode_iterations = 0
 
     # ---- queues --------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -48,22 +60,18 @@ class Scheduler:
         self.waiting.append(seq)
         self.waiting = self.policy.order(self.waiting)
 
-    def abort(self, request_id: str) -> list[Sequence]:
-        """Remove and release the request's sequences; returns them."""
+    def abort(self, request_id: str, now: float) -> list[RequestOutput]:
+        """End the request (unknown or already finished: nothing to do)."""
         gone = [s for s in list(self.waiting) + self.running if s.request.request_id == request_id]
-        for seq in gone:
-            self._drop(seq)
-        return gone
+        return [self._end(seq, now, FinishReason.ABORT) for seq in gone]
 
-    def finish(self, seq: Sequence) -> None:
-        """A request ended (finished, failed): it leaves the queues and its blocks are freed."""
+    def fail_all(self, message: str, now: float) -> list[RequestOutput]:
+        """End every request with an error (after a failure that may have left any state behind)."""
+        return [self._end(seq, now, FinishReason.ERROR, message) for seq in list(self.waiting) + self.running]
+
+    def _end(self, seq: Sequence, now: float, reason: FinishReason, error: str | None = None) -> RequestOutput:
         self._drop(seq)
-
-    def drop_all(self) -> list[Sequence]:
-        gone = list(self.waiting) + self.running
-        for seq in gone:
-            self._drop(seq)
-        return gone
+        return make_output(seq, [], now, reason, error)
 
     def _drop(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -85,6 +93,48 @@ class Scheduler:
         plan.decode, plan.depth, plan.width = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
         return plan
+
+    def update(self, plan: IterationPlan, result: IterationResult) -> list[RequestOutput]:
+        """Apply an iteration's results: each request's new tokens, stops and prefill progress, the
+        requests that ended, and the iteration's measurements to the estimator."""
+        now = result.now
+        outputs = [make_output(seq, [], now, FinishReason.ERROR, msg) for seq, msg in plan.failed]  # already dropped
+        outputs += [self._end(seq, now, FinishReason.ERROR, msg) for seq, msg in result.failed]
+        for v in result.decoded:
+            v.seq.verifications += 1
+            v.seq.draft_tokens += v.draft_tokens
+            v.seq.accepted_drafts += v.accepted_drafts
+            outputs.append(self._emit(v.seq, v.tokens, now))
+        for p in result.prefilled:
+            p.seq.prefilled += p.tokens
+            if p.first_token is not None:
+                p.seq.first_token_time = now
+                outputs.append(self._emit(p.seq, [p.first_token], now))
+        if plan.decode:
+            self._record(plan, result)
+        return outputs
+
+    def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
+        try:
+            new, reason = append_tokens(seq, tokens, self.tokenizer)
+        except Exception as e:  # a stop-string check that fails ends this request only
+            log.exception("request %s failed", seq.request.request_id)
+            return self._end(seq, now, FinishReason.ERROR, f"internal error: {type(e).__name__}: {e}")
+        if reason:
+            self._drop(seq)
+        return make_output(seq, new, now, reason)
+
+    def _record(self, plan: IterationPlan, result: IterationResult) -> None:
+        stats = IterationStats(
+            n=len(plan.decode), depth=plan.depth, width=plan.width,
+            verified_tokens=sum(v.draft_tokens + 1 for v in result.decoded), prefill_tokens=plan.prefill_tokens,
+            accepted=sum(len(v.tokens) for v in result.decoded),
+            latency=result.speculation + result.selection + result.verification,
+            speculation=result.speculation, selection=result.selection, verification=result.verification,
+        )
+        self.estimator.record(stats)
+        self.iteration_stats.append(stats)
+        self.decode_iterations += 1
 
     def depth_width(self, num_decode: int) -> tuple[int, int]:
         return self.policy.depth_width(num_decode, self.estimator.budget, self.speculation)
@@ -114,9 +164,9 @@ class Scheduler:
         letting others in because it is behind anyway would make it, and those after it, miss."""
         est, n = self.estimator, len(self.running)
         best, after = est.tpot_at(1), est.tpot_at(n + 1) * self.config.admission_headroom
-        if not _on_track(seq, now, after):
+        if not on_track(seq, now, after):
             return False
-        return all(_on_track(s, now, after) or not _on_track(s, now, best) for s in self.running)
+        return all(on_track(s, now, after) or not on_track(s, now, best) for s in self.running)
 
     def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
         cap = self.policy.prefill_cap(self.config, len(decode))
@@ -135,8 +185,8 @@ class Scheduler:
         """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
         est = self.estimator
         t_iter, best = est.iteration_s(len(decode), depth, width), est.tpot_at(1)
-        slacks = [(_slack_s(s, now, t_iter), s) for s in decode]
-        slacks = [x for x, s in slacks if _ends_within_slo(s, x, best)]
+        slacks = [(seq_slack_s(s, now, t_iter), s) for s in decode]
+        slacks = [x for x, s in slacks if seq_ends_within_slo(s, x, best)]
         if not slacks:
             return cap
         return paced_chunk(min(slacks) * 1e3, lambda chunk: est.chunk_extra_ms(len(decode), depth, chunk), cap)
@@ -190,18 +240,3 @@ def _fits(blocks: BlockManager, new_tokens: dict[Sequence, int]) -> bool:
     need = sum(blocks.extra_blocks_needed(s.seq_id, n) for s, n in new_tokens.items())
     return need <= blocks.num_free_blocks
 
-
-def _slack_s(seq: Sequence, now: float, t_iter: float) -> float:
-    """How far a decoding `seq` is ahead of its SLO after an iteration of `t_iter` yielding one token."""
-    return slo_slack_s(now - seq.first_token_time, t_iter, seq.tpot_slo_s, len(seq.output) - 1)
-
-
-def _ends_within_slo(seq: Sequence, slack: float, tpot: float) -> bool:
-    return ends_within_slo(slack, seq.tpot_slo_s, seq.remaining, tpot)
-
-
-def _on_track(seq: Sequence, now: float, tpot: float) -> bool:
-    """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
-    if seq.first_token_time is None:
-        return tpot <= seq.tpot_slo_s
-    return _ends_within_slo(seq, _slack_s(seq, now, tpot), tpot)

@@ -6,7 +6,7 @@ and keep, per request, the w best (parent, token) extensions by path probability
 batched draft forward for all requests (prefill chunks of other requests may ride along in step 1).
 The deepest level is never fed to the draft, so d forwards build d levels.
 
-A feature-conditioned draft (draft/model.py) also reads one feature per token: the target's hidden
+A feature-conditioned draft (models/feature_draft.py) also reads one feature per token: the target's hidden
 states for the chain (the caller supplies them), and for tree nodes the draft's own output at the
 node's parent, its prediction of the target's feature there.
 """

@@ -23,6 +23,7 @@ from .detokenize import StreamState
 from .metrics import EngineMetrics
 from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors
 from .repository import load_engine_config
+from .serving import SHUTTING_DOWN, ServingWatch
 
 log = logging.getLogger("adaserve")
 
@@ -42,8 +43,9 @@ class Active:
 
 
 class TritonEngineLoop:
-    def __init__(self, pb, model_dir: str, engine: Engine | None = None) -> None:
+    def __init__(self, pb, model_dir: str, engine: Engine | None = None, model_name: str = "adaserve") -> None:
         self.pb = pb
+        self.serving = ServingWatch(pb, model_name)
         config = load_engine_config(model_dir)
         self.engine = engine or Engine.from_config(config)
         self.tokenizer = self.engine.tokenizer
@@ -112,7 +114,7 @@ class TritonEngineLoop:
         try:
             self._run_steps()
         finally:  # on the loop thread: no step runs concurrently with fail_all
-            for out in self.engine.fail_all("the server is shutting down"):
+            for out in self.engine.fail_all(SHUTTING_DOWN):
                 self._deliver(out)
 
     def _run_steps(self) -> None:
@@ -121,6 +123,9 @@ class TritonEngineLoop:
                 self.wake.wait(0.05)
                 self.wake.clear()
                 continue
+            if self.serving.stopping():  # see serving.py: finalize would only come after the exit timeout
+                self.stopping = True
+                return
             before = self.engine.decode_iterations
             try:
                 outputs = self.engine.step()

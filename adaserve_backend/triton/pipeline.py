@@ -20,12 +20,14 @@ import numpy as np
 
 from .protocol import INPUT_NAMES
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
+from .serving import SHUTTING_DOWN, ServingWatch
 
 log = logging.getLogger("adaserve")
 
 class BLSPipeline:
-    def __init__(self, pb) -> None:
+    def __init__(self, pb, model_name: str = "ensemble") -> None:
         self.pb = pb
+        self.serving = ServingWatch(pb, model_name)
         self.active: dict[str, object] = {}  # request id -> response sender
         self.lock = threading.Lock()
         self.stopping = False
@@ -40,10 +42,14 @@ class BLSPipeline:
         threading.Thread(target=self._run, args=(request, sender, request_id), daemon=True).start()
 
     def shutdown(self) -> None:
-        """End every client request still waiting with a final error: by now Triton refuses new
-        inferences (BLS included), so what the scheduler model would still send may never arrive."""
         self.stopping = True
         self.watcher.join(timeout=1)
+        self._answer_all()
+
+    def _answer_all(self) -> None:
+        """End every client request still waiting with a final error: the server is stopping and
+        refuses new inferences (BLS included), so what the scheduler model would still send may never
+        arrive."""
         if not self.lock.acquire(timeout=1):  # the watcher may be stuck in is_cancelled(); do not wait on it
             log.warning("pipeline shutdown: lock busy, in-flight requests not answered")
             return
@@ -51,7 +57,7 @@ class BLSPipeline:
             pending, self.active = self.active, {}
         finally:
             self.lock.release()
-        error = self.pb.InferenceResponse(error=self.pb.TritonError("the server is shutting down"))
+        error = self.pb.InferenceResponse(error=self.pb.TritonError(SHUTTING_DOWN))
         for sender in pending.values():
             try:
                 sender.send(error, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -143,6 +149,9 @@ class BLSPipeline:
         aborted: set[str] = set()
         while not self.stopping:
             time.sleep(0.05)
+            if self.active and self.serving.stopping():  # see serving.py
+                self._answer_all()
+                continue
             with self.lock:  # see _finish
                 if self.stopping:
                     return

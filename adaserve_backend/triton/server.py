@@ -4,7 +4,8 @@
         --http-port 8000 --grpc-port 8001 --metrics-port 8002
 
 It puts the wheel's shared libraries on LD_LIBRARY_PATH, installs the Python backend stub that matches
-this interpreter, and makes this project and its virtual environment importable by the Python models.
+this interpreter, and makes this project and its virtual environment importable by the Python models
+(PYTHONPATH, read through stub_path.py since the stub's interpreter ignores the environment).
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ def pytriton_root() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
 
 
+STUB_PATH_MODULE = "adaserve_stub_path.py"  # see stub_path.py for why the models need it
+
+
 def backend_directory() -> Path:
-    """The wheel's backends, with the Python stub for this interpreter's version in place."""
+    """The wheel's backends, with the Python stub for this interpreter's version in place, and beside it
+    the module through which every model finds this project and its virtual environment."""
     root = pytriton_root()
     backends = root / "backends"
     stub = backends / "python" / "triton_python_backend_stub"
@@ -38,6 +43,9 @@ def backend_directory() -> Path:
         raise FileNotFoundError(f"no Python backend stub for Python {sys.version_info.major}.{sys.version_info.minor}")
     if not stub.exists() or stub.stat().st_size != wanted.stat().st_size:
         shutil.copy2(wanted, stub)
+    helper, source = backends / "python" / STUB_PATH_MODULE, Path(__file__).with_name("stub_path.py")
+    if not helper.exists() or helper.read_bytes() != source.read_bytes():
+        shutil.copyfile(source, helper)
     return backends
 
 

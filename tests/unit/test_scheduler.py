@@ -1,5 +1,5 @@
 """The scheduler alone: no model, a fake clock, estimates either from a profiled cost model (pure
-arithmetic) or a fake table. Request progress is set by hand, as the engine's updates would leave it."""
+arithmetic) or a fake table. Request progress is set by hand, or by `update` with hand-built results."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from adaserve_backend.config import SchedulerConfig, SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
 from adaserve_backend.kv_cache import BlockManager
-from adaserve_backend.request import Request
+from adaserve_backend.request import FinishReason, Request
 from adaserve_backend.scheduler.estimator import Estimator
+from adaserve_backend.scheduler.plan import IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
 from adaserve_backend.scheduler.scheduler import NO_ROOM, Scheduler
 from adaserve_backend.sequence import Sequence
@@ -167,3 +168,133 @@ def test_preemption_frees_the_newest_or_loosest_and_a_lone_misfit_fails():
     plan = sched.schedule(START)
     assert plan.failed == [(lone, NO_ROOM)] and plan.empty and not sched.has_work()
     assert sched.target_blocks.num_free_blocks == 2
+
+
+# ---- schedule() then update(): a request's whole life on a fake clock, results built by hand ---------
+
+class Clock:
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def tick(self, s: float = 0.05) -> float:
+        self.now += s
+        return self.now
+
+
+def lifecycle_scheduler(policy="continuous", num_blocks=1024, **config) -> tuple[Scheduler, list[Sequence]]:
+    """No cost model (estimates come from measured iterations); `released` lists every release."""
+    released: list[Sequence] = []
+    blocks = BlockManager(num_blocks, 4)
+
+    def release(seq):
+        released.append(seq)
+        blocks.free(seq.seq_id)
+
+    est = Estimator(None, 8, lambda n: (0, 0))
+    sched = Scheduler(SchedulerConfig(policy=policy, prefill_chunk=256, **config), SPEC, make_policy(policy), est,
+                      blocks, None, release)
+    return sched, released
+
+
+def start(sched: Scheduler, request_id: str, prompt: int, clock: Clock, **kw) -> Sequence:
+    s = Sequence.start(Request(request_id, [5] * prompt, **kw), next(_ids), 100.0, clock.now, frozenset({2}))
+    sched.add(s)
+    return s
+
+
+def verified(seq: Sequence, tokens: list[int], drafts: int = 3) -> Verified:
+    return Verified(seq, tokens, draft_tokens=drafts, accepted_drafts=len(tokens) - 1)
+
+
+def test_a_request_is_chunked_prefilled_decoded_and_finished_by_update():
+    sched, released = lifecycle_scheduler()
+    clock = Clock()
+    s = start(sched, "a", prompt=600, clock=clock, max_tokens=5)
+    chunks = []
+    while not s.output:  # 600 prompt tokens in chunks of 256; only the last yields a token
+        plan = sched.schedule(clock.now)
+        assert plan.decode == [] and list(plan.prefill) == [s]
+        n = plan.prefill[s]
+        chunks.append(n)
+        last = s.prefilled + n == s.prefill_goal
+        outs = sched.update(plan, IterationResult(clock.tick(), prefilled=[Prefilled(s, n, 9 if last else None)]))
+        assert [o.new_token_ids for o in outs] == ([[9]] if last else [])
+    assert chunks == [256, 256, 88] and s.first_token_time == clock.now and s.decoding
+
+    plan = sched.schedule(clock.now)
+    assert plan.decode == [s] and not plan.prefill
+    (out,) = sched.update(plan, IterationResult(clock.tick(), decoded=[verified(s, [10, 11, 12])], verification=0.04))
+    assert out.new_token_ids == [10, 11, 12] and not out.finished and out.stats.accepted_drafts == 2
+    assert sched.decode_iterations == 1 and sched.estimator.t_iter == 0.04 and sched.estimator.mean_accepted() == 3
+    plan = sched.schedule(clock.now)
+    (out,) = sched.update(plan, IterationResult(clock.tick(), decoded=[verified(s, [13, 14, 15])]))
+    assert out.new_token_ids == [13] and out.finish_reason == FinishReason.LENGTH  # max_tokens = 5: the rest is cut
+    assert out.num_output_tokens == 5 and out.stats.verifications == 2
+    assert released == [s] and not sched.has_work()
+
+
+def test_update_stops_at_eos_only_after_min_tokens_and_ends_failed_requests_alone():
+    sched, released = lifecycle_scheduler()
+    clock = Clock()
+    early, failing, other = (start(sched, r, prompt=4, clock=clock, max_tokens=20, min_tokens=m) for r, m in
+                             (("early", 3), ("failing", 0), ("other", 0)))
+    plan = sched.schedule(clock.now)
+    assert list(plan.prefill) == [early, failing, other]
+    sched.update(plan, IterationResult(clock.tick(), prefilled=[Prefilled(x, 4, 7) for x in (early, failing, other)]))
+    plan = sched.schedule(clock.now)
+    result = IterationResult(clock.tick(), decoded=[verified(early, [2, 8]), verified(other, [8, 2, 9])],
+                             failed=[(failing, "internal error: boom")])
+    outs = {o.request_id: o for o in sched.update(plan, result)}
+    assert outs["early"].new_token_ids == [2, 8] and not outs["early"].finished  # EOS within min_tokens
+    assert outs["other"].new_token_ids == [8, 2] and outs["other"].finish_reason == FinishReason.STOP
+    assert outs["failing"].finish_reason == FinishReason.ERROR and outs["failing"].error == "internal error: boom"
+    assert released == [failing, other] and sched.running == [early]
+
+
+def test_a_preempted_request_reprefills_without_emitting_again():
+    sched, released = lifecycle_scheduler(num_blocks=6)
+    clock = Clock()
+    old = start(sched, "old", prompt=8, clock=clock)
+    clock.tick()
+    new = start(sched, "new", prompt=8, clock=clock)
+    plan = sched.schedule(clock.now)
+    sched.update(plan, IterationResult(clock.tick(), prefilled=[Prefilled(old, 8, 7), Prefilled(new, 8, 7)]))
+    # what the runner's prefill left in the cache: two full blocks each; another request holds one more
+    for seq_id, n in ((old.seq_id, 8), (new.seq_id, 8), (-1, 4)):
+        sched.target_blocks.append(seq_id, [-1] + list(range(n - 1)))
+        sched.target_blocks.commit_all(seq_id)
+    plan = sched.schedule(clock.now)  # each decode token needs a block of its own: the newest goes
+    assert plan.decode == [old] and released == [new] and sched.num_preemptions == 1
+    assert new.prefill_goal == 8 and not new.decoding  # prompt and output, but the root
+    sched.update(plan, IterationResult(clock.tick(), decoded=[verified(old, [8])]))
+    plan = sched.schedule(clock.now)
+    assert plan.prefill == {new: 8} and plan.decode == []  # continuous: prefill holds back decode
+    assert sched.update(plan, IterationResult(clock.tick(), prefilled=[Prefilled(new, 8)])) == []
+    assert new.decoding and new.output == [7]
+    (out,) = [o for o in sched.update(sched.schedule(clock.now), IterationResult(
+        clock.tick(), decoded=[verified(old, [9]), verified(new, [10])])) if o.request_id == "new"]
+    assert out.new_token_ids == [10] and out.num_output_tokens == 2
+
+
+def test_aborts_and_failures_answer_every_request_once():
+    sched, released = lifecycle_scheduler(max_num_seqs=1)
+    clock = Clock()
+    running_one, queued = start(sched, "r", prompt=4, clock=clock), start(sched, "q", prompt=4, clock=clock)
+    sched.schedule(clock.now)
+    assert sched.running == [running_one] and list(sched.waiting) == [queued]
+    assert sched.abort("never-seen", clock.now) == []
+    (out,) = sched.abort("q", clock.now)
+    assert out.request_id == "q" and out.finish_reason == FinishReason.ABORT and out.finished
+    (out,) = sched.fail_all("shutting down", clock.now)
+    assert out.request_id == "r" and out.finish_reason == FinishReason.ERROR and out.error == "shutting down"
+    assert released == [queued, running_one] and not sched.has_work()
+
+
+def test_a_request_the_cache_cannot_hold_gets_a_final_error_from_update():
+    sched = scheduler(TableEstimator(), num_blocks=2)
+    (lone,) = running(sched, seq(100, prompt=7))
+    cached(sched, lone, 8)
+    plan = sched.schedule(START)
+    (out,) = sched.update(plan, IterationResult(START))
+    assert out.finished and out.finish_reason == FinishReason.ERROR and out.error == NO_ROOM
+    assert out.request_id == lone.request.request_id and not sched.has_work()

@@ -24,8 +24,7 @@ class Detok:
 @pytest.fixture
 def loop():
     target = tiny_checkpoint("llama")
-    engine = make_engine(target, target, "adaserve")
-    engine.tokenizer = Detok()
+    engine = make_engine(target, target, "adaserve", tokenizer=Detok())
     loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
     yield loop
     if not loop.stopping:

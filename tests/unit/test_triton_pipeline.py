@@ -31,8 +31,7 @@ def postprocessing(inputs, decoupled):
 @pytest.fixture
 def served(monkeypatch):
     target = tiny_checkpoint("llama")
-    engine = make_engine(target, target, "adaserve")
-    engine.tokenizer = Detok()
+    engine = make_engine(target, target, "adaserve", tokenizer=Detok())
     loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
     loop.streams = []  # the senders of the scheduler model's requests, as the pipeline made them
 
@@ -124,3 +123,25 @@ def test_shutdown_answers_every_request_in_flight_at_once(served, monkeypatch):
     time.sleep(0.3)  # the pipeline's request threads see the engine's own final errors; no second final
     for r in reqs:
         assert sum(f == FINAL for _, f in r.sender.sent) == 1
+
+
+def test_a_stopping_server_is_noticed_before_finalize(served, monkeypatch):
+    """Triton finalizes a model only once its requests are released (a final response each): both
+    models must notice the shutdown themselves, or the server waits out its 30 s exit timeout."""
+    pipeline, loop = served
+    reqs = [client(f"story {i}", 400) for i in range(2)]
+    for r in reqs:
+        pipeline.submit(r)
+    deadline = time.monotonic() + 30
+    while not all(r.sender.sent for r in reqs):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    in_flight = [r for r in reqs if not r.sender.finished.is_set()]
+    monkeypatch.setattr(fake_pb, "SERVER_READY", False)  # no shutdown() / finalize call below
+    for r in in_flight:
+        assert r.sender.finished.wait(3), "the client was not answered"
+        assert "shutting down" in r.sender.sent[-1][0].error().message()
+    for stream in loop.streams:  # the scheduler model released its requests too
+        assert stream.finished.wait(3) and "shutting down" in stream.sent[-1][0].error().message()
+    loop.loop_thread.join(3)
+    assert in_flight and not loop.loop_thread.is_alive() and kv_free(loop)

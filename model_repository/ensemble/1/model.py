@@ -1,20 +1,14 @@
 """Triton adapter for the client-facing pipeline; all logic is in adaserve_backend."""
 
-import os
-import sys
+import adaserve_stub_path  # noqa: F401  first: puts PYTHONPATH on sys.path (adaserve_backend/triton/stub_path.py)
+import triton_python_backend_utils as pb_utils
 
-# The backend stub's embedded interpreter ignores PYTHONPATH; honour it so the project and its virtual
-# environment (set up by adaserve_backend.triton.server) are importable.
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from adaserve_backend.triton.pipeline import BLSPipeline  # noqa: E402
+from adaserve_backend.triton.pipeline import BLSPipeline
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.pipeline = BLSPipeline(pb_utils)
+        self.pipeline = BLSPipeline(pb_utils, model_name=args["model_name"])
 
     def execute(self, requests):
         for request in requests:

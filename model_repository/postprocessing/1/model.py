@@ -1,19 +1,12 @@
 """Triton adapter: (context ids, new ids) -> text_output delta; other outputs pass through."""
 
-import os
-import sys
+import adaserve_stub_path  # noqa: F401  first: puts PYTHONPATH on sys.path (adaserve_backend/triton/stub_path.py)
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-# The backend stub's embedded interpreter ignores PYTHONPATH; honour it so the project and its virtual
-# environment (set up by adaserve_backend.triton.server) are importable.
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from adaserve_backend.triton.detokenize import text_delta  # noqa: E402
-from adaserve_backend.triton.protocol import PASS_THROUGH_OUTPUTS  # noqa: E402
-from adaserve_backend.triton.repository import load_repository_tokenizer  # noqa: E402
-
+from adaserve_backend.triton.detokenize import text_delta
+from adaserve_backend.triton.protocol import PASS_THROUGH_OUTPUTS
+from adaserve_backend.triton.repository import load_repository_tokenizer
 
 
 class TritonPythonModel:

@@ -1,16 +1,10 @@
 """Triton adapter: text_input -> input_ids."""
 
-import os
-import sys
+import adaserve_stub_path  # noqa: F401  first: puts PYTHONPATH on sys.path (adaserve_backend/triton/stub_path.py)
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-# The backend stub's embedded interpreter ignores PYTHONPATH; honour it so the project and its virtual
-# environment (set up by adaserve_backend.triton.server) are importable.
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from adaserve_backend.triton.repository import encode_prompt, load_repository_tokenizer  # noqa: E402
+from adaserve_backend.triton.repository import encode_prompt, load_repository_tokenizer
 
 
 class TritonPythonModel:

@@ -1,0 +1,28 @@
+"""config.py: the engine JSON and its checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaserve_backend.config import EngineConfig
+
+
+def test_engine_json_profile_path_is_relative_to_the_file(tmp_path):
+    (tmp_path / "engine.json").write_text(json.dumps({"speculation": {"profile_path": "profile.json"}, "draft": None}))
+    cfg = EngineConfig.from_json(str(tmp_path / "engine.json"))
+    assert cfg.speculation.profile_path == str(tmp_path / "profile.json") and cfg.draft is None
+    with pytest.raises(ValueError, match="unknown keys"):
+        EngineConfig.from_dict({"scheduler": {"polcy": "adaserve"}})
+
+
+def test_a_request_slo_is_its_own_then_its_class_then_the_default_and_a_bad_class_is_an_error():
+    sched = EngineConfig().scheduler
+    default = sched.slo_ms(sched.default_slo_class)
+    name, ms = sched.slo_classes[0].name, sched.slo_classes[0].tpot_ms
+    assert sched.request_slo_ms(None, None) == default
+    assert sched.request_slo_ms(None, name) == ms
+    assert sched.request_slo_ms(42.0, name) == 42.0
+    with pytest.raises(ValueError, match="slo_class"):
+        sched.request_slo_ms(42.0, "no-such-class")  # unused, still checked
