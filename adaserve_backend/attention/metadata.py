@@ -1,9 +1,10 @@
 """Attention metadata for one batched forward: which KV slots each sequence's new tokens read, and
 which of them each new token may see.
 
-The fields mirror FlashInfer's `BatchPrefillWithPagedKVCacheWrapper.plan(qo_indptr, paged_kv_indptr,
-paged_kv_indices, paged_kv_last_page_len, ..., custom_mask=...)`, so a FlashInfer backend plans from
-it directly; the torch backend derives padded gather indices and masks from the same data.
+The paged layout (kv_indptr, kv_indices, per-sequence masks over [q_len, kv_len]) is the one
+FlashInfer's `BatchPrefillWithPagedKVCacheWrapper.plan` takes, so a CUDA backend can plan from these
+fields plus offsets it derives from q_lens / kv_lens; the torch backend builds padded gather indices
+and masks from them.
 
 One representation covers every kind of step: a sequence's new tokens are the tail of its uncommitted
 region (see `kv_cache.block_manager`), and a new token sees the whole committed prefix plus its own
@@ -26,18 +27,10 @@ class AttentionMetadata:
     page_size: int
     q_lens: list[int]  # host-side copies so planning needs no device sync
     kv_lens: list[int]
-    qo_indptr: torch.Tensor  # int32 [B+1]
     kv_indptr: torch.Tensor  # int32 [B+1], offsets into kv_indices
     kv_indices: torch.Tensor  # int32 [pages], block ids
-    kv_last_page_len: torch.Tensor  # int32 [B]
     masks: list[torch.Tensor]  # per sequence, bool [q_len, kv_len]
-    causal: bool  # every mask is plain bottom-right causal
     slot_mapping: torch.Tensor  # int64 [T], where each new token's K/V is written
-
-    @property
-    def custom_mask(self) -> torch.Tensor:
-        """FlashInfer's flattened custom mask (each sequence's [q_len, kv_len] block, row-major)."""
-        return torch.cat([m.reshape(-1) for m in self.masks])
 
 
 def is_chain(parents: Sequence[int]) -> bool:
@@ -63,8 +56,7 @@ def build_metadata(
     sequence's region this forward computes (already appended to `blocks`)."""
     page = blocks.block_size
     q_lens, kv_lens, masks, slots = [], [], [], []
-    kv_indptr, kv_indices, last_page_len = [0], [], []
-    causal = True
+    kv_indptr, kv_indices = [0], []
     for seq_id, q_len in new_tokens:
         s = blocks.seq(seq_id)
         region = len(s.region_parents)
@@ -73,27 +65,19 @@ def build_metadata(
         kv_len = s.num_slots
         anc = ancestor_mask(s.region_parents)[region - q_len :]
         masks.append(torch.cat([torch.ones(q_len, s.num_committed, dtype=torch.bool), anc], dim=1).to(device))
-        causal &= q_len == region and is_chain(s.region_parents)
         pages = blocks.blocks_for(kv_len)
         kv_indices.extend(s.block_table[:pages])
         kv_indptr.append(len(kv_indices))
-        last_page_len.append(kv_len - (pages - 1) * page)
         slots.extend(blocks.slot(s, i) for i in range(kv_len - q_len, kv_len))
         q_lens.append(q_len)
         kv_lens.append(kv_len)
     i32 = dict(dtype=torch.int32, device=device)
-    qo_indptr = [0]
-    for q in q_lens:
-        qo_indptr.append(qo_indptr[-1] + q)
     return AttentionMetadata(
         page_size=page,
         q_lens=q_lens,
         kv_lens=kv_lens,
-        qo_indptr=torch.tensor(qo_indptr, **i32),
         kv_indptr=torch.tensor(kv_indptr, **i32),
         kv_indices=torch.tensor(kv_indices, **i32),
-        kv_last_page_len=torch.tensor(last_page_len, **i32),
         masks=masks,
-        causal=causal,
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
     )

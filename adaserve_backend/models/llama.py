@@ -118,7 +118,7 @@ class LlamaModel(nn.Module):
     row j is token head_vocab[j]. None: the full vocabulary.
 
     forward returns the final-norm hidden state of every token: the input of the output head, and the
-    feature a feature-conditioned draft (draft/model.py) reads from the target."""
+    feature a feature-conditioned draft (models/feature_draft.py) reads from the target."""
 
     takes_features = False  # whether forward needs a feature vector per token besides its id
 
