@@ -29,11 +29,14 @@ def reference_outputs(path: str, prompts: list[list[int]], tokens: int) -> list[
     from adaserve_backend.models.loader import read_checkpoint
 
     # Built from the dequantised state dict our loader reads, then cast: transformers would otherwise
-    # keep a GGUF checkpoint's weights packed and compute its matmuls in float32.
+    # keep a GGUF checkpoint's weights packed and compute its matmuls in float32. The RoPE frequencies
+    # stay float32, as `from_pretrained(dtype=torch.bfloat16)` keeps them (a blanket cast would not).
     hf_config, _, state = read_checkpoint(path)
     hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     hf.load_state_dict(state, strict=False)
+    inv_freq = hf.model.rotary_emb.inv_freq.clone()
     hf = hf.to(torch.bfloat16).eval()
+    hf.model.rotary_emb.inv_freq = inv_freq
     outs = []
     for ids in tqdm(prompts, desc="transformers bf16", leave=False):
         out = hf.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)

@@ -37,7 +37,11 @@ class TorchSDPABackend:
             rows.append(torch.arange(q_len, device=device) + i * max_q)
         self.meta = meta
         self._gather = gather.view(-1)  # index_select on a flat index is several times faster than k[gather]
-        self._mask = mask
+        # Hand SDPA the simplest problem that is equivalent, as transformers does: no mask when every
+        # query sees every key (decode over equal lengths), is_causal for a fresh causal prefill. Its
+        # kernels then round exactly as transformers' own calls do, and skip the mask reads.
+        self._causal = b == 1 and max_q == max_kv and torch.equal(mask[0, 0], torch.ones_like(mask[0, 0]).tril_())
+        self._mask = None if self._causal or bool(mask.all()) else mask
         # A decode batch (one token each) or a single sequence has no padded query rows to scatter
         # into and pick back out.
         self._q_rows = None if all(q == max_q for q in meta.q_lens) else torch.cat(rows)
@@ -56,6 +60,6 @@ class TorchSDPABackend:
         kv_heads = k_flat.shape[1]
         keys = k_flat.index_select(0, self._gather).view(b, max_kv, kv_heads, dim).transpose(1, 2)
         values = v_flat.index_select(0, self._gather).view(b, max_kv, kv_heads, dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self._mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self._mask, is_causal=self._causal, enable_gqa=True)
         out = out.transpose(1, 2).reshape(b * max_q, heads, dim)
         return out if self._q_rows is None else out.index_select(0, self._q_rows)
