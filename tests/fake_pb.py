@@ -22,13 +22,19 @@ class Tensor:
 
 
 class TritonError:
-    CANCELLED = "CANCELLED"
+    """The installed Python backend's codes (its stub defines exactly these); INTERNAL is the default."""
 
-    def __init__(self, message, code=None):
-        self._message, self.code = message, code
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = (
+        "UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED")
+
+    def __init__(self, message, code=INTERNAL):
+        self._message, self._code = message, code
 
     def message(self):
         return self._message
+
+    def code(self):
+        return self._code
 
 
 class InferenceResponse:
@@ -125,7 +131,7 @@ class InferenceRequest:
 
     def exec(self, decoupled=False):
         if not SERVER_READY:
-            error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready"))
+            error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready", TritonError.UNAVAILABLE))
             return iter([error]) if decoupled else error
         return MODELS[self.model_name](self.inputs, decoupled)
 

@@ -57,7 +57,7 @@ class BLSPipeline:
             pending, self.active = self.active, {}
         finally:
             self.lock.release()
-        error = self.pb.InferenceResponse(error=self.pb.TritonError(SHUTTING_DOWN))
+        error = self.pb.InferenceResponse(error=self.pb.TritonError(SHUTTING_DOWN, self.pb.TritonError.UNAVAILABLE))
         for sender in pending.values():
             try:
                 sender.send(error, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -96,8 +96,8 @@ class BLSPipeline:
                     return  # answered by shutdown meanwhile
             streaming = False
             self._finish(sender, request_id, None)
-        except ValueError as e:
-            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e))))
+        except ValueError as e:  # the client's input (preprocessing refused it)
+            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)))
         except Exception as e:  # never leave a client without a final response
             log.exception("pipeline failed")
             self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(f"internal error: {e}")))
