@@ -133,7 +133,15 @@ class InferenceRequest:
         if not SERVER_READY:
             error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready", TritonError.UNAVAILABLE))
             return iter([error]) if decoupled else error
-        return MODELS[self.model_name](self.inputs, decoupled)
+        result = MODELS[self.model_name](self.inputs, decoupled)
+        return (_bls(r) for r in result) if decoupled else _bls(result)
+
+
+def _bls(response):
+    """What a BLS caller gets: as in Triton 2.51's Python backend, an error keeps its message, not its code."""
+    if response is not None and response.has_error():
+        return InferenceResponse(error=TritonError(response.error().message()))
+    return response
 
 
 class StreamSender(Sender):

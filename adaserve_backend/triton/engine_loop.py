@@ -21,7 +21,7 @@ from ..request import FinishReason, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
 from .detokenize import StreamState
 from .metrics import EngineMetrics, Finished
-from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors
+from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors, tag_error
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -200,7 +200,8 @@ class TritonEngineLoop:
     def _send_error(self, sender, message: str, code) -> None:
         """Codes at the right depth: bad input INVALID_ARG (gRPC INVALID_ARGUMENT, HTTP 400), an overload
         rejection or a stopping server UNAVAILABLE (503), cancellation CANCELLED, a failure INTERNAL."""
-        err = self.pb.TritonError(message, code)
+        name = next((n for n in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED") if getattr(self.pb.TritonError, n) == code), "INTERNAL")
+        err = self.pb.TritonError(tag_error(message, name), code)
         self.sends.put((sender, self.pb.InferenceResponse(error=err), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
     # ---- response thread ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from .protocol import INPUT_NAMES
+from .protocol import INPUT_NAMES, untag_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -81,7 +81,7 @@ class BLSPipeline:
             for response in stream:
                 if response.has_error():
                     streaming = False
-                    self._finish(sender, request_id, pb.InferenceResponse(error=response.error()))
+                    self._finish(sender, request_id, pb.InferenceResponse(error=self._error(response.error())))
                     return
                 tensors = {t.name(): t for t in response.output_tensors()}
                 if not tensors:
@@ -104,6 +104,11 @@ class BLSPipeline:
         finally:
             if streaming:  # we stopped listening (postprocessing failed...): free its KV blocks
                 self._abort(request_id)
+
+    def _error(self, err):
+        """The scheduler model's error with its code restored (see protocol.CODE_TAG)."""
+        name, message = untag_error(err.message())
+        return self.pb.TritonError(message, getattr(self.pb.TritonError, name) if name else err.code())
 
     def _preprocess(self, request) -> np.ndarray:
         pb = self.pb

@@ -8,6 +8,7 @@ and validation are tested without a server.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,22 @@ PASS_THROUGH_OUTPUTS = (
     "num_input_tokens", "num_output_tokens", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
     "total_draft_tokens", "arrival_time_ns", "first_token_time_ns", "emit_time_ns",
 )
+
+
+# The Python backend drops an error's code on its way back through a BLS call (Triton 2.51: the
+# pipeline's `response.error().code()` reads INTERNAL for the scheduler model's UNAVAILABLE), so the
+# scheduler model also names the code in its message; the pipeline restores the code and strips the tag.
+CODE_TAG = re.compile(r"^\[(INVALID_ARG|UNAVAILABLE|INTERNAL|CANCELLED)\] ")
+
+
+def tag_error(message: str, code_name: str) -> str:
+    return f"[{code_name}] {message}"
+
+
+def untag_error(message: str) -> tuple[str | None, str]:
+    """(the code's name, or None without a tag; the message without its tag)."""
+    m = CODE_TAG.match(message)
+    return (m.group(1), message[m.end():]) if m else (None, message)
 
 
 @dataclass(frozen=True)

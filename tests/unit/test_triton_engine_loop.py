@@ -134,7 +134,7 @@ def test_error_codes_bad_input_invalid_arg_and_an_overload_rejection_unavailable
             assert ids_of(r) == reference(target, want) and not any(resp.has_error() for resp, _ in r.sender.sent if resp)
         (resp, flags), = doomed.sender.sent  # one final error, no data before it
         assert resp.error().code() == fake_pb.TritonError.UNAVAILABLE and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        assert resp.error().message().startswith("server cannot meet ttft_slo_ms=1 at the current load")
+        assert resp.error().message().startswith("[UNAVAILABLE] server cannot meet ttft_slo_ms=1 at the current load")
         (resp, _), = bad.sender.sent
         assert resp.error().code() == fake_pb.TritonError.INVALID_ARG and "ttft_slo_ms must be positive" in resp.error().message()
         m = loop.metrics
