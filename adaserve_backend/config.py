@@ -7,6 +7,7 @@ JSON the Triton model repository ships (unknown keys are an error, so typos do n
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -74,8 +75,17 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SLOClass:
+    """A named pair of targets: time per output token after the first, and time to the first token."""
+
     name: str
     tpot_ms: float
+    ttft_ms: float = 2000.0
+
+    def __post_init__(self) -> None:
+        for key in ("tpot_ms", "ttft_ms"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"slo class {self.name!r}: {key} must be a positive number of ms, got {v}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,11 @@ class SchedulerConfig:
     admission_headroom: the predicted time per token with one more request is taken this much larger
       in admission (iteration times on a busy CPU vary by +-15%; without it admitted requests that are
       just on track fall behind).
-    slo_classes / default_slo_class: named TPOT targets a request may pick instead of a number.
+    slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers.
+    overload: what SLO-aware admission does with a request whose first-token deadline (arrival + TTFT
+      target) no admissible schedule meets, predicted at arrival or while it waits: "reject" ends it at
+      once with a REJECTED error (gRPC UNAVAILABLE, HTTP 503), "best_effort" keeps it, marked as having
+      missed its SLO, and serves it when capacity frees. A request that has streamed is never rejected.
     """
 
     policy: str = "adaserve"
@@ -105,8 +119,10 @@ class SchedulerConfig:
     token_budget: int = 256
     slo_admission: bool = True
     admission_headroom: float = 1.15
-    slo_classes: tuple[SLOClass, ...] = (SLOClass("coding", 60.0), SLOClass("chat", 100.0), SLOClass("summary", 300.0))
+    slo_classes: tuple[SLOClass, ...] = (
+        SLOClass("coding", 60.0, 2000.0), SLOClass("chat", 100.0, 2000.0), SLOClass("summary", 300.0, 5000.0))
     default_slo_class: str = "chat"
+    overload: str = "reject"
 
     def __post_init__(self) -> None:
         classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
@@ -118,6 +134,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
         if self.admission_headroom < 1.0:
             raise ValueError("admission_headroom must be >= 1")
+        if self.overload not in ("reject", "best_effort"):
+            raise ValueError(f"overload must be 'reject' or 'best_effort', got {self.overload!r}")
 
     @property
     def speculative(self) -> bool:
@@ -129,17 +147,25 @@ class SchedulerConfig:
 
         return make_policy(self.policy)
 
-    def slo_ms(self, name: str) -> float:
+    def slo_class(self, name: str) -> SLOClass:
         for c in self.slo_classes:
             if c.name == name:
-                return c.tpot_ms
+                return c
         raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
+
+    def slo_ms(self, name: str) -> float:
+        return self.slo_class(name).tpot_ms
 
     def request_slo_ms(self, tpot_slo_ms: float | None, slo_class: str | None) -> float:
         """A request's TPOT SLO: its own, else its class's, else the default class's. The class is looked
         up even when the request's own SLO leaves it unused: a typo is an error, not silently ignored."""
         class_ms = self.slo_ms(slo_class or self.default_slo_class)
         return tpot_slo_ms or class_ms
+
+    def request_ttft_ms(self, ttft_slo_ms: float | None, slo_class: str | None) -> float:
+        """A request's TTFT target, resolved as request_slo_ms resolves the TPOT one."""
+        class_ms = self.slo_class(slo_class or self.default_slo_class).ttft_ms
+        return ttft_slo_ms or class_ms
 
 
 @dataclass(frozen=True)

@@ -82,11 +82,12 @@ class Engine:
         if request.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need an engine built with a tokenizer")
         slo_ms = self.config.scheduler.request_slo_ms(request.tpot_slo_ms, request.slo_class)
+        ttft_ms = self.config.scheduler.request_ttft_ms(request.ttft_slo_ms, request.slo_class)
         with self._live_lock:
             if request.request_id in self._live_ids:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
             self._live_ids.add(request.request_id)
-        self._inbox.put((request, slo_ms, time.monotonic()))
+        self._inbox.put((request, (slo_ms, ttft_ms), time.monotonic()))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put((request_id, None, None))
@@ -117,9 +118,10 @@ class Engine:
     def _take_inbox(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         while not self._inbox.empty():
-            item, slo_ms, received = self._inbox.get()
+            item, slos, received = self._inbox.get()
             if isinstance(item, Request):
-                self.scheduler.add(Sequence.start(item, next(self._seq_ids), slo_ms, received, self.eos_token_ids))
+                tpot_ms, ttft_ms = slos
+                self.scheduler.add(Sequence.start(item, next(self._seq_ids), tpot_ms, received, self.eos_token_ids, ttft_ms))
             else:
                 outputs += self.scheduler.abort(item, time.monotonic())
         return outputs

@@ -33,6 +33,13 @@ def append_tokens(seq: Sequence, tokens: list[int], tokenizer) -> tuple[list[int
     return new, reason
 
 
+def queue_wait_s(seq: Sequence, now: float, reason: FinishReason | None) -> float | None:
+    """Arrival to first admission; a request that ends without one waited until now."""
+    if seq.admitted_time is not None:
+        return seq.admitted_time - seq.arrival
+    return now - seq.arrival if reason is not None else None
+
+
 def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason | None, error: str | None = None) -> RequestOutput:
     return RequestOutput(
         request_id=seq.request.request_id,
@@ -46,5 +53,7 @@ def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason 
         num_prompt_tokens=len(seq.request.prompt_ids),
         num_output_tokens=seq.emitted,
         tpot_slo_ms=seq.tpot_slo_s * 1e3,
-        stats=RequestStats(seq.verifications, seq.draft_tokens, seq.accepted_drafts),
+        ttft_slo_ms=seq.ttft_slo_s * 1e3,
+        stats=RequestStats(seq.verifications, seq.draft_tokens, seq.accepted_drafts, queue_wait_s(seq, now, reason),
+                           seq.missed),
     )

@@ -35,15 +35,22 @@ class FinishReason(str, Enum):  # a str: the wire value is .value, and it compar
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # cancelled by the client
     ERROR = "error"
+    REJECTED = "rejected"  # SLO-aware admission could not meet its first-token deadline (overload: reject)
 
 
 @dataclass(frozen=True)
 class RequestStats:
-    """Speculation counters of one request so far."""
+    """Speculation counters and scheduling record of one request so far."""
 
     verifications: int = 0
     draft_tokens: int = 0  # draft tokens sent to verification
     accepted_drafts: int = 0
+    queue_wait_s: float | None = None  # arrival to first admission (rejected: to the rejection); None: still waiting
+    overload: str | None = None  # why admission gave up its first-token deadline (rejected, or best_effort)
+
+    @property
+    def slo_missed(self) -> bool:
+        return self.overload is not None
 
     @property
     def acceptance_rate(self) -> float:
@@ -52,8 +59,8 @@ class RequestStats:
 
 @dataclass(frozen=True)
 class Request:
-    """One generation request. `tpot_slo_ms` wins over `slo_class`; with neither, the configured
-    default class applies. `arrival_time` (time.monotonic()) defaults to when the engine receives it."""
+    """One generation request. `tpot_slo_ms` and `ttft_slo_ms` win over `slo_class`'s targets; with
+    neither, the configured default class applies. `arrival_time` (time.monotonic()) defaults to when the engine receives it."""
 
     request_id: str
     prompt_ids: list[int]
@@ -64,6 +71,7 @@ class Request:
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
     tpot_slo_ms: float | None = None
+    ttft_slo_ms: float | None = None
     slo_class: str | None = None
     arrival_time: float | None = None
 
@@ -84,8 +92,10 @@ class Request:
                 f"prompt ({len(self.prompt_ids)} tokens) + max_tokens ({self.max_tokens}) exceeds "
                 f"the model's context of {max_model_len} tokens"
             )
-        if self.tpot_slo_ms is not None and not (math.isfinite(self.tpot_slo_ms) and self.tpot_slo_ms > 0):
-            raise ValueError(f"tpot_slo_ms must be a positive finite number, got {self.tpot_slo_ms}")
+        for name in ("tpot_slo_ms", "ttft_slo_ms"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {v}")
 
 
 @dataclass
@@ -103,4 +113,5 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     tpot_slo_ms: float = 0.0
+    ttft_slo_ms: float = 0.0
     stats: RequestStats = field(default_factory=RequestStats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -27,15 +28,34 @@ class Sequence:
     verifications: int = 0
     draft_tokens: int = 0
     accepted_drafts: int = 0
+    ttft_slo_s: float = math.inf  # inf: no first-token deadline
+    admitted_time: float | None = None  # first left the waiting queue
+    missed: str | None = None  # why admission gave up its first-token deadline (overload: best_effort)
 
     @classmethod
-    def start(cls, req: Request, seq_id: int, tpot_slo_ms: float, received: float, eos_ids: frozenset[int]) -> Sequence:
+    def start(cls, req: Request, seq_id: int, tpot_slo_ms: float, received: float, eos_ids: frozenset[int],
+              ttft_slo_ms: float = math.inf) -> Sequence:
         """A new request's state; a sampled request gets its own generator, seeded if it asked."""
         gen = None
         if not req.sampling.greedy:
             gen = torch.Generator().manual_seed(req.sampling.seed if req.sampling.seed is not None else torch.seed())
         eos = frozenset() if req.ignore_eos else eos_ids
-        return cls(req, seq_id, tpot_slo_ms / 1e3, req.arrival_time or received, eos, gen, len(req.prompt_ids))
+        return cls(req, seq_id, tpot_slo_ms / 1e3, req.arrival_time or received, eos, gen, len(req.prompt_ids),
+                   ttft_slo_s=ttft_slo_ms / 1e3)
+
+    @property
+    def deadline(self) -> float:
+        """When its first token is due: arrival + TTFT target."""
+        return self.arrival + self.ttft_slo_s
+
+    @property
+    def slo_missed(self) -> bool:
+        return self.missed is not None
+
+    @property
+    def started_stream(self) -> bool:
+        """It has produced output (a preempted request too): from now on it is served to the end."""
+        return bool(self.output)
 
     @property
     def tokens(self) -> list[int]:

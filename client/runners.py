@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Sequence
 
@@ -13,6 +14,10 @@ from tqdm import tqdm
 
 from .metrics import RequestRecord
 from .workload import WorkItem
+
+
+def _finite(ms: float) -> float | None:
+    return ms if math.isfinite(ms) else None
 
 
 def _record(item: WorkItem, start: float) -> RequestRecord:
@@ -37,7 +42,8 @@ def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float
             item = pending[nxt]
             records[item.request_id] = _record(item, start)
             engine.add_request(Request(item.request_id, ids[item.request_id], max_tokens=item.max_tokens,
-                                       tpot_slo_ms=item.tpot_slo_ms, arrival_time=start + item.arrival_s))
+                                       tpot_slo_ms=item.tpot_slo_ms, ttft_slo_ms=_finite(item.ttft_slo_ms),
+                                       arrival_time=start + item.arrival_s))
             nxt += 1
         if not engine.has_work():
             time.sleep(max(0.0, min(0.05, start + pending[nxt].arrival_s - time.monotonic())) if nxt < len(pending) else 0)
@@ -98,8 +104,12 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
         client = AsyncStreamClient(url, model)
 
         async def send(item: WorkItem, rec: RequestRecord) -> None:
-            length = {"min_tokens": np.array([item.max_tokens], dtype=np.int32)} if exact_length else None
-            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat, extra=length):
+            extra_inputs = {}  # the scheduler plans for both targets (none: its class's TTFT target)
+            if math.isfinite(item.ttft_slo_ms):
+                extra_inputs["ttft_slo_ms"] = np.array([item.ttft_slo_ms], dtype=np.float32)
+            if exact_length:
+                extra_inputs["min_tokens"] = np.array([item.max_tokens], dtype=np.int32)
+            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra_inputs):
                 now = time.monotonic()
                 if text:
                     rec.first_token = rec.first_token or now

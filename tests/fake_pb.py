@@ -22,13 +22,19 @@ class Tensor:
 
 
 class TritonError:
-    CANCELLED = "CANCELLED"
+    """The installed Python backend's codes (its stub defines exactly these); INTERNAL is the default."""
 
-    def __init__(self, message, code=None):
-        self._message, self.code = message, code
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = (
+        "UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED")
+
+    def __init__(self, message, code=INTERNAL):
+        self._message, self._code = message, code
 
     def message(self):
         return self._message
+
+    def code(self):
+        return self._code
 
 
 class InferenceResponse:
@@ -125,9 +131,17 @@ class InferenceRequest:
 
     def exec(self, decoupled=False):
         if not SERVER_READY:
-            error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready"))
+            error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready", TritonError.UNAVAILABLE))
             return iter([error]) if decoupled else error
-        return MODELS[self.model_name](self.inputs, decoupled)
+        result = MODELS[self.model_name](self.inputs, decoupled)
+        return (_bls(r) for r in result) if decoupled else _bls(result)
+
+
+def _bls(response):
+    """What a BLS caller gets: as in Triton 2.51's Python backend, an error keeps its message, not its code."""
+    if response is not None and response.has_error():
+        return InferenceResponse(error=TritonError(response.error().message()))
+    return response
 
 
 class StreamSender(Sender):

@@ -29,12 +29,15 @@ RETRY_AFTER_S = 1
 
 
 def error_from_ensemble(e: EnsembleError) -> OpenAIError:
-    """Faithful status codes: the server's overload answer -> 503 with Retry-After; bad input -> 400."""
+    """By the gRPC status alone (the models send each error with its code): bad input -> 400, the
+    scheduler's overload answer or a stopping server -> 503 with Retry-After, anything else -> 500."""
+    if e.status == "INVALID_ARGUMENT":
+        return OpenAIError(400, e.message)
     if e.status in ("UNAVAILABLE", "RESOURCE_EXHAUSTED"):
         return OpenAIError(503, e.message, kind="server_overloaded", retry_after_s=RETRY_AFTER_S)
-    if e.status in ("INTERNAL", "UNKNOWN") and e.message.startswith("internal error"):
-        return OpenAIError(500, e.message, kind="internal_error")
-    return OpenAIError(400, e.message)  # the ensemble's input validation (its messages name the input)
+    if e.status == "NOT_FOUND":
+        return OpenAIError(404, e.message, kind="not_found_error")
+    return OpenAIError(500, e.message, kind="internal_error")
 
 
 def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[str, np.ndarray]:
@@ -43,7 +46,7 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
     if gen.stop:
         extra["stop_words"] = np.array([s.encode() for s in gen.stop], dtype=object)
     if gen.ttft_slo_ms is not None:
-        if "ttft_slo_ms" not in supported:
+        if "ttft_slo_ms" not in supported:  # an older model repository: never ignore a target silently
             raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
         extra["ttft_slo_ms"] = np.array([gen.ttft_slo_ms], dtype=np.float32)
     return ensemble_tensors(prompt, gen.max_tokens, stream=True, slo_ms=gen.tpot_slo_ms, slo_class=gen.slo_class,

@@ -100,3 +100,18 @@ class Estimator:
     def chunk_extra_ms(self, n: int, depth: int, chunk: int) -> float:
         """What a prefill chunk adds to an iteration of `n` decoding requests (needs a cost model)."""
         return self.cost.chunk_extra_ms(n, self.verify_tokens(n, depth), chunk) * self.cost_correction
+
+    def prefill_iteration_s(self, n: int, chunk: int) -> float:
+        """One iteration carrying a `chunk`-token prefill chunk beside `n` decoding requests (needs a cost
+        model); with none decoding it is the chunk's own forward, the draft reading it too."""
+        if n == 0:
+            return (self.cost.verify_ms(chunk) + self.cost.draft_step_ms(chunk)) / 1e3 * self.cost_correction
+        depth, width = self.depth_width(n)
+        return self.iteration_s(n, depth, width) + self.chunk_extra_ms(n, depth, chunk) / 1e3
+
+    def first_token_s(self, n: int, tokens: int, chunk: int) -> float:
+        """From now to the first token of a request whose prompt ends `tokens` prefill tokens from now
+        (its own and those prefilled before it), at up to `chunk` tokens per iteration beside `n`
+        decoding requests: the iterations that carry them, the last one partly full."""
+        full, rest = divmod(max(tokens, 1), chunk)
+        return full * self.prefill_iteration_s(n, chunk) + (self.prefill_iteration_s(n, rest) if rest else 0.0)

@@ -12,7 +12,8 @@ from ..sequence import Sequence
 class IterationPlan:
     """decode: requests verifying a token tree (or decoding one token); prefill: prompt tokens to
     prefill per request; depth/width: the draft's beam search (0: no speculation); failed: requests
-    the scheduler ended (message per request) and the engine must report."""
+    the scheduler ended (message per request) and the engine must report; rejected: the same for
+    requests whose first-token deadline no admissible schedule meets (overload "reject")."""
 
     start: float
     decode: list[Sequence] = field(default_factory=list)
@@ -20,6 +21,7 @@ class IterationPlan:
     depth: int = 0
     width: int = 0
     failed: list[tuple[Sequence, str]] = field(default_factory=list)
+    rejected: list[tuple[Sequence, str]] = field(default_factory=list)  # first-token deadline unmeetable (overload: reject)
 
     @property
     def empty(self) -> bool:

@@ -11,6 +11,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .control import adaptive_depth_width
+from .deadlines import edf_key
 
 if TYPE_CHECKING:  # config validates policy names through make_policy: no import cycle at load
     from ..config import SchedulerConfig, SpeculationConfig
@@ -74,12 +75,16 @@ class Priority(Sarathi):
 
 
 class AdaServe(Policy):
-    """SLO-customized tree speculation with adaptive depth and width (the paper's Algorithm 2)."""
+    """SLO-customized tree speculation with adaptive depth and width (the paper's Algorithm 2); waiting
+    requests in order of first-token deadline."""
 
     name = "adaserve"
     speculative = True
     slo_aware = True
     victim = Priority.victim
+
+    def order(self, waiting: deque[Sequence]) -> deque[Sequence]:
+        return deque(sorted(waiting, key=edf_key))  # first-token deadlines: earliest first
 
     def depth_width(self, num_decode: int, budget: int, spec: SpeculationConfig) -> tuple[int, int]:
         return adaptive_depth_width(num_decode, budget, spec)

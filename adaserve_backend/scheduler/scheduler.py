@@ -20,6 +20,8 @@ from ..output_processor import append_tokens, make_output
 from ..request import FinishReason, RequestOutput
 from ..sequence import Sequence, draft_chain_span
 from .control import on_track, paced_chunk, seq_ends_within_slo, seq_slack_s
+from .deadlines import (NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, has_deadline, rejection_message,
+                        tokens_ahead, urgent_chunk)
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
@@ -49,6 +51,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.overloads: dict[str, int] = {}  # first-token deadlines given up, by reason (rejected or best_effort)
         self.iteration_stats: deque[IterationStats] = deque(maxlen=10_000)  # recent decode iterations
         self.decode_iterations = 0
 
@@ -82,8 +85,8 @@ class Scheduler:
 
     # ---- one iteration -------------------------------------------------------------------------
     def schedule(self, now: float) -> IterationPlan:
-        self._admit(now)
         plan = IterationPlan(start=now)
+        self._admit(now, plan)
         decode = [s for s in self.running if s.decoding]
         prefill = [s for s in self.running if not s.decoding]
         if self.policy.prefill_first and prefill:
@@ -99,6 +102,8 @@ class Scheduler:
         requests that ended, and the iteration's measurements to the estimator."""
         now = result.now
         outputs = [make_output(seq, [], now, FinishReason.ERROR, msg) for seq, msg in plan.failed]  # already dropped
+        # a rejection is decided (and timed) when the plan was made, before the iteration ran
+        outputs += [make_output(seq, [], plan.start, FinishReason.REJECTED, msg) for seq, msg in plan.rejected]
         outputs += [self._end(seq, now, FinishReason.ERROR, msg) for seq, msg in result.failed]
         for v in result.decoded:
             v.seq.verifications += 1
@@ -139,7 +144,9 @@ class Scheduler:
     def depth_width(self, num_decode: int) -> tuple[int, int]:
         return self.policy.depth_width(num_decode, self.estimator.budget, self.speculation)
 
-    def _admit(self, now: float) -> None:
+    def _admit(self, now: float, plan: IterationPlan) -> None:
+        if self.slo_admission:
+            self._give_up_unreachable(now, plan)
         reserved, i = 0, 0
         while i < len(self.waiting):
             seq = self.waiting[i]
@@ -151,27 +158,77 @@ class Scheduler:
                     continue
                 del self.waiting[i]
                 self.running.append(seq)
+                seq.admitted_time = seq.admitted_time if seq.admitted_time is not None else now
                 reserved += need
             elif self.policy.preempts_for(seq, self.running):
                 self._preempt(self.policy.victim(self.running))  # re-ordered behind the more urgent head
             else:
-                return
+                break
+        if self.slo_admission:
+            self._give_up_late(now, plan)
 
     def _keeps_slos(self, seq: Sequence, now: float) -> bool:
         """Whether, with `seq` running too, every running request that can still make its SLO (at the
-        time per token of a lone request) is on track for it, and `seq` itself can make its SLO (see
-        SchedulerConfig.slo_admission). One that fell behind blocks admissions until it has caught up:
-        letting others in because it is behind anyway would make it, and those after it, miss."""
+        time per token of a lone request) is on track for it, and so is `seq` unless it cannot be (its
+        TPOT target is below a lone request's, or its first-token deadline is already given up: holding
+        it back would make it wait for nothing). One that fell behind blocks admissions until it has
+        caught up: letting others in because it is behind anyway would make it, and those after it, miss."""
         est, n = self.estimator, len(self.running)
         best, after = est.tpot_at(1), est.tpot_at(n + 1) * self.config.admission_headroom
-        if not on_track(seq, now, after):
+        if not (on_track(seq, now, after) or seq.slo_missed or not on_track(seq, now, best)):
             return False
         return all(on_track(s, now, after) or not on_track(s, now, best) for s in self.running)
 
+    # ---- first-token deadlines (see deadlines.py) ------------------------------------------------
+    def _prefill_view(self) -> tuple[int, list[Sequence]]:
+        """Decoding requests (what prefill rides along) and the running requests still prefilling."""
+        decoding = sum(s.decoding for s in self.running)
+        return decoding, [s for s in self.running if not s.decoding]
+
+    def _give_up_unreachable(self, now: float, plan: IterationPlan) -> None:
+        """EDF order; a request whose first token would be late even if it started now, behind only the
+        running prefills due before it, is past saving: the overload answer applies at once."""
+        self.waiting = deque(sorted(self.waiting, key=edf_key))
+        n, prefilling = self._prefill_view()
+        for seq in [s for s in self.waiting if has_deadline(s)]:
+            at = first_token_at(self.estimator, seq, now, n, tokens_ahead(seq, prefilling), self._chunk(n))
+            if at > seq.deadline:
+                self._overload(seq, UNREACHABLE, at, plan)
+
+    def _give_up_late(self, now: float, plan: IterationPlan) -> None:
+        """A request not admitted now waits at least one more iteration; if that already makes its first
+        token late, no admissible schedule meets its deadline: the overload answer applies, so no request
+        waits past its deadline unanswered."""
+        est, (n, prefilling) = self.estimator, self._prefill_view()
+        chunk = self._chunk(n)
+        if prefilling:  # the next iteration carries a chunk of the running prefills
+            t_next, done = est.prefill_iteration_s(n, chunk), chunk
+        else:
+            t_next, done = (est.iteration_s(n, *self.depth_width(n)) if n else 0.0), 0
+        for seq in [s for s in self.waiting if has_deadline(s)]:
+            at = first_token_at(est, seq, now + t_next, n, max(0, tokens_ahead(seq, prefilling) - done), chunk)
+            if at > seq.deadline:
+                self._overload(seq, NO_CAPACITY, at, plan)
+
+    def _overload(self, seq: Sequence, reason: str, first_token: float, plan: IterationPlan) -> None:
+        """reject: end it now, with the prediction in the message; best_effort: serve it when capacity
+        frees, marked as having missed its SLO. Never a request that has streamed (has_deadline)."""
+        self.overloads[reason] = self.overloads.get(reason, 0) + 1
+        seq.missed = reason
+        if self.config.overload == "reject":
+            self._drop(seq)
+            plan.rejected.append((seq, rejection_message(seq, first_token)))
+
+    def _chunk(self, num_decode: int) -> int:
+        return self.policy.prefill_cap(self.config, num_decode)
+
     def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
-        cap = self.policy.prefill_cap(self.config, len(decode))
-        if self.slo_admission and decode and prefill:
-            cap = self._paced_prefill(decode, depth, width, now, cap)
+        cap = full = self._chunk(len(decode))
+        if self.slo_admission and prefill:
+            prefill = sorted(prefill, key=edf_key)  # first tokens in deadline order
+            if decode:  # paced by the decoding requests' slack, but never below what first tokens need
+                t_iter = self.estimator.prefill_iteration_s(len(decode), full)
+                cap = max(self._paced_prefill(decode, depth, width, now, cap), min(urgent_chunk(prefill, now, t_iter), full))
         chunks: dict[Sequence, int] = {}
         for seq in prefill:
             n = min(seq.prefill_goal - seq.prefilled, cap)

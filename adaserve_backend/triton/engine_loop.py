@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..request import FinishReason, RequestOutput
-from ..slo import attains, tpot_seconds
+from ..slo import attains, attains_ttft, tpot_seconds
 from .detokenize import StreamState
-from .metrics import EngineMetrics
-from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors
+from .metrics import EngineMetrics, Finished
+from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors, tag_error
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -83,11 +83,11 @@ class TritonEngineLoop:
             req, options = parse_request(request_id, tensors)
             slo_class = req.slo_class or ("custom" if req.tpot_slo_ms is not None else self.default_class)
         except ValueError as e:
-            self._send_error(sender, str(e))
+            self._send_error(sender, str(e), self.pb.TritonError.INVALID_ARG)
             return
         with self.lock:  # registered before the engine can answer it
             if request_id in self.active:
-                self._send_error(sender, f"request id {request_id!r} is already in flight")
+                self._send_error(sender, f"request id {request_id!r} is already in flight", self.pb.TritonError.INVALID_ARG)
                 return
             self.active[request_id] = Active(sender, options, slo_class, req.prompt_ids)
         try:
@@ -95,7 +95,7 @@ class TritonEngineLoop:
         except ValueError as e:
             with self.lock:
                 del self.active[request_id]
-            self._send_error(sender, str(e))
+            self._send_error(sender, str(e), self.pb.TritonError.INVALID_ARG)
             return
         self.wake.set()
 
@@ -156,16 +156,20 @@ class TritonEngineLoop:
             if out.finished:
                 del self.active[out.request_id]
         if out.finish_reason == FinishReason.ABORT:
-            self._send_error(a.sender, "request cancelled", cancelled=True)
+            self._send_error(a.sender, "request cancelled", self.pb.TritonError.CANCELLED)
             return
         if out.finish_reason == FinishReason.ERROR:
-            self._send_error(a.sender, out.error or "request failed")
+            code = self.pb.TritonError.UNAVAILABLE if out.error == SHUTTING_DOWN else self.pb.TritonError.INTERNAL
+            self._send_error(a.sender, out.error or "request failed", code)
             return
         if out.finished:
             try:
                 self._record(a, out)
             except Exception:
                 log.exception("recording metrics failed")
+        if out.finish_reason == FinishReason.REJECTED:  # never after a data response (the scheduler's promise)
+            self._send_error(a.sender, out.error or "rejected", self.pb.TritonError.UNAVAILABLE)
+            return
         if a.options.stream:
             pushed = a.stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
             if pushed is None:
@@ -183,15 +187,21 @@ class TritonEngineLoop:
         self.sends.put((a.sender, response, flags))
 
     def _record(self, a: Active, out: RequestOutput) -> None:
-        ttft = (out.first_token_time or out.emit_time) - out.arrival_time
-        tpot = tpot_seconds(out.first_token_time or out.emit_time, out.emit_time, out.num_output_tokens)
-        self.metrics.on_finish(
-            a.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot,
-            out.emit_time - out.arrival_time, attains(tpot, out.tpot_slo_ms),
-        )
+        rejected = out.finish_reason == FinishReason.REJECTED
+        first = out.first_token_time or out.emit_time
+        ttft = None if rejected else first - out.arrival_time
+        tpot = tpot_seconds(first, out.emit_time, out.num_output_tokens)
+        self.metrics.on_finish(Finished(
+            a.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot, out.emit_time - out.arrival_time,
+            out.stats.queue_wait_s, attains_ttft(ttft, out.ttft_slo_ms), not rejected and attains(tpot, out.tpot_slo_ms),
+            rejected, out.stats.overload,
+        ))
 
-    def _send_error(self, sender, message: str, cancelled: bool = False) -> None:
-        err = self.pb.TritonError(message, self.pb.TritonError.CANCELLED) if cancelled else self.pb.TritonError(message)
+    def _send_error(self, sender, message: str, code) -> None:
+        """Codes at the right depth: bad input INVALID_ARG (gRPC INVALID_ARGUMENT, HTTP 400), an overload
+        rejection or a stopping server UNAVAILABLE (503), cancellation CANCELLED, a failure INTERNAL."""
+        name = next((n for n in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED") if getattr(self.pb.TritonError, n) == code), "INTERNAL")
+        err = self.pb.TritonError(tag_error(message, name), code)
         self.sends.put((sender, self.pb.InferenceResponse(error=err), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
     # ---- response thread ------------------------------------------------------------------------

@@ -82,13 +82,26 @@ class EnsembleClient:
             yield item
 
     async def stream_tensors(self, tensors: dict[str, np.ndarray]) -> AsyncIterator[tuple[str, dict]]:
-        """Yields (text delta, other outputs) per response; raises EnsembleError on an error response."""
+        """Yields (text delta, other outputs) per response; raises EnsembleError on an error response.
+
+        The stream is opened in Triton's `triton_grpc_error` mode: an error then ends the stream with its
+        gRPC status (INVALID_ARGUMENT, UNAVAILABLE, ...), where the default mode sends only a message
+        inside the stream. One stream per request, so ending it on an error loses nothing."""
+        import grpc
+
         inputs = infer_inputs(self.grpc, tensors)
 
         async def requests():
             yield {"model_name": self.model, "inputs": inputs, "request_id": "0", "enable_empty_final_response": True}
 
-        async for result, error in self.client.stream_infer(requests()):
+        try:
+            async for item in self._responses(requests()):
+                yield item
+        except grpc.RpcError as e:
+            raise EnsembleError(e.details() or str(e), e.code().name) from None
+
+    async def _responses(self, requests) -> AsyncIterator[tuple[str, dict]]:
+        async for result, error in self.client.stream_infer(requests, headers={"triton_grpc_error": "true"}):
             if error is not None:
                 status = str(error.status() or "").removeprefix("StatusCode.") if hasattr(error, "status") else ""
                 raise EnsembleError(error.message() if hasattr(error, "message") else str(error), status)

@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ..scheduler.deadlines import NO_CAPACITY, UNREACHABLE
 
 if TYPE_CHECKING:
     from ..scheduler.plan import IterationStats
 
+
+@dataclass(frozen=True)
+class Finished:
+    """One ended request, as the metrics count it. A rejected request has no first token: a violation of
+    every target. `overload`: why admission gave up its first-token deadline, if it did."""
+
+    slo_class: str
+    prompt_tokens: int
+    output_tokens: int
+    ttft: float | None
+    tpot: float | None
+    e2e: float
+    queue_wait: float | None
+    ttft_attained: bool
+    tpot_attained: bool
+    rejected: bool = False
+    overload: str | None = None
+
+QUEUE_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0]
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ACCEPTED_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
 
@@ -28,10 +50,17 @@ class EngineMetrics:
         counter = family("adaserve_prompt_tokens_total", "Prompt tokens of finished requests", F.COUNTER)
         self.prompt_tokens = counter.Metric(labels={})
         self.generation_tokens = family("adaserve_generation_tokens_total", "Generated tokens", F.COUNTER).Metric(labels={})
-        requests = family("adaserve_requests_total", "Finished requests per SLO class", F.COUNTER)
-        attained = family("adaserve_slo_attained_total", "Finished requests that met their TPOT SLO", F.COUNTER)
-        self.requests = {c: requests.Metric(labels={"slo_class": c}) for c in slo_classes}
-        self.attained = {c: attained.Metric(labels={"slo_class": c}) for c in slo_classes}
+        self.queue_wait = hist("adaserve_queue_wait_seconds", "Arrival to admission (rejected: to the rejection)", QUEUE_BUCKETS)
+        per_class = lambda name, desc: {c: family(name, desc, F.COUNTER).Metric(labels={"slo_class": c}) for c in slo_classes}  # noqa: E731
+        self.requests = per_class("adaserve_requests_total", "Ended requests per SLO class, rejected ones included")
+        self.attained = per_class("adaserve_slo_attained_total", "Requests that met both their TTFT and TPOT targets")
+        self.ttft_attained = per_class("adaserve_ttft_slo_attained_total", "Requests whose first token came within the TTFT target")
+        self.tpot_attained = per_class("adaserve_tpot_slo_attained_total", "Requests that met their TPOT target (rejected: not)")
+        reasons = (UNREACHABLE, NO_CAPACITY)
+        rejected = family("adaserve_requests_rejected_total", "Requests rejected because no admissible schedule met their first-token deadline", F.COUNTER)
+        late = family("adaserve_requests_best_effort_total", "Requests kept past a first-token deadline admission gave up (overload best_effort)", F.COUNTER)
+        self.rejected = {r: rejected.Metric(labels={"reason": r}) for r in reasons}
+        self.best_effort = {r: late.Metric(labels={"reason": r}) for r in reasons}
         gauge = lambda name, desc: family(name, desc, F.GAUGE).Metric(labels={})  # noqa: E731
         self.running = gauge("adaserve_running_requests", "Requests being prefilled or decoded")
         self.waiting = gauge("adaserve_waiting_requests", "Requests waiting for admission")
@@ -41,15 +70,23 @@ class EngineMetrics:
         self.depth = gauge("adaserve_speculation_depth", "Draft beam depth d of the last iteration")
         self.width = gauge("adaserve_speculation_width", "Draft beam width w of the last iteration")
 
-    def on_finish(self, slo_class: str, prompt_tokens: int, output_tokens: int, ttft: float, tpot: float | None, e2e: float, attained: bool) -> None:
-        self.prompt_tokens.increment(prompt_tokens)
-        self.ttft.observe(ttft)
-        self.e2e.observe(e2e)
-        if tpot is not None:
-            self.tpot.observe(tpot)
-        self.requests[slo_class].increment(1)
-        if attained:
-            self.attained[slo_class].increment(1)
+    def on_finish(self, r: Finished) -> None:
+        if r.queue_wait is not None:
+            self.queue_wait.observe(r.queue_wait)
+        self.requests[r.slo_class].increment(1)
+        if r.overload is not None:
+            (self.rejected if r.rejected else self.best_effort)[r.overload].increment(1)
+        if r.rejected:
+            return
+        self.prompt_tokens.increment(r.prompt_tokens)
+        self.e2e.observe(r.e2e)
+        for value, hist in ((r.ttft, self.ttft), (r.tpot, self.tpot)):
+            if value is not None:
+                hist.observe(value)
+        for met, counter in ((r.ttft_attained, self.ttft_attained), (r.tpot_attained, self.tpot_attained),
+                             (r.ttft_attained and r.tpot_attained, self.attained)):
+            if met:
+                counter[r.slo_class].increment(1)
 
     def on_step(self, engine, new_tokens: int, iteration: IterationStats | None) -> None:
         self.generation_tokens.increment(new_tokens)

@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from .protocol import INPUT_NAMES
+from .protocol import INPUT_NAMES, untag_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -57,7 +57,7 @@ class BLSPipeline:
             pending, self.active = self.active, {}
         finally:
             self.lock.release()
-        error = self.pb.InferenceResponse(error=self.pb.TritonError(SHUTTING_DOWN))
+        error = self.pb.InferenceResponse(error=self.pb.TritonError(SHUTTING_DOWN, self.pb.TritonError.UNAVAILABLE))
         for sender in pending.values():
             try:
                 sender.send(error, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -81,7 +81,7 @@ class BLSPipeline:
             for response in stream:
                 if response.has_error():
                     streaming = False
-                    self._finish(sender, request_id, pb.InferenceResponse(error=response.error()))
+                    self._finish(sender, request_id, pb.InferenceResponse(error=self._error(response.error())))
                     return
                 tensors = {t.name(): t for t in response.output_tensors()}
                 if not tensors:
@@ -96,14 +96,19 @@ class BLSPipeline:
                     return  # answered by shutdown meanwhile
             streaming = False
             self._finish(sender, request_id, None)
-        except ValueError as e:
-            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e))))
+        except ValueError as e:  # the client's input (preprocessing refused it)
+            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)))
         except Exception as e:  # never leave a client without a final response
             log.exception("pipeline failed")
             self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(f"internal error: {e}")))
         finally:
             if streaming:  # we stopped listening (postprocessing failed...): free its KV blocks
                 self._abort(request_id)
+
+    def _error(self, err):
+        """The scheduler model's error with its code restored (see protocol.CODE_TAG)."""
+        name, message = untag_error(err.message())
+        return self.pb.TritonError(message, getattr(self.pb.TritonError, name) if name else err.code())
 
     def _preprocess(self, request) -> np.ndarray:
         pb = self.pb

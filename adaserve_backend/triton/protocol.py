@@ -1,13 +1,14 @@
 """The wire protocol of the `adaserve` model: request tensors in, response tensors out.
 
 Names follow Triton's vLLM and TensorRT-LLM backends, so existing clients, genai-perf and Triton's
-OpenAI frontend work unchanged; `tpot_slo_ms` and `slo_class` are our additions. Pure numpy: parsing
+OpenAI frontend work unchanged; `tpot_slo_ms`, `ttft_slo_ms` and `slo_class` are our additions. Pure numpy: parsing
 and validation are tested without a server.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,13 +20,29 @@ MAX_STOP_WORDS = 16
 INPUT_NAMES = (
     "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
     "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
-    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "slo_class",
+    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "ttft_slo_ms", "slo_class",
 )
 # Optional outputs that travel from the scheduler through the detokenizer to the client unchanged.
 PASS_THROUGH_OUTPUTS = (
     "num_input_tokens", "num_output_tokens", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
     "total_draft_tokens", "arrival_time_ns", "first_token_time_ns", "emit_time_ns",
 )
+
+
+# The Python backend drops an error's code on its way back through a BLS call (Triton 2.51: the
+# pipeline's `response.error().code()` reads INTERNAL for the scheduler model's UNAVAILABLE), so the
+# scheduler model also names the code in its message; the pipeline restores the code and strips the tag.
+CODE_TAG = re.compile(r"^\[(INVALID_ARG|UNAVAILABLE|INTERNAL|CANCELLED)\] ")
+
+
+def tag_error(message: str, code_name: str) -> str:
+    return f"[{code_name}] {message}"
+
+
+def untag_error(message: str) -> tuple[str | None, str]:
+    """(the code's name, or None without a tag; the message without its tag)."""
+    m = CODE_TAG.match(message)
+    return (m.group(1), message[m.end():]) if m else (None, message)
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,13 @@ def _finite(name: str):
     return cast
 
 
+def _positive_ms(x: _Inputs, name: str) -> float | None:
+    ms = x.scalar(name, None, _finite(name))
+    if ms is not None and ms <= 0:
+        raise ValueError(f"{name} must be positive, got {ms}")
+    return ms
+
+
 def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=None) -> tuple[Request, ResponseOptions]:
     """Build an engine Request from the `adaserve` model's input tensors; ValueError on bad input."""
     x = _Inputs(tensors)
@@ -97,9 +121,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
     stop_words = [w for w in x.strings("stop_words") if w]
     if len(stop_words) > MAX_STOP_WORDS:
         raise ValueError(f"at most {MAX_STOP_WORDS} stop_words")
-    slo_ms = x.scalar("tpot_slo_ms", None, _finite("tpot_slo_ms"))
-    if slo_ms is not None and slo_ms <= 0:
-        raise ValueError(f"tpot_slo_ms must be positive, got {slo_ms}")
+    slo_ms, ttft_ms = (_positive_ms(x, name) for name in ("tpot_slo_ms", "ttft_slo_ms"))
     slo_class = x.scalar("slo_class", None, str) or None
     min_length = x.scalar("min_length", 0, int)  # parsed even when min_tokens wins: a bad value is an error
     min_tokens = x.scalar("min_tokens", min_length, int)
@@ -111,6 +133,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         sampling=sampling,
         stop_strings=tuple(stop_words),
         tpot_slo_ms=slo_ms,
+        ttft_slo_ms=ttft_ms,
         slo_class=slo_class,
     )
     options = ResponseOptions(

@@ -95,6 +95,20 @@ def test_slo_fields_in_the_body_and_as_headers(frontend, client):
     assert e.value.code == 400 and "x-slo-tpot-ms" in json.loads(e.value.read())["error"]["message"]
 
 
+def test_ttft_targets_are_accepted_and_an_unmeetable_one_is_a_503_with_retry_after(frontend, client):
+    body = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_body={"ttft_slo_ms": 60000})
+    headed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_headers={"x-slo-ttft-ms": "60000"})
+    assert body.choices[0].text == headed.choices[0].text
+    for stream in (False, True):
+        req = urllib.request.Request(frontend + "/v1/completions", headers={"x-slo-ttft-ms": "1", "Content-Type": "application/json"},
+                                     data=json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 4, "stream": stream}).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req)
+        error = json.loads(e.value.read())["error"]
+        assert e.value.code == 503 and e.value.headers["Retry-After"] and error["type"] == "server_overloaded"
+        assert error["message"].startswith("server cannot meet ttft_slo_ms=1 at the current load")
+
+
 @pytest.mark.parametrize("kwargs, words", [
     ({"max_tokens": 0}, "max_tokens"),
     ({"n": 2}, "'n'"),

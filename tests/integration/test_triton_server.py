@@ -158,3 +158,48 @@ def test_perf_analyzer_streams_against_the_server(triton_server):
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert "Concurrency: 1, throughput" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_a_rejected_request_gets_a_clear_unavailable_error_at_once_while_the_others_stream(triton_server):
+    """Over gRPC streaming (the frontend's client, which reads the status code): a request whose
+    first-token target no schedule can meet is refused with UNAVAILABLE and the scheduler's prediction,
+    the requests beside it stream to the end, bad input is INVALID_ARGUMENT; the rejection is counted."""
+    import asyncio
+
+    from adaserve_backend.triton.grpc_client import EnsembleClient, EnsembleError
+
+    prompt = "The three primary colors are"
+
+    async def run():
+        client = EnsembleClient(triton_server.grpc_url)
+
+        async def collect(max_tokens=24, **kw):
+            return [text async for text, _ in client.stream(prompt, max_tokens, **kw)]
+
+        async def refused(**kw):
+            start = time.monotonic()
+            with pytest.raises(EnsembleError) as e:
+                await collect(**kw)
+            return e.value, time.monotonic() - start
+
+        try:
+            return await asyncio.gather(collect(slo_class="chat"), refused(extra={"ttft_slo_ms": np.array([1.0], dtype=np.float32)}),
+                                        collect(extra={"ttft_slo_ms": np.array([60000.0], dtype=np.float32)}), refused(max_tokens=0))
+        finally:
+            await client.close()
+
+    before = _metric_or_zero(triton_server, "adaserve_requests_rejected_total")
+    first, (rejected, took), second, (bad, _) = asyncio.run(run())
+    assert rejected.status == "UNAVAILABLE", (rejected.status, rejected.message)
+    assert rejected.message.startswith("server cannot meet ttft_slo_ms=1 at the current load (predicted first token in ")
+    assert took < 30  # answered at once, not after the others' streams
+    assert len([t for t in first if t]) > 1 and len([t for t in second if t]) > 1
+    assert bad.status == "INVALID_ARGUMENT" and "max_tokens" in bad.message
+    assert triton_server.metric("adaserve_requests_rejected_total") == before + 1
+
+
+def _metric_or_zero(server, name: str) -> float:
+    try:
+        return server.metric(name)
+    except KeyError:
+        return 0.0

@@ -26,3 +26,21 @@ def test_a_request_slo_is_its_own_then_its_class_then_the_default_and_a_bad_clas
     assert sched.request_slo_ms(42.0, name) == 42.0
     with pytest.raises(ValueError, match="slo_class"):
         sched.request_slo_ms(42.0, "no-such-class")  # unused, still checked
+
+
+def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_benchmark():
+    from adaserve_backend.config import SchedulerConfig, SLOClass
+    from client.slo_targets import DEFAULT_TTFT_SLO_MS
+
+    sched = SchedulerConfig()
+    assert {c.name: c.ttft_ms for c in sched.slo_classes} == DEFAULT_TTFT_SLO_MS
+    assert sched.request_ttft_ms(None, None) == sched.slo_class(sched.default_slo_class).ttft_ms
+    assert sched.request_ttft_ms(None, "summary") == 5000.0 and sched.request_ttft_ms(300.0, "summary") == 300.0
+    with pytest.raises(ValueError, match="slo_class"):
+        sched.request_ttft_ms(300.0, "no-such-class")
+    with pytest.raises(ValueError, match="ttft_ms"):
+        SLOClass("x", 50.0, 0.0)
+    with pytest.raises(ValueError, match="overload"):
+        SchedulerConfig(overload="drop")
+    served = EngineConfig.from_json("model_repository/adaserve/1/engine.json").scheduler
+    assert {c.name: c.ttft_ms for c in served.slo_classes} == DEFAULT_TTFT_SLO_MS and served.overload == "reject"

@@ -71,6 +71,30 @@ def test_slo_paced_prefill_keeps_greedy_exact(tmp_path):
     assert_all_blocks_free(engine)
 
 
+def test_a_request_whose_first_token_cannot_come_in_time_is_rejected_while_the_others_match_the_oracle(tmp_path):
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "adaserve", profile_path=steep_profile(tmp_path))
+    reqs = [dataclasses.replace(r, ttft_slo_ms=1e7) for r in workload(target, n=4)]
+    doomed = Request("doomed", [5] * 30, max_tokens=8, ttft_slo_ms=1.0)  # its prefill alone takes > 100 ms
+    for r in reqs[:2] + [doomed] + reqs[2:]:
+        engine.add_request(r)
+    got: dict[str, list[int]] = {}
+    ends = {}
+    for o in engine.drain():
+        got.setdefault(o.request_id, []).extend(o.new_token_ids)
+        if o.finished:
+            ends[o.request_id] = o
+    out = ends["doomed"]
+    assert out.finish_reason == FinishReason.REJECTED and got["doomed"] == [] and out.first_token_time is None
+    assert out.error.startswith("server cannot meet ttft_slo_ms=1 at the current load (predicted first token in ")
+    assert out.stats.overload == "deadline_unreachable" and out.stats.queue_wait_s is not None
+    for r in reqs:
+        assert ends[r.request_id].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        assert got[r.request_id] == reference(target, r), r.request_id
+    assert engine.scheduler.overloads == {"deadline_unreachable": 1}
+    assert_all_blocks_free(engine)
+
+
 def test_bad_requests_are_rejected_and_the_engine_keeps_serving():
     target = tiny_checkpoint("llama")
     engine = make_engine(target, target, "adaserve")
@@ -82,6 +106,7 @@ def test_bad_requests_are_rejected_and_the_engine_keeps_serving():
         Request("e4", [10_000]),
         Request("e5", [1, 2], tpot_slo_ms=-5.0),
         Request("e6", [1, 2], tpot_slo_ms=float("nan")),
+        Request("e6b", [1, 2], ttft_slo_ms=0.0),
         Request("e7", [1, 2], slo_class="no-such-class"),
         Request("e8", [1, 2], stop_strings=("x",)),  # this engine has no tokenizer
     ]

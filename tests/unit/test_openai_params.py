@@ -84,12 +84,13 @@ def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
     assert e.value.body()["error"]["type"] == "invalid_request_error"
 
 
-def test_ensemble_errors_keep_their_meaning():
-    busy = error_from_ensemble(EnsembleError("cannot meet the target at the current load", "UNAVAILABLE"))
-    assert busy.status == 503 and busy.retry_after_s is not None
+def test_ensemble_errors_map_by_status_code_only():
+    busy = error_from_ensemble(EnsembleError("server cannot meet ttft_slo_ms=1 at the current load", "UNAVAILABLE"))
+    assert busy.status == 503 and busy.retry_after_s is not None and busy.kind == "server_overloaded"
     assert error_from_ensemble(EnsembleError("max_tokens must be >= 1", "INVALID_ARGUMENT")).status == 400
-    assert error_from_ensemble(EnsembleError("input 'seed' must hold exactly one value", "INTERNAL")).status == 400
-    assert error_from_ensemble(EnsembleError("internal error: boom", "INTERNAL")).status == 500
+    assert error_from_ensemble(EnsembleError("internal error: looks like a failure", "INVALID_ARGUMENT")).status == 400
+    assert error_from_ensemble(EnsembleError("input 'seed' must hold exactly one value", "INTERNAL")).status == 500
+    assert error_from_ensemble(EnsembleError("no status", "")).status == 500
 
 
 def test_response_shapes():

@@ -3,6 +3,8 @@ arithmetic) or a fake table. Request progress is set by hand, or by `update` wit
 
 from __future__ import annotations
 
+import math
+
 from adaserve_backend.config import SchedulerConfig, SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
@@ -23,18 +25,29 @@ class TableEstimator:
 
     cost = "profiled"  # SLO-aware admission needs a cost model
     budget = 8
+    ITERATION_S = 0.05
 
-    def __init__(self, tpot=None):
+    def __init__(self, tpot=None, prefill_token_s=0.0):
         self.tpot = tpot or {}
+        self.prefill_token_s = prefill_token_s  # what each prompt token adds to an iteration
+
+    def prefill_iteration_s(self, n, chunk):
+        return self.ITERATION_S + chunk * self.prefill_token_s
+
+    def first_token_s(self, n, tokens, chunk):
+        return math.ceil(tokens / chunk) * self.ITERATION_S + tokens * self.prefill_token_s
 
     def tpot_at(self, n):
         return self.tpot.get(n, 0.0)
 
     def iteration_s(self, n, depth, width):
-        return 0.05
+        return self.ITERATION_S
 
     def chunk_extra_ms(self, n, depth, chunk):
         return 0.0
+
+    def record(self, stats):  # the table does not learn
+        pass
 
 
 def scheduler(estimator, policy="adaserve", num_blocks=1024, draft=False, **config) -> Scheduler:

@@ -70,7 +70,7 @@ def test_a_cancelled_request_ends_cancelled_and_frees_its_blocks(loop):
     r.sender.cancelled = True
     wait(r)
     resp, _ = r.sender.sent[-1]
-    assert resp.has_error() and resp.error().code == fake_pb.TritonError.CANCELLED
+    assert resp.has_error() and resp.error().code() == fake_pb.TritonError.CANCELLED
     blocks = loop.engine.target.blocks
     deadline = time.monotonic() + 10
     while blocks.num_free_blocks != blocks.num_blocks:
@@ -110,3 +110,35 @@ def test_shutdown_returns_even_if_a_send_never_returns(loop, monkeypatch):
     loop.shutdown()
     assert time.monotonic() - start < 3
     released.set()
+
+
+def test_error_codes_bad_input_invalid_arg_and_an_overload_rejection_unavailable_while_others_stream(tmp_path):
+    """The codes clients map to HTTP statuses (gRPC INVALID_ARGUMENT -> 400, UNAVAILABLE -> 503), and a
+    rejection counted in the metrics as a violation of every target."""
+    from adaserve_backend.scheduler.deadlines import UNREACHABLE
+    from tests.unit.test_engine import steep_profile
+
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "adaserve", tokenizer=Detok(), profile_path=steep_profile(tmp_path))
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+    try:
+        a, b = workload(target, n=2)
+        streams = [request(r.prompt_ids, r.max_tokens, stream=[True], min_tokens=[r.min_tokens], ttft_slo_ms=np.float32([1e7]),
+                           slo_class=np.array([b"chat"], dtype=object)) for r in (a, b)]
+        doomed = request([5] * 30, 8, stream=[True], ttft_slo_ms=np.float32([1.0]), slo_class=np.array([b"coding"], dtype=object))
+        bad = request([5, 6], 4, ttft_slo_ms=np.float32([-1.0]))
+        for r in (streams[0], doomed, bad, streams[1]):
+            loop.submit(r)
+        wait(*streams, doomed, bad)
+        for r, want in zip(streams, (a, b)):
+            assert ids_of(r) == reference(target, want) and not any(resp.has_error() for resp, _ in r.sender.sent if resp)
+        (resp, flags), = doomed.sender.sent  # one final error, no data before it
+        assert resp.error().code() == fake_pb.TritonError.UNAVAILABLE and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        assert resp.error().message().startswith("[UNAVAILABLE] server cannot meet ttft_slo_ms=1 at the current load")
+        (resp, _), = bad.sender.sent
+        assert resp.error().code() == fake_pb.TritonError.INVALID_ARG and "ttft_slo_ms must be positive" in resp.error().message()
+        m = loop.metrics
+        assert m.rejected[UNREACHABLE].value == 1 and m.requests["coding"].value == 1 and m.attained["coding"].value == 0
+        assert m.requests["chat"].value == 2 and m.ttft_attained["chat"].value == 2 and m.tpot_attained["coding"].value == 0
+    finally:
+        loop.shutdown()

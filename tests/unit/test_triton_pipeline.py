@@ -96,7 +96,7 @@ def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, 
     assert resp.has_error() and "Server not ready" in resp.error().message() and flags == FINAL
     (stream,) = loop.streams
     assert stream.finished.wait(10), "the scheduler model was told to drop the request the pipeline gave up on"
-    assert stream.sent[-1][0].error().code == fake_pb.TritonError.CANCELLED
+    assert stream.sent[-1][0].error().code() == fake_pb.TritonError.CANCELLED
     assert kv_free(loop)
 
 
@@ -145,3 +145,18 @@ def test_a_stopping_server_is_noticed_before_finalize(served, monkeypatch):
         assert stream.finished.wait(3) and "shutting down" in stream.sent[-1][0].error().message()
     loop.loop_thread.join(3)
     assert in_flight and not loop.loop_thread.is_alive() and kv_free(loop)
+
+
+def test_bad_input_keeps_its_invalid_arg_code_through_the_pipeline(served, monkeypatch):
+    pipeline, loop = served
+    req = client("hello", 0)  # the scheduler model refuses max_tokens 0
+    pipeline.submit(req)
+    assert req.sender.finished.wait(30)
+    (resp, flags), = req.sender.sent
+    assert resp.error().code() == fake_pb.TritonError.INVALID_ARG and "max_tokens" in resp.error().message() and flags == FINAL
+    monkeypatch.setitem(fake_pb.MODELS, "preprocessing", lambda inputs, decoupled: fake_pb.InferenceResponse(
+        error=fake_pb.TritonError("text_input must hold exactly one string, got 2", fake_pb.TritonError.INVALID_ARG)))
+    req = client("hello", 4)
+    pipeline.submit(req)
+    assert req.sender.finished.wait(30)
+    assert req.sender.sent[-1][0].error().code() == fake_pb.TritonError.INVALID_ARG

@@ -24,5 +24,5 @@ class TritonPythonModel:
                 tensor = pb_utils.Tensor("input_ids", np.asarray(ids, dtype=np.int32))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
             except ValueError as e:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)))
         return responses

@@ -1,0 +1,66 @@
+"""First-token deadlines: the order waiting and prefilling requests are served in, the smallest prefill
+chunk that keeps them on time, and the overload answer. A request's first token is due at arrival + its
+TTFT target; after it, the paper's TPOT constraint takes over (control.py).
+
+Pure functions over sequences and the estimator's predictions, so the scheduler stays about queues.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..sequence import Sequence
+    from .estimator import Estimator
+
+
+# Why admission gave up a request's first-token deadline (rejections by reason in the metrics).
+UNREACHABLE = "deadline_unreachable"  # even starting now its first token would be late
+NO_CAPACITY = "no_capacity_in_time"  # it could not start in time without putting running requests off their TPOT
+
+
+def edf_key(seq: Sequence) -> tuple[int, float, float]:
+    """Earliest deadline first. A request that has streamed (preempted, re-prefilling) goes before any
+    that has not: its client is mid-stream and every token of it is already due."""
+    return (0 if seq.started_stream else 1, seq.deadline, seq.arrival)
+
+
+def has_deadline(seq: Sequence) -> bool:
+    """Whether its first-token deadline still governs it: not yet streaming, not already given up."""
+    return not seq.started_stream and not seq.slo_missed and math.isfinite(seq.deadline)
+
+
+def prefill_left(seq: Sequence) -> int:
+    return seq.prefill_goal - seq.prefilled
+
+
+def first_token_at(est: Estimator, seq: Sequence, start: float, n_decode: int, ahead: int, chunk: int) -> float:
+    """When `seq`'s first token comes if its prefill starts at `start` behind `ahead` prefill tokens,
+    `chunk` tokens per iteration beside `n_decode` decoding requests."""
+    return start + est.first_token_s(n_decode, ahead + prefill_left(seq), chunk)
+
+
+def tokens_ahead(seq: Sequence, prefilling: Iterable[Sequence]) -> int:
+    """Prefill tokens of running requests served before `seq` (EDF, see prefill_order)."""
+    key = edf_key(seq)
+    return sum(prefill_left(s) for s in prefilling if edf_key(s) <= key)
+
+
+def urgent_chunk(prefilling: list[Sequence], now: float, t_iter_s: float) -> int:
+    """The smallest per-iteration prefill chunk with which every prefilling request (in EDF order) that
+    still has a deadline completes its prompt before it, iterations taking `t_iter_s`. Prefill pacing
+    protects the decoding requests' TPOT; this is the floor under it that protects first tokens."""
+    need, through = 0, 0
+    for seq in sorted(prefilling, key=edf_key):
+        through += prefill_left(seq)
+        if has_deadline(seq):
+            iterations = max(1, math.floor((seq.deadline - now) / t_iter_s)) if t_iter_s > 0 else 1
+            need = max(need, math.ceil(through / iterations))
+    return need
+
+
+def rejection_message(seq: Sequence, first_token: float) -> str:
+    return (f"server cannot meet ttft_slo_ms={seq.ttft_slo_s * 1e3:g} at the current load "
+            f"(predicted first token in {(first_token - seq.arrival) * 1e3:.0f} ms)")

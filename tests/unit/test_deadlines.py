@@ -1,0 +1,160 @@
+"""First-token deadlines in the scheduler, no model, on a fake clock: EDF admission, the overload answer
+(reject at arrival, reject while waiting, best_effort keeps it), no starvation under steady load, and
+never a rejection after a request has streamed. Results are built by hand as in test_scheduler.py."""
+
+from __future__ import annotations
+
+import math
+
+from adaserve_backend.config import SchedulerConfig
+from adaserve_backend.kv_cache import BlockManager
+from adaserve_backend.request import FinishReason, Request, RequestOutput
+from adaserve_backend.scheduler.deadlines import NO_CAPACITY, UNREACHABLE, urgent_chunk
+from adaserve_backend.scheduler.plan import IterationResult, Prefilled, Verified
+from adaserve_backend.scheduler.policies import make_policy
+from adaserve_backend.scheduler.scheduler import Scheduler
+from adaserve_backend.sequence import Sequence
+from tests.unit.test_scheduler import SPEC, Clock, TableEstimator, _ids, steep_estimator
+
+# 50 ms per token alone; a second request would make everyone's 300 ms: admission allows one at a time
+ONE_AT_A_TIME = {1: 0.05, 2: 0.3, 3: 0.5}
+
+
+def deadline_scheduler(estimator=None, **config) -> Scheduler:
+    blocks = BlockManager(4096, 4)
+    sched = SchedulerConfig(policy="adaserve", prefill_chunk=256, **config)
+
+    def release(seq):
+        if blocks.has(seq.seq_id):
+            blocks.free(seq.seq_id)
+
+    return Scheduler(sched, SPEC, make_policy("adaserve"), estimator or TableEstimator(ONE_AT_A_TIME), blocks, None, release)
+
+
+def arrive(sched: Scheduler, rid: str, clock: Clock, ttft_ms: float, tpot_ms: float = 100.0, prompt: int = 8,
+           max_tokens: int = 4) -> Sequence:
+    s = Sequence.start(Request(rid, [5] * prompt, max_tokens=max_tokens), next(_ids), tpot_ms, clock.now, frozenset(), ttft_ms)
+    sched.add(s)
+    return s
+
+
+def step(sched: Scheduler, clock: Clock, seconds: float = 0.05) -> list[RequestOutput]:
+    """One iteration: every prefill chunk lands (the last one yields token 7), every decode yields 8."""
+    plan = sched.schedule(clock.now)
+    prefilled = [Prefilled(s, n, 7 if s.prefilled + n == s.prefill_goal else None) for s, n in plan.prefill.items()]
+    decoded = [Verified(s, [8], draft_tokens=0, accepted_drafts=0) for s in plan.decode]
+    return sched.update(plan, IterationResult(clock.tick(seconds), decoded=decoded, prefilled=prefilled))
+
+
+def test_waiting_requests_start_earliest_deadline_first_when_admission_allows():
+    sched, clock = deadline_scheduler(max_num_seqs=1), Clock()
+    loose = arrive(sched, "loose", clock, ttft_ms=5000)
+    tight = arrive(sched, "tight", clock, ttft_ms=1000)
+    clock.tick(0.01)
+    tighter_later = arrive(sched, "tighter", clock, ttft_ms=500)  # due at +0.51 s, before "tight" at +1.0 s
+    started = []
+    while sched.has_work():
+        step(sched, clock)
+        started += [s.request.request_id for s in sched.running if s.request.request_id not in started]
+    assert started == ["tighter", "tight", "loose"]
+    for s in (loose, tight, tighter_later):
+        assert s.first_token_time <= s.deadline and s.missed is None
+
+
+def test_a_request_no_schedule_can_serve_on_time_is_rejected_at_arrival_with_the_prediction():
+    sched, clock = deadline_scheduler(TableEstimator(ONE_AT_A_TIME, prefill_token_s=0.01)), Clock()
+    long = arrive(sched, "long", clock, ttft_ms=2000, prompt=300)  # 3 s of prefill alone
+    ok = arrive(sched, "ok", clock, ttft_ms=2000, prompt=100)  # 1 s
+    outs = step(sched, clock)
+    (rejected,) = [o for o in outs if o.request_id == "long"]
+    assert rejected.finished and rejected.finish_reason == FinishReason.REJECTED and not rejected.new_token_ids
+    assert rejected.error == "server cannot meet ttft_slo_ms=2000 at the current load (predicted first token in 3100 ms)"
+    assert rejected.stats.overload == UNREACHABLE and rejected.stats.queue_wait_s == 0.0
+    assert sched.overloads == {UNREACHABLE: 1} and sched.running == [ok] and long not in sched.waiting
+
+
+def test_a_waiting_request_is_rejected_when_its_deadline_becomes_unreachable_never_later():
+    sched, clock = deadline_scheduler(), Clock()
+    first = arrive(sched, "first", clock, ttft_ms=2000, max_tokens=1000)  # holds the only slot for 50 s
+    step(sched, clock)
+    waiting = arrive(sched, "waiting", clock, ttft_ms=500)
+    outs, rejected_at = [], None
+    while rejected_at is None:
+        assert clock.now < waiting.deadline, "waited past its deadline"
+        assert waiting in sched.waiting  # admission would put "first" off its TPOT: it waits, for now
+        outs = [o for o in step(sched, clock) if o.request_id == "waiting"]
+        rejected_at = clock.now if outs else None
+    (out,) = outs
+    assert out.finish_reason == FinishReason.REJECTED and "ttft_slo_ms=500 " in out.error
+    # rejected at the last iteration from which waiting one more would already be late, not before
+    assert waiting.deadline - 2 * TableEstimator.ITERATION_S - 1e-9 <= out.emit_time < waiting.deadline
+    assert out.stats.overload == NO_CAPACITY and math.isclose(out.stats.queue_wait_s, out.emit_time - waiting.arrival)
+    assert sched.running == [first] and sched.overloads == {NO_CAPACITY: 1}
+
+
+def test_best_effort_keeps_the_request_marked_missed_and_serves_it_when_capacity_frees():
+    sched, clock = deadline_scheduler(overload="best_effort"), Clock()
+    arrive(sched, "first", clock, ttft_ms=2000, max_tokens=30)  # done after ~1.5 s
+    step(sched, clock)
+    late = arrive(sched, "late", clock, ttft_ms=300)
+    outs = []
+    while sched.has_work():
+        outs += [o for o in step(sched, clock) if o.request_id == "late"]
+    assert late.missed == NO_CAPACITY and all(o.finish_reason != FinishReason.REJECTED for o in outs)
+    assert outs[-1].finish_reason == FinishReason.LENGTH and outs[-1].num_output_tokens == 4
+    assert outs[-1].stats.slo_missed and outs[-1].stats.queue_wait_s > 1.0
+    assert late.first_token_time > late.deadline and sched.overloads == {NO_CAPACITY: 1}
+
+
+def test_a_long_waiting_loose_request_is_served_under_steady_load():
+    """One request runs at a time (admission) for 0.2 s; a tight one (TTFT 1 s) arrives every 0.2 s
+    behind a backlog of three, so whenever the slot frees a tighter request is waiting. The loose one
+    (TTFT 6 s) is not starved by them: as its deadline nears it is the earliest due and starts in time.
+    Every request is answered; none is rejected after it streamed."""
+    sched, clock = deadline_scheduler(), Clock()
+    start, n = clock.now, 0
+    for _ in range(3):
+        arrive(sched, f"tight{n}", clock, ttft_ms=1000)
+        n += 1
+    loose = arrive(sched, "loose", clock, ttft_ms=6000)
+    streamed, answers = set(), {}
+    while clock.now < start + 8.0 or sched.has_work():
+        if clock.now < start + 8.0 and clock.now >= start + 0.2 * (n - 2) - 1e-9:
+            arrive(sched, f"tight{n}", clock, ttft_ms=1000)
+            n += 1
+        for o in step(sched, clock):
+            assert not (o.finish_reason == FinishReason.REJECTED and o.request_id in streamed), "rejected mid-stream"
+            streamed |= {o.request_id} if o.new_token_ids else set()
+            if o.finished:
+                answers[o.request_id] = o
+    assert answers["loose"].finish_reason == FinishReason.LENGTH and loose.first_token_time <= loose.deadline
+    assert answers["loose"].stats.queue_wait_s > 4.0  # tighter requests did go first for a long time
+    assert len(answers) == n + 1  # every request answered
+    assert all(o.emit_time < o.arrival_time + 1.0 for o in answers.values() if o.finish_reason == FinishReason.REJECTED)
+
+
+def test_a_preempted_request_is_never_rejected_and_resumes_first():
+    sched, clock = deadline_scheduler(max_num_seqs=1), Clock()
+    resumed = arrive(sched, "resumed", clock, ttft_ms=100)
+    step(sched, clock)
+    assert resumed.output == [7]
+    sched._preempt(resumed)  # as a full cache would: its client is mid-stream
+    clock.tick(5.0)  # far past its first-token deadline
+    fresh = arrive(sched, "fresh", clock, ttft_ms=100, prompt=4)
+    outs = step(sched, clock)
+    assert all(o.finish_reason != FinishReason.REJECTED for o in outs if o.request_id == "resumed")
+    assert sched.running == [resumed] and resumed.missed is None and fresh in sched.waiting
+
+
+def test_first_tokens_set_a_floor_under_prefill_pacing():
+    """A decoding request behind its TPOT stops prefill pacing (test_scheduler); a prefilling request
+    whose first token is due gets the chunk its deadline needs anyway."""
+    now = 1000.0
+    a = Sequence.start(Request("a", [5] * 300), 1, 100.0, now, frozenset(), 1000.0)
+    b = Sequence.start(Request("b", [5] * 100), 2, 100.0, now - 0.5, frozenset(), 1000.0)
+    # b is due at +0.5 s (5 iterations of 0.1 s: 20 tokens each), a at +1.0 s behind b (400 in 10: 40)
+    assert urgent_chunk([a, b], now, 0.1) == 40
+    assert urgent_chunk([a], now + 2.0, 0.1) == 300  # late already: all of it now
+    est = steep_estimator()
+    assert math.isclose(est.first_token_s(0, 600, 256), 2 * est.prefill_iteration_s(0, 256) + est.prefill_iteration_s(0, 88))
+    assert est.first_token_s(2, 10, 256) > est.first_token_s(0, 10, 256)  # riding along decode costs the iteration
