@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
+import torch
+
 from .config import EngineConfig
 from .cost_model.cost_model import load_cost_model
 from .draft_worker import DraftWorker

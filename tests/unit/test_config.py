@@ -44,3 +44,10 @@ def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_be
         SchedulerConfig(overload="drop")
     served = EngineConfig.from_json("model_repository/adaserve/1/engine.json").scheduler
     assert {c.name: c.ttft_ms for c in served.slo_classes} == DEFAULT_TTFT_SLO_MS and served.overload == "reject"
+
+
+def test_engine_threads_is_optional_and_checked():
+    assert EngineConfig.from_dict({}).threads is None
+    assert EngineConfig.from_dict({"threads": 1}).threads == 1
+    with pytest.raises(ValueError, match="threads"):
+        EngineConfig.from_dict({"threads": 0})
