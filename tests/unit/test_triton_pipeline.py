@@ -103,13 +103,14 @@ def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, 
 def test_shutdown_answers_every_request_in_flight_at_once(served, monkeypatch):
     pipeline, loop = served
     reqs = [client(f"story {i}", 400) for i in range(3)]
-    for r in reqs:
+    for r in reqs:  # min_tokens: the tiny model must not reach EOS before the shutdown
+        r.inputs["min_tokens"] = np.asarray([400], dtype=np.int32)
         pipeline.submit(r)
     deadline = time.monotonic() + 30
     while not all(r.sender.sent for r in reqs):  # all streaming
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    in_flight = [r for r in reqs if not r.sender.finished.is_set()]  # the tiny model may stop early
+    in_flight = [r for r in reqs if not r.sender.finished.is_set()]
     monkeypatch.setattr(fake_pb, "SERVER_READY", False)  # as Triton stops: nothing reaches the pipeline
     start = time.monotonic()
     pipeline.shutdown()
