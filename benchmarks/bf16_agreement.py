@@ -9,7 +9,6 @@ flip and the sequences part from there.)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 
@@ -17,26 +16,13 @@ import torch
 from tqdm import tqdm
 
 from adaserve_backend.config import EngineConfig
-from adaserve_backend.engine import Engine
 from adaserve_backend.request import Request
-from benchmarks.one_request import ENGINE_JSON, held_out_prompts, prompt_texts
+from benchmarks.one_request import ENGINE_JSON, held_out_prompts, prompt_texts, served_engine, transformers_model
 
 
 @torch.inference_mode()
 def reference_outputs(path: str, prompts: list[list[int]], tokens: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    from adaserve_backend.models.loader import read_checkpoint
-
-    # Built from the dequantised state dict our loader reads, then cast: transformers would otherwise
-    # keep a GGUF checkpoint's weights packed and compute its matmuls in float32. The RoPE frequencies
-    # stay float32, as `from_pretrained(dtype=torch.bfloat16)` keeps them (a blanket cast would not).
-    hf_config, _, state = read_checkpoint(path)
-    hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    hf.load_state_dict(state, strict=False)
-    inv_freq = hf.model.rotary_emb.inv_freq.clone()
-    hf = hf.to(torch.bfloat16).eval()
-    hf.model.rotary_emb.inv_freq = inv_freq
+    hf = transformers_model(path, torch.bfloat16)
     outs = []
     for ids in tqdm(prompts, desc="transformers bf16", leave=False):
         out = hf.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
@@ -45,10 +31,7 @@ def reference_outputs(path: str, prompts: list[list[int]], tokens: int) -> list[
 
 
 def engine_outputs(policy: str, prompts: list[list[int]], tokens: int) -> list[list[int]]:
-    cfg = EngineConfig.from_json(str(ENGINE_JSON))
-    cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, dtype="bfloat16"),
-                              scheduler=dataclasses.replace(cfg.scheduler, policy=policy))
-    engine = Engine.from_config(cfg)
+    engine = served_engine(policy, "bfloat16")
     outs = []
     for i, ids in enumerate(tqdm(prompts, desc=f"ours {policy} bf16", leave=False)):
         engine.add_request(Request(f"a{i}", ids, max_tokens=tokens, min_tokens=tokens))

@@ -23,7 +23,7 @@ import torch
 from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
-from benchmarks.one_request import engine_tpot_ms, held_out_prompts, vllm_tpot_ms
+from benchmarks.one_request import engine_tpot_ms, held_out_prompts, transformers_model, vllm_tpot_ms
 from tools.profiler import measure_forward, timed_ms
 
 CONTEXT = 128
@@ -39,12 +39,7 @@ def measure_runner(runner: ModelRunner, sizes: list[int], repeats: int) -> dict[
 
 @torch.inference_mode()
 def measure_transformers(path: str, dtype: torch.dtype, repeats: int, vocab: int) -> float:
-    from transformers import AutoModelForCausalLM
-
-    from adaserve_backend.models.loader import locate
-
-    loc = locate(path)
-    model = AutoModelForCausalLM.from_pretrained(loc.directory, dtype=dtype, **loc.kwargs).eval()
+    model = transformers_model(path, dtype)
     ids = torch.randint(0, vocab, (1, CONTEXT))
     cache = model(ids, use_cache=True).past_key_values
 

@@ -29,15 +29,39 @@ def prompt_texts(tokenizer, prompts: list[tuple[str, bool]]) -> list[str]:
     return [chat_text(tokenizer, p) if chat else p for p, chat in prompts]
 
 
-def engine_tpot_ms(policy: str, dtype: str, prompts: list[tuple[str, bool]], tokens: int) -> float:
-    """Median over prompts of our engine's TPOT (served engine.json, `policy`, target in `dtype`)."""
+def served_engine(policy: str, dtype: str):
+    """An in-process engine from the served engine.json, with `policy` and the target in `dtype`."""
     from adaserve_backend.engine import Engine
-    from adaserve_backend.request import Request
 
     cfg = EngineConfig.from_json(str(ENGINE_JSON))
-    cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, dtype=dtype),
-                              scheduler=dataclasses.replace(cfg.scheduler, policy=policy))
-    engine = Engine.from_config(cfg)
+    return Engine.from_config(dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, dtype=dtype),
+                                                  scheduler=dataclasses.replace(cfg.scheduler, policy=policy)))
+
+
+def transformers_model(path: str, dtype):
+    """transformers' own model of a checkpoint in `dtype`, built from the dequantised state dict our
+    loader reads: loaded from a GGUF file directly, transformers keeps the weights packed and computes
+    every matmul in float32. The RoPE frequencies stay float32, as `from_pretrained(dtype=...)` keeps
+    them (a blanket cast would not)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from adaserve_backend.models.loader import read_checkpoint
+
+    hf_config, _, state = read_checkpoint(path)
+    hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    hf.load_state_dict(state, strict=False)
+    inv_freq = hf.model.rotary_emb.inv_freq.clone()
+    hf = hf.to(dtype).eval()
+    hf.model.rotary_emb.inv_freq = inv_freq
+    return hf
+
+
+def engine_tpot_ms(policy: str, dtype: str, prompts: list[tuple[str, bool]], tokens: int) -> float:
+    """Median over prompts of our engine's TPOT (served engine.json, `policy`, target in `dtype`)."""
+    from adaserve_backend.request import Request
+
+    engine = served_engine(policy, dtype)
     texts = prompt_texts(engine.tokenizer, prompts)
     tpots = []
     for i, text in enumerate([texts[0]] + texts):  # the first one warms up
