@@ -116,8 +116,9 @@ def get_output_tensor_by_name(response, name):
 # BLS: model name -> handler(inputs: dict[str, np.ndarray], decoupled: bool) -> a response, or an
 # iterable of responses for a decoupled call. Tests install the models their pipeline calls.
 MODELS: dict = {}
-# False once the server is stopping: Triton then refuses new inferences, BLS calls included, and (worst
-# case) what a called model still sends never reaches its caller.
+# False once the server is stopping: Triton then refuses new inferences, BLS calls included; what a
+# called model still sends for a request already running reaches its caller (seen on 2.51: the
+# scheduler model's final errors reached the pipeline reading its streams, and both unloaded).
 SERVER_READY = True
 
 
@@ -156,8 +157,6 @@ class StreamSender(Sender):
 
     def send(self, response=None, flags=0):
         super().send(response, flags)
-        if not SERVER_READY:
-            return
         if response is not None:
             self.queue.put(response)
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:

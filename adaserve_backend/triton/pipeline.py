@@ -23,6 +23,11 @@ from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
 from .serving import SHUTTING_DOWN, ServingWatch
 
 log = logging.getLogger("adaserve")
+SERVER_NOT_READY = "Server not ready"  # Triton's answer to a BLS call once the server stops
+# How long finalize waits for request threads still reading the scheduler model's stream. Its final
+# usually arrives within a second of a shutdown; on 2.51 it sometimes never does, and Triton's own
+# exit timeout is 30 s.
+DRAIN_TIMEOUT_S = 3.0
 
 class BLSPipeline:
     def __init__(self, pb, model_name: str = "ensemble") -> None:
@@ -31,6 +36,8 @@ class BLSPipeline:
         self.active: dict[str, object] = {}  # request id -> response sender
         self.lock = threading.Lock()
         self.stopping = False
+        self.runs = 0  # request threads alive, under `idle`
+        self.idle = threading.Condition()
         self.watcher = threading.Thread(target=self._watch_cancellations, name="adaserve-cancel-watch", daemon=True)
         self.watcher.start()
 
@@ -39,12 +46,20 @@ class BLSPipeline:
         request_id = uuid.uuid4().hex
         with self.lock:
             self.active[request_id] = sender
-        threading.Thread(target=self._run, args=(request, sender, request_id), daemon=True).start()
+        with self.idle:
+            self.runs += 1
+        threading.Thread(target=self._run_counted, args=(request, sender, request_id), daemon=True).start()
 
     def shutdown(self) -> None:
         self.stopping = True
         self.watcher.join(timeout=1)
         self._answer_all()
+        # Why wait: a request thread may still be reading the scheduler model's stream to its end
+        # (_drain). Responses that arrive after this model's stub has exited land in freed shared
+        # memory, and the server aborts (seen: boost lock_exception, SIGABRT, during a shutdown).
+        with self.idle:
+            if not self.idle.wait_for(lambda: self.runs == 0, timeout=DRAIN_TIMEOUT_S):
+                log.warning("pipeline shutdown: %d request threads still reading after %.0f s", self.runs, DRAIN_TIMEOUT_S)
 
     def _answer_all(self) -> None:
         """End every client request still waiting with a final error: the server is stopping and
@@ -65,9 +80,18 @@ class BLSPipeline:
                 log.warning("could not send the final response", exc_info=True)
 
     # ---- one request ----------------------------------------------------------------------------
+    def _run_counted(self, request, sender, request_id: str) -> None:
+        try:
+            self._run(request, sender, request_id)
+        finally:
+            with self.idle:
+                self.runs -= 1
+                self.idle.notify_all()
+
     def _run(self, request, sender, request_id: str) -> None:
         pb = self.pb
-        streaming = False  # the scheduler model holds the request until its stream ends
+        stream = None  # the scheduler model's stream, read to its final response unless it ended
+        shutting_down = False
         try:
             ids = self._preprocess(request)
             inputs = [pb.Tensor("input_ids", ids), pb.Tensor("request_id", np.array([request_id.encode()], dtype=object))]
@@ -76,34 +100,52 @@ class BLSPipeline:
                 if t is not None:
                     inputs.append(pb.Tensor(name, t.as_numpy()))
             wanted = ["output_ids", "context_ids", "is_final", *PASS_THROUGH]
-            stream = pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True)
-            streaming = True
+            stream = iter(pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True))
             for response in stream:
                 if response.has_error():
-                    streaming = False
+                    stream = None
                     self._finish(sender, request_id, pb.InferenceResponse(error=self._error(response.error())))
                     return
                 tensors = {t.name(): t for t in response.output_tensors()}
                 if not tensors:
                     continue  # a flags-only final response
-                final = bool(tensors["is_final"].as_numpy().reshape(-1)[0])
-                streaming = not final
-                out = self._postprocess(tensors)
-                if final:
-                    self._finish(sender, request_id, out)
+                if bool(tensors["is_final"].as_numpy().reshape(-1)[0]):
+                    stream = None
+                    self._finish(sender, request_id, self._postprocess(tensors))
                     return
-                if not self._send(sender, request_id, out):
+                if not self._send(sender, request_id, self._postprocess(tensors)):
                     return  # answered by shutdown meanwhile
-            streaming = False
+            stream = None
             self._finish(sender, request_id, None)
         except ValueError as e:  # the client's input (preprocessing refused it)
             self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)))
         except Exception as e:  # never leave a client without a final response
-            log.exception("pipeline failed")
-            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(f"internal error: {e}")))
+            # A stopping server refuses BLS calls at once ("Server not ready"), before the models
+            # stop being ready, which is why both are asked.
+            shutting_down = SERVER_NOT_READY in str(e) or self.serving.stopping(fresh=True)
+            if shutting_down:
+                error = pb.TritonError(SHUTTING_DOWN, pb.TritonError.UNAVAILABLE)
+            else:
+                log.exception("pipeline failed")
+                error = pb.TritonError(f"internal error: {e}")
+            self._finish(sender, request_id, pb.InferenceResponse(error=error))
         finally:
-            if streaming:  # we stopped listening (postprocessing failed...): free its KV blocks
-                self._abort(request_id)
+            if stream is not None:  # we stopped listening before its end (postprocessing failed...)
+                if not (shutting_down or self.serving.stopped):  # a stopping server refuses BLS; the scheduler ends it
+                    self._abort(request_id)  # frees its KV blocks
+                self._drain(stream)
+
+    @staticmethod
+    def _drain(stream) -> None:
+        """Read an abandoned stream to its final response. Why: a BLS stream left unread keeps the
+        scheduler model's responses alive, and with them both models, which then never unload, so a
+        stopping server waits out its exit timeout. Bounded: the scheduler ends every request it holds
+        once it is aborted or the server stops."""
+        try:
+            for _ in stream:
+                pass
+        except Exception:
+            log.warning("draining an abandoned stream failed", exc_info=True)
 
     def _error(self, err):
         """The scheduler model's error with its code restored (see protocol.CODE_TAG)."""
@@ -116,7 +158,8 @@ class BLSPipeline:
                   if (t := pb.get_input_tensor_by_name(request, name)) is not None]
         response = pb.InferenceRequest(model_name="preprocessing", inputs=inputs, requested_output_names=["input_ids"]).exec()
         if response.has_error():
-            raise ValueError(response.error().message())
+            message = response.error().message()
+            raise (RuntimeError if SERVER_NOT_READY in message else ValueError)(message)
         return pb.get_output_tensor_by_name(response, "input_ids").as_numpy()
 
     def _postprocess(self, tensors: dict):

@@ -49,12 +49,26 @@ def backend_directory() -> Path:
     return backends
 
 
+def server_environment() -> dict[str, str]:
+    """This environment without an active virtual environment's `bin` on PATH. Why: the stub embeds the
+    system's libpython and sets its prefix from the first `python3` on PATH; an activated venv's python3
+    reads pyvenv.cfg and points the stub at another build's standard library, whose C modules fail to
+    load against the system's libpython (seen: `_ssl ... undefined symbol: _PyModule_Add`). The venv
+    reaches the models through PYTHONPATH instead (stub_path.py)."""
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    if sys.prefix != sys.base_prefix:
+        venv_bin = Path(sys.prefix).resolve() / "bin"
+        env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() != venv_bin)
+    return env
+
+
 def server_command(
     model_repository: str, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002, log_verbose: int = 0
 ) -> tuple[list[str], dict[str, str]]:
     root = pytriton_root()
     libs = root.parent.parent / "nvidia_pytriton.libs"
-    env = dict(os.environ)
+    env = server_environment()
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), *site.getsitepackages(), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")

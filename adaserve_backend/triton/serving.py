@@ -23,10 +23,16 @@ class ServingWatch:
         self.pb, self.model_name = pb, model_name
         self._checked, self._stopping = 0.0, False
 
-    def stopping(self) -> bool:
-        """True once the server no longer serves the model (asked at most every CHECK_EVERY_S)."""
+    @property
+    def stopped(self) -> bool:
+        """What the last check found (no IPC)."""
+        return self._stopping
+
+    def stopping(self, fresh: bool = False) -> bool:
+        """True once the server no longer serves the model (asked at most every CHECK_EVERY_S, unless
+        `fresh`: after a failure, to tell a stopping server from a fault)."""
         now = time.monotonic()
-        if self._stopping or now - self._checked < CHECK_EVERY_S:
+        if self._stopping or (not fresh and now - self._checked < CHECK_EVERY_S):
             return self._stopping
         self._checked = now
         try:

@@ -78,26 +78,38 @@ def test_streams_through_the_pipeline_with_one_final(served):
     assert kv_free(loop)
 
 
-def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, monkeypatch):
+@pytest.mark.parametrize("stopping, answer, code, stream_code", [
+    (False, "internal error: detokenizer exploded", "INTERNAL", "CANCELLED"),  # the pipeline aborts it
+    (True, "the server is shutting down", "UNAVAILABLE", "UNAVAILABLE"),  # the scheduler model ends it itself
+])
+def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, monkeypatch, stopping, answer, code, stream_code):
+    """The scheduler model's stream is ended and read to its end: an abandoned BLS stream keeps both
+    models alive, and a stopping server then waits out its exit timeout."""
     pipeline, loop = served
     calls = []
 
     def failing(inputs, decoupled):
         calls.append(1)
         if len(calls) > 2:
-            return fake_pb.InferenceResponse(error=fake_pb.TritonError("Server not ready"))
+            if stopping:  # as Triton stops: BLS refused, the models no longer ready
+                monkeypatch.setattr(fake_pb, "SERVER_READY", False)
+            return fake_pb.InferenceResponse(error=fake_pb.TritonError("Server not ready" if stopping else "detokenizer exploded"))
         return postprocessing(inputs, decoupled)
 
     monkeypatch.setitem(fake_pb.MODELS, "postprocessing", failing)
     req = client("a long story", 400)
+    req.inputs["min_tokens"] = np.asarray([400], dtype=np.int32)
     pipeline.submit(req)
     assert req.sender.finished.wait(60)
     resp, flags = req.sender.sent[-1]
-    assert resp.has_error() and "Server not ready" in resp.error().message() and flags == FINAL
+    assert resp.has_error() and answer in resp.error().message() and flags == FINAL
+    assert resp.error().code() == getattr(fake_pb.TritonError, code)
     (stream,) = loop.streams
-    assert stream.finished.wait(10), "the scheduler model was told to drop the request the pipeline gave up on"
-    assert stream.sent[-1][0].error().code() == fake_pb.TritonError.CANCELLED
+    assert stream.finished.wait(10), "the scheduler model's request must end, not run on for nobody"
+    assert stream.sent[-1][0].error().code() == getattr(fake_pb.TritonError, stream_code)
     assert kv_free(loop)
+    with pipeline.idle:
+        assert pipeline.idle.wait_for(lambda: pipeline.runs == 0, timeout=10), "the stream was read to its end"
 
 
 def test_shutdown_answers_every_request_in_flight_at_once(served, monkeypatch):
@@ -111,7 +123,7 @@ def test_shutdown_answers_every_request_in_flight_at_once(served, monkeypatch):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     in_flight = [r for r in reqs if not r.sender.finished.is_set()]
-    monkeypatch.setattr(fake_pb, "SERVER_READY", False)  # as Triton stops: nothing reaches the pipeline
+    monkeypatch.setattr(fake_pb, "SERVER_READY", False)  # as Triton stops: BLS refused, models not ready
     start = time.monotonic()
     pipeline.shutdown()
     loop.shutdown()
