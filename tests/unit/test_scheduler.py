@@ -122,6 +122,10 @@ def test_slo_admission_starts_only_what_keeps_slos():
     # behind even at the current load (80 ms with two running), but alone it catches up: it holds the door
     assert case([(seq(60), (10, 0.7)), (seq(1000), (10, 0.5))], [seq(1000)])[0] == []
     assert case([(seq(40), (10, 0.6))], [seq(1000)])[0] == [1000]  # cannot make 40 ms even alone
+    # too far behind to catch up, yet it keeps its pace: admitted while the batch stays at its 100 ms
+    # target (92 ms with two running), held back when that would slow it (115 ms with three)
+    assert case([(seq(100), (10, 9.0))], [seq(1000)])[0] == [1000]
+    assert case([(seq(100), (10, 9.0)), (seq(100), (10, 9.0))], [seq(1000)])[0] == []
     assert scheduler(TableEstimator(table), slo_admission=False).slo_admission is False
     assert scheduler(TableEstimator(table), policy="continuous").slo_admission is False
 
