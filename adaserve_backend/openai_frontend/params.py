@@ -17,7 +17,8 @@ SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "
 # Accepted only at the value that changes nothing (what the client would get by leaving them out).
 NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
            "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",),
-           "parallel_tool_calls": (False,), "tools": ([],)}
+           "parallel_tool_calls": (False,), "tools": ([],),
+           "repetition_penalty": (1, 1.0)}  # a vLLM extension; `vllm bench serve` always sends 1.0
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos", "stream",
           "stream_options", "user", *SLO_HEADERS}
 KNOWN = {"completions": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}

@@ -48,11 +48,20 @@ def test_slo_from_body_or_headers():
         ensemble_request(h, "x", supported=set())  # never silently dropped
 
 
+def test_what_vllm_bench_serve_sends_is_accepted():
+    """Its completions payload, neutral extras included (repetition_penalty 1.0, logprobs null)."""
+    body = {"model": "m", "prompt": "x", "repetition_penalty": 1.0, "max_tokens": 8, "logprobs": None, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    g = parse(body, "completions", {})
+    assert g.max_tokens == 8 and g.min_tokens == 8 and g.stream and g.include_usage
+
+
 @pytest.mark.parametrize("body, headers, param", [
     ({"prompt": "x", "n": 2}, {}, "n"),
     ({"prompt": "x", "logprobs": 3}, {}, "logprobs"),
     ({"prompt": "x", "echo": True}, {}, "echo"),
     ({"prompt": "x", "frequency_penalty": 0.5}, {}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 1.2}, {}, "repetition_penalty"),
     ({"prompt": "x", "response_format": {"type": "json_object"}}, {}, "response_format"),
     ({"prompt": "x", "max_tokens": 0}, {}, "max_tokens"),
     ({"prompt": "x", "max_tokens": "8"}, {}, "max_tokens"),

