@@ -152,3 +152,15 @@ def test_more_replicas_serve_more_load():
     one = run(rps=6.0, duration=30.0).summary()
     two = run(rps=6.0, duration=30.0, replicas=2, router="slo").summary()
     assert two["slo_attainment"] > one["slo_attainment"]
+
+
+def test_cli_writes_json_and_png(tmp_path):
+    import json
+
+    from adaserve_backend.sim.cli import main
+
+    stem = str(tmp_path / "sweep")
+    main(["--policies", "adaserve,continuous", "--rps", "1", "--duration-s", "5", "--out", stem])
+    rows = json.load(open(stem + ".json"))["rows"]
+    assert {r["policy"] for r in rows} == {"adaserve", "continuous"}
+    assert (tmp_path / "sweep.png").stat().st_size > 0
