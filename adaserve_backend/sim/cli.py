@@ -44,6 +44,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--arrival", default="poisson", choices=["poisson", "gamma", "fluctuating"])
     ap.add_argument("--acceptance", default=None, help="llama70b-1b, qwen32b-05b, engine or a JSON table (default: the model's)")
     ap.add_argument("--output-scale", type=float, default=1.0, help="scales the benchmark's output length ranges")
+    ap.add_argument("--max-slowdown", type=float, default=1.3,
+                    help="GPU budget B: the largest verification within this x the flat latency (as tools.profile)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/sim/sweep", help="output stem: <out>.json and <out>.png")
     return ap.parse_args(argv)
@@ -53,14 +55,14 @@ def main(argv=None) -> None:
     args = parse(argv)
     policies, routers = args.policies.split(","), args.router.split(",")
     runs = list(itertools.product(args.replicas, routers, policies, args.rps))
-    first = scenario(args.hardware, args.model, policies[0], args.acceptance)
+    first = scenario(args.hardware, args.model, policies[0], args.acceptance, args.max_slowdown)
     workloads = {rps: build_requests(rps, args.duration_s, first.slos, first.prompt_scale, args.seed, args.arrival,
                                      output_scale=args.output_scale) for rps in args.rps}
     label_parts = [len(args.replicas) > 1, len(routers) > 1]
     rows = []
     bar = tqdm(total=sum(len(workloads[r]) for *_, r in runs), desc=first.name, unit="req")
     for replicas, router, policy, rps in runs:
-        sc = scenario(args.hardware, args.model, policy, args.acceptance)
+        sc = scenario(args.hardware, args.model, policy, args.acceptance, args.max_slowdown)
         bar.set_postfix_str(f"{policy} {rps:g} rps x{replicas} {router}")
         wall = time.monotonic()
         res = simulate(SimConfig(sc.replica, sc.cost, sc.acceptance, replicas, router, args.seed), workloads[rps], bar.update)

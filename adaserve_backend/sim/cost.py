@@ -75,10 +75,11 @@ class GpuIterationCost:
     gpu: Gpu
     dep: Deployment
     name: str = "gpu"
+    max_slowdown: float = 1.3
 
     @property
     def model(self) -> GpuCost:
-        return GpuCost(self.gpu, self.dep)
+        return GpuCost(self.gpu, self.dep, max_slowdown=self.max_slowdown)
 
     def profile(self) -> CostModel:
         return self.model.profile()

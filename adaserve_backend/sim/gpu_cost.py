@@ -78,6 +78,7 @@ class GpuCost:
     gpu: Gpu
     dep: Deployment
     efficiency: float | None = None
+    max_slowdown: float = 1.3  # B: the largest batch within this x the flat latency (tools.profile's default)
 
     @property
     def e(self) -> float:
@@ -99,4 +100,4 @@ class GpuCost:
         verify = [at(self.target_s, n) for n in sizes]
         draft = [at(self.draft_s, n) for n in sizes]
         target_line, draft_line = fit_roofline(sizes, verify), fit_roofline(sizes, draft)
-        return CostModel(target_line, draft_line, pick_budget(target_line), tuple(zip(sizes, verify)), tuple(zip(sizes, draft)))
+        return CostModel(target_line, draft_line, pick_budget(target_line, self.max_slowdown), tuple(zip(sizes, verify)), tuple(zip(sizes, draft)))

@@ -35,12 +35,13 @@ class Scenario:
 
 
 def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", acceptance: str | None = None,
-             **scheduler_overrides) -> Scenario:
+             max_slowdown: float = 1.3, **scheduler_overrides) -> Scenario:
+    """`max_slowdown` sets B on GPUs as `tools.profile --max-slowdown` does (the CPU keeps its profile's)."""
     if hardware == "cpu":
         return _cpu(policy, acceptance, scheduler_overrides)
     gpu, count = parse_hardware(hardware)
     dep = deployment(model, count)
-    cost = GpuIterationCost(gpu, dep)
+    cost = GpuIterationCost(gpu, dep, max_slowdown=max_slowdown)
     profile = cost.profile()
     target_tokens, draft_tokens = kv_token_capacity(gpu, dep)
     sched = SchedulerConfig(policy=policy, **{**GPU_SCHEDULER, **scheduler_overrides})
