@@ -9,7 +9,7 @@ OPENAI_PORT ?= 9000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile clean
+.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -45,6 +45,11 @@ perf: setup  # perf_analyzer against a running server (make serve first)
 
 bench-forward: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.forward_latency --out results/forward_latency
+
+# The serving simulator (adaserve_backend/sim): the real scheduler at GPU scale on a virtual clock, no model.
+SIM_ARGS ?= --hardware a100x4 --model llama70b --policies adaserve,continuous,sarathi,spec:4 --rps 1,2,4,8 --duration-s 600 --replicas 1 --router slo
+sim: setup
+	$(PY) -m adaserve_backend.sim $(SIM_ARGS) --out results/sim/sweep
 
 clean:
 	rm -rf $(VENV) .pytest_cache

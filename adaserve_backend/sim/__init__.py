@@ -1,0 +1,16 @@
+"""A serving simulator at GPU scale that drives the project's real scheduler and token-tree selection
+on a virtual clock (issue 17). `python -m adaserve_backend.sim --help`.
+
+  clock.py        virtual clock and event queue (deterministic order)
+  hardware.py     GPU and model shapes from published numbers
+  gpu_cost.py     first-principles TP forward latency, calibrated to published points
+  cost.py         iteration duration (CPU profile or GPU model) and the profile the scheduler sees
+  acceptance.py   per-depth acceptance models (presets, the engine's table)
+  drafts.py       synthetic candidate trees and their verification
+  replica.py      one engine: real Scheduler + Estimator + choose_trees, simulated model runner
+  router.py       round robin, least loaded, SLO-aware routing over replicas
+  workload.py     requests from client/workload.py generators with the paper's SLOs
+  scenario.py     a deployment from names (cpu, a100x4 + llama70b, ...)
+  simulator.py    the discrete-event loop and scoring (client/metrics.py)
+  cli.py          sweeps, JSON and PNG output
+"""

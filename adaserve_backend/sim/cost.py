@@ -1,0 +1,94 @@
+"""The simulated iteration's duration, from a cost model, and the profile the scheduler is given.
+
+Two kinds: `CpuIterationCost`, this machine as the project profiled it (the profile JSON the engine
+config points at: the engine's own estimate is then exact, as if the profile were perfect), and
+`GpuIterationCost`, first principles (gpu_cost.py), where the duration also grows with the KV the batch
+reads while the scheduler's profile (fitted like tools.profile) does not know about context: the
+estimator's measured correction has to absorb that, as on real hardware.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import EngineConfig
+from ..cost_model.cost_model import CostModel
+from .gpu_cost import GpuCost
+from .hardware import Gpu, Deployment
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENGINE_JSON = os.path.join(REPO, "model_repository", "adaserve", "1", "engine.json")
+
+
+@dataclass(frozen=True)
+class IterationShape:
+    """What an iteration computes. Contexts are cached tokens summed over requests; `attended` counts
+    query-key pairs of the verification forward."""
+
+    num_decode: int
+    depth: int
+    width: int
+    chain_tokens: int  # the draft's first step: every request's uncached chain (prefill chains included)
+    beam_tokens: int  # each later draft step: the previous level's nodes
+    tree_tokens: int  # verified tree tokens, roots included
+    prefill_tokens: int
+    target_context: int
+    draft_context: int
+    attended: int
+
+
+class IterationCost(Protocol):
+    name: str
+
+    def profile(self) -> CostModel: ...
+
+    def durations(self, shape: IterationShape) -> tuple[float, float]:
+        """(speculation s, verification s)."""
+
+
+@dataclass(frozen=True)
+class CpuIterationCost:
+    profile_model: CostModel
+    name: str = "cpu"
+
+    def profile(self) -> CostModel:
+        return self.profile_model
+
+    def durations(self, s: IterationShape) -> tuple[float, float]:
+        c = self.profile_model
+        spec = 0.0
+        if s.chain_tokens:
+            spec = c.draft_step_ms(s.chain_tokens) + max(s.depth - 1, 0) * c.draft_step_ms(s.beam_tokens)
+        return spec / 1e3, c.verify_ms(s.tree_tokens + s.prefill_tokens) / 1e3
+
+
+def cpu_cost(engine_json: str = ENGINE_JSON) -> tuple[CpuIterationCost, EngineConfig]:
+    """The served engine config and the profile it points at."""
+    config = EngineConfig.from_json(engine_json)
+    return CpuIterationCost(CostModel.load(config.speculation.profile_path)), config
+
+
+@dataclass(frozen=True)
+class GpuIterationCost:
+    gpu: Gpu
+    dep: Deployment
+    name: str = "gpu"
+    max_slowdown: float = 1.3
+
+    @property
+    def model(self) -> GpuCost:
+        return GpuCost(self.gpu, self.dep, max_slowdown=self.max_slowdown)
+
+    def profile(self) -> CostModel:
+        return self.model.profile()
+
+    def durations(self, s: IterationShape) -> tuple[float, float]:
+        m = self.model
+        spec = 0.0
+        if s.chain_tokens:
+            spec = m.draft_s(s.chain_tokens, s.draft_context, s.chain_tokens * max(1, s.draft_context // max(1, s.num_decode)))
+            per_req_ctx = s.draft_context // max(1, s.num_decode)
+            spec += max(s.depth - 1, 0) * m.draft_s(s.beam_tokens, s.draft_context, s.beam_tokens * per_req_ctx)
+        return spec, m.target_s(s.tree_tokens + s.prefill_tokens, s.target_context, s.attended)

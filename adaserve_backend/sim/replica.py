@@ -1,0 +1,172 @@
+"""One simulated engine: the project's real Scheduler, Estimator, policy and token-tree selection, with a
+simulated model runner in place of `ModelRunner`/`DraftWorker`/`verify`.
+
+It mirrors `Engine.step`: take the inbox, `plan = scheduler.schedule(now)`, draft proposals (drafts.py,
+with the draft cache's bookkeeping the DraftWorker does), `choose_trees` (the engine's function, called
+the same way), the target's verification (acceptance drawn from the acceptance model, the accepted
+path committed in the target's block table as ModelRunner.commit does), and `scheduler.update(plan,
+IterationResult)` at the iteration's simulated end. The KV block managers are the real ones, so
+admission, preemption and capacity behave as in the engine.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from ..config import SchedulerConfig, SpeculationConfig
+from ..kv_cache import BlockManager, chain_parents
+from ..request import RequestOutput
+from ..scheduler.estimator import Estimator
+from ..scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
+from ..scheduler.scheduler import Scheduler
+from ..sequence import Sequence, draft_chain_span
+from ..speculation import tree_choice
+from ..draft_worker import truncate_depth
+from ..verification.verify import ends_prompt
+from . import drafts
+from .acceptance import AcceptanceModel
+from .cost import IterationCost, IterationShape
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    scheduler: SchedulerConfig
+    speculation: SpeculationConfig
+    kv_blocks: int  # target cache blocks; the draft cache gets `draft_blocks`
+    draft_blocks: int
+    block_size: int = 16
+    max_model_len: int = 32768
+
+
+@dataclass
+class InFlight:
+    """An iteration that started and ends at `end` (the scheduler learns its result then)."""
+
+    plan: IterationPlan
+    result: IterationResult
+    end: float
+
+
+@dataclass
+class Replica:
+    index: int
+    config: ReplicaConfig
+    cost: IterationCost
+    acceptance: AcceptanceModel
+    rng: random.Random
+    inbox: list[Sequence] = field(default_factory=list)
+    in_flight: InFlight | None = None
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.policy = cfg.scheduler.make_policy()
+        profile = self.cost.profile()
+        self.budget = profile.budget
+        spec = cfg.speculation
+        # as Engine.__init__ builds them
+        self.estimator = Estimator(profile, self.budget, lambda n: self.policy.depth_width(n, self.budget, spec))
+        self.target_blocks = BlockManager(cfg.kv_blocks, cfg.block_size)
+        self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size) if self.policy.speculative else None
+        self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator, self.target_blocks,
+                                   self.draft_blocks, self._release)
+        self.iterations = 0
+
+    # ---- what routers read -------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self.in_flight is not None
+
+    def load(self) -> int:
+        """Requests it holds: running, waiting, and not yet taken from the inbox."""
+        return len(self.scheduler.running) + len(self.scheduler.waiting) + len(self.inbox)
+
+    def has_work(self) -> bool:
+        return bool(self.inbox) or self.scheduler.has_work()
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.inbox.append(seq)  # the engine's inbox: taken at the next step's start
+
+    def begin(self, now: float) -> list[RequestOutput]:
+        """Start an iteration at `now`. Returns outputs that need no model (rejections, failures);
+        sets `in_flight` when the plan has work."""
+        for seq in self.inbox:
+            self.scheduler.add(seq)
+        self.inbox.clear()
+        plan = self.scheduler.schedule(now)
+        if plan.empty:
+            return self.scheduler.update(plan, IterationResult(now))
+        self.in_flight = self._run(plan)
+        return []
+
+    def finish(self) -> list[RequestOutput]:
+        fl, self.in_flight = self.in_flight, None
+        self.iterations += 1
+        return self.scheduler.update(fl.plan, fl.result)
+
+    # ---- the simulated model runner ----------------------------------------------------------------
+    def _run(self, plan: IterationPlan) -> InFlight:
+        spec = self.config.speculation
+        props, chain_tokens, draft_ctx = self._propose(plan) if self.draft_blocks is not None else ([], 0, 0)
+        cands = [p.tree for p in props]
+        trees = tree_choice.choose_trees(plan, cands, self.policy, self.estimator, spec)
+        decoded, target_ctx, attended = [], 0, 0
+        for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
+            ctx = self._committed(self.target_blocks, seq)
+            target_ctx, attended = target_ctx + ctx, attended + len(tree.tokens) * (ctx + len(tree.tokens))
+            accepted = drafts.accept(props[i], tree) if props else 0
+            path = drafts.accepted_path(tree, props[i], accepted) if props else [0]
+            self.target_blocks.append(seq.seq_id, tree.parents)  # ModelRunner.forward, then commit
+            self.target_blocks.commit(seq.seq_id, path)
+            decoded.append(Verified(seq, [drafts.TOKEN] * (accepted + 1), len(tree.tokens) - 1, accepted))
+        prefilled = []
+        for seq, n in plan.prefill.items():
+            ctx = self._committed(self.target_blocks, seq)
+            target_ctx, attended = target_ctx + ctx + n, attended + n * (ctx + (n + 1) // 2)
+            self.target_blocks.append(seq.seq_id, chain_parents(0, n))
+            self.target_blocks.commit_all(seq.seq_id)
+            prefilled.append(Prefilled(seq, n, drafts.TOKEN if ends_prompt(seq, n) else None))
+        shape = IterationShape(len(plan.decode), plan.depth, plan.width, chain_tokens, len(plan.decode) * plan.width,
+                               sum(len(t.tokens) for t in trees), plan.prefill_tokens, target_ctx, draft_ctx, attended)
+        t_spec, t_verify = self.cost.durations(shape)
+        end = plan.start + t_spec + t_verify
+        result = IterationResult(end, decoded, prefilled, speculation=t_spec, verification=t_verify)
+        return InFlight(plan, result, end)
+
+    def _propose(self, plan: IterationPlan) -> tuple[list[drafts.Proposal], int, int]:
+        """DraftWorker.propose's effect on the draft cache, and synthetic candidate trees."""
+        blocks, chain_tokens, ctx = self.draft_blocks, 0, 0
+        for seq in plan.prefill:  # the draft reads the prefilling requests' chains in its first step
+            n = self._chain_len(seq)
+            if n:
+                ctx += self._committed(blocks, seq)
+                blocks.append(seq.seq_id, chain_parents(0, n))
+                blocks.commit_all(seq.seq_id)
+                chain_tokens += n
+        props = []
+        for seq in plan.decode:
+            p = drafts.propose(self.rng, self.acceptance, plan.depth, plan.width, seq.request.slo_class)
+            if plan.depth > 0:  # beam_search: the chain, then d-1 levels of w beams, then only the chain stays
+                n = self._chain_len(seq)
+                ctx += self._committed(blocks, seq) + n
+                blocks.append(seq.seq_id, chain_parents(0, n) + [n - 1] * (plan.depth - 1) * plan.width)
+                blocks.commit(seq.seq_id, list(range(n)))
+                chain_tokens += n
+            room = min(seq.request.max_tokens - len(seq.output), self.config.max_model_len - len(seq.tokens)) - 1
+            truncate_depth(p.tree, max(room, 0))  # as DraftWorker.propose: no tree outgrows max_tokens
+            props.append(p)
+        return props, chain_tokens, ctx
+
+    def _chain_len(self, seq: Sequence) -> int:
+        start, end = draft_chain_span(seq, self._committed(self.target_blocks, seq), self._committed(self.draft_blocks, seq))
+        return max(end - start, 0)
+
+    @staticmethod
+    def _committed(blocks: BlockManager, seq: Sequence) -> int:
+        return blocks.seq(seq.seq_id).num_committed if blocks.has(seq.seq_id) else 0
+
+    def _release(self, seq: Sequence) -> None:
+        for b in (self.target_blocks, self.draft_blocks):
+            if b is not None and b.has(seq.seq_id):
+                b.free(seq.seq_id)

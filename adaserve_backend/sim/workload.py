@@ -1,0 +1,78 @@
+"""Simulated requests from the benchmark's own generators (client/workload.py: category mix, output
+lengths, Poisson / gamma / fluctuating / Azure-trace arrivals; client/slo_targets.py: targets).
+
+Prompts are token counts, not text: uniform per category in PROMPT_TOKENS, an assumption per scale.
+`paper`: HumanEval-like code prompts, Alpaca-like chat instructions, CNN/DailyMail-like articles (the
+datasets of the paper's categories). `cpu`: the in-process benchmark's families (networkx signatures,
+Python FAQ questions, HOWTO passages cut to 1024 tokens) as the chat template encodes them, roughly.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from client.slo_targets import DEFAULT_TTFT_SLO_MS, SloTargets
+from client.workload import DEFAULT_MIX, build_workload, fluctuating_arrivals, gamma_arrivals, poisson_arrivals
+
+from ..request import Request
+from ..sequence import Sequence
+
+PROMPT_TOKENS = {
+    "paper": {"coding": (100, 250), "chat": (20, 150), "summary": (500, 1500)},
+    "cpu": {"coding": (60, 160), "chat": (30, 60), "summary": (200, 800)},
+}
+PAPER_TPOT_MS = {"chat": 50.0, "summary": 150.0}  # coding: 1.2x the hardware's baseline TPOT
+CODING_SCALE = 1.2
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    request_id: str
+    category: str
+    prompt_tokens: int
+    max_tokens: int
+    tpot_slo_ms: float
+    ttft_slo_ms: float
+    arrival_s: float
+
+    def sequence(self, seq_id: int) -> Sequence:
+        """The engine's own request state (Sequence.start, as Engine._take_inbox makes it); the category
+        rides along as the SLO class so the acceptance model can read it."""
+        req = Request(self.request_id, [0] * self.prompt_tokens, max_tokens=self.max_tokens, ignore_eos=True,
+                      tpot_slo_ms=self.tpot_slo_ms, ttft_slo_ms=self.ttft_slo_ms, slo_class=self.category,
+                      arrival_time=self.arrival_s)
+        return Sequence.start(req, seq_id, self.tpot_slo_ms, self.arrival_s, frozenset(), self.ttft_slo_ms)
+
+
+def paper_slos(baseline_tpot_ms: float, ttft_ms: dict[str, float] | None = None) -> SloTargets:
+    """The paper's TPOT targets (coding 1.2x baseline, chat 50 ms, summary 150 ms) with TTFT targets."""
+    return SloTargets(tpot_ms={"coding": CODING_SCALE * baseline_tpot_ms, **PAPER_TPOT_MS},
+                      ttft_ms=dict(ttft_ms or DEFAULT_TTFT_SLO_MS))
+
+
+def arrivals(kind: str, rps: float, duration_s: float, rng: random.Random) -> tuple[list[float], list[str] | None]:
+    """Arrival times within `duration_s` (and per-arrival categories for the fluctuating trace)."""
+    n = max(1, math.ceil(rps * duration_s * 1.5) + 10)
+    if kind == "poisson":
+        times = poisson_arrivals(rps, n, rng)
+    elif kind == "gamma":
+        times = gamma_arrivals(rps, n, rng)
+    elif kind == "fluctuating":
+        pairs = fluctuating_arrivals(rps, duration_s, list(DEFAULT_MIX), rng)
+        return [t for t, _ in pairs], [c for _, c in pairs]
+    else:
+        raise ValueError(f"unknown arrival process {kind!r}: poisson, gamma or fluctuating")
+    return [t for t in times if t < duration_s], None
+
+
+def build_requests(rps: float, duration_s: float, slos: SloTargets, scale: str = "paper", seed: int = 0,
+                   arrival: str = "poisson", mix: dict[str, float] | None = None, output_scale: float = 1.0) -> list[SimRequest]:
+    rng = random.Random(seed)
+    times, cats = arrivals(arrival, rps, duration_s, rng)
+    prompts = {c: [("", True)] for c in DEFAULT_MIX}  # text is not simulated
+    items = build_workload(times, slos, mix, prompts, cats, seed, output_scale)
+    lengths = PROMPT_TOKENS[scale]
+    return [SimRequest(it.request_id, it.category, rng.randint(*lengths[it.category]), it.max_tokens,
+                       it.tpot_slo_ms, it.ttft_slo_ms, it.arrival_s) for it in items]

@@ -1,0 +1,81 @@
+"""Acceptance models and synthetic drafts: published-range acceptance lengths for the 70B preset, the
+engine's table, trees shaped like beam search's, and acceptance only along accepted parents."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from adaserve_backend.sim import drafts
+from adaserve_backend.sim.acceptance import PRESETS, acceptance_model, load_table
+from adaserve_backend.speculation.token_tree import TokenTree
+
+
+def mean_accepted(model, depth, width, n=4000, seed=0, nodes=10**6):
+    """Tokens per verification of the `nodes` best-scored nodes of each tree (all by default)."""
+    rng = random.Random(seed)
+    total = 0
+    for _ in range(n):
+        p = drafts.propose(rng, model, depth, width, None)
+        best = sorted(range(len(p.tree)), key=lambda j: -p.tree.scores[j])[:nodes]
+        total += 1 + drafts.accept(p, TokenTree.from_selection(p.tree, sorted(best)))
+    return total / n
+
+
+def test_llama70b_preset_gives_published_range_acceptance_lengths():
+    model = PRESETS["llama70b-1b"]
+    chain4 = mean_accepted(model, 4, 1)
+    assert chain4 == pytest.approx(1 + 0.8 + 0.8 * 0.78 + 0.8 * 0.78 * 0.76 + 0.8 * 0.78 * 0.76 * 0.74, rel=0.05)
+    assert 3.0 <= chain4 <= 3.4
+    assert 3.5 <= mean_accepted(model, 6, 4, nodes=8) <= 4.5  # a lone request's tree: n_max = 8 nodes
+
+
+def test_engine_table_matches_recorded_chain_acceptance():
+    model = acceptance_model("engine")
+    for cat, recorded in (("coding", 1.39), ("chat", 1.49), ("summary", 1.29)):
+        rng, n, total = random.Random(1), 4000, 0
+        for _ in range(n):
+            p = drafts.propose(rng, model, 4, 1, cat)
+            total += 1 + drafts.accept(p, TokenTree.from_selection(p.tree, list(range(len(p.tree)))))
+        assert total / n == pytest.approx(recorded, abs=0.05)
+
+
+def test_table_loader(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"name": "x", "categories": {"chat": [0.5, 0.4]}, "confidence": 0.6}')
+    m = load_table(str(path))
+    assert m.rates == (0.5, 0.4) and m.alignment(1, "chat") == pytest.approx(0.5 / 0.6)
+    assert m.alignment(5, "chat") == pytest.approx(0.4 / 0.6)  # the last depth repeats
+
+
+def test_candidate_trees_are_beam_search_shaped():
+    p = drafts.propose(random.Random(0), PRESETS["llama70b-1b"], 3, 4, None)
+    tree = p.tree
+    assert len(tree) == 1 + 3 * 4 and tree.scores[0] == 1.0
+    for j in range(1, len(tree)):
+        assert tree.parents[j] < j and tree.scores[j] <= tree.scores[tree.parents[j]]
+
+
+def test_a_node_is_accepted_only_after_its_parent():
+    rng = random.Random(3)
+    model = PRESETS["llama70b-1b"]
+    for _ in range(300):
+        p = drafts.propose(rng, model, 4, 3, None)
+        # select a random connected subtree
+        nodes = [0] + [j for j in range(1, len(p.tree)) if rng.random() < 0.7]
+        keep = [j for j in nodes if all_ancestors_in(p.tree.parents, j, set(nodes))]
+        sel = TokenTree.from_selection(p.tree, keep)
+        acc = drafts.accept(p, sel)
+        path = drafts.accepted_path(sel, p, acc)
+        assert len(path) == acc + 1 and path[0] == 0
+        for a, b in zip(path, path[1:]):
+            assert sel.parents[b] == a  # every accepted node's parent was accepted
+
+
+def all_ancestors_in(parents, j, nodes):
+    while j > 0:
+        if j not in nodes:
+            return False
+        j = parents[j]
+    return True
