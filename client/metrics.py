@@ -29,6 +29,16 @@ class RequestRecord:
     def finished(self) -> bool:
         return self.error is None and self.first_token is not None
 
+    def take(self, out) -> bool:
+        """Apply an engine's RequestOutput (emit times on its clock); True once the request ended."""
+        if out.new_token_ids:
+            self.first_token = self.first_token or out.emit_time
+            self.last_token = out.emit_time
+            self.output_tokens = out.num_output_tokens
+        if out.finished and out.error:
+            self.error = out.error
+        return out.finished
+
     @property
     def ttft(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.arrival

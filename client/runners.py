@@ -49,14 +49,7 @@ def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float
             time.sleep(max(0.0, min(0.05, start + pending[nxt].arrival_s - time.monotonic())) if nxt < len(pending) else 0)
             continue
         for out in engine.step():
-            rec = records[out.request_id]
-            if out.new_token_ids:
-                rec.first_token = rec.first_token or out.emit_time
-                rec.last_token = out.emit_time
-                rec.output_tokens = out.num_output_tokens
-            if out.finished:
-                if out.error:
-                    rec.error = out.error
+            if records[out.request_id].take(out):
                 bar.update(1)
     wall = time.monotonic() - start
     for item in pending[nxt:]:

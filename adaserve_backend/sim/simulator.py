@@ -71,16 +71,8 @@ def simulate(cfg: SimConfig, requests: Sequence[SimRequest], progress: Callable[
 
     def take(outputs: list[RequestOutput]) -> None:  # as client/runners.run_inprocess records them
         for out in outputs:
-            rec = records[out.request_id]
-            if out.new_token_ids:
-                rec.first_token = rec.first_token or out.emit_time
-                rec.last_token = out.emit_time
-                rec.output_tokens = out.num_output_tokens
-            if out.finished:
-                if out.error:
-                    rec.error = out.error
-                if progress:
-                    progress(1)
+            if records[out.request_id].take(out) and progress:
+                progress(1)
 
     while q and q.peek_time() <= horizon:
         ev = q.pop()
