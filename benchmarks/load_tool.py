@@ -6,9 +6,10 @@ same settings, then our own OpenAI runner against our Triton runner on one serve
 1. `vllm bench serve` (from .venv-vllm, not modified) with random prompts of fixed lengths, Poisson
    arrivals, `--ignore-eos` and `--goodput` at the default chat targets, first against our server
    (tritonserver + the OpenAI frontend, as `make serve` runs them), then against vLLM's OpenAI server.
-2. On our server, the benchmark's workload (builtin prompts, SLO classes) replayed once through
-   client.runners.run_openai (HTTP, our frontend) and once through run_triton (gRPC, the ensemble):
-   the two must agree within noise, or one of the paths adds what the other does not.
+2. On our server, the benchmark's workload (builtin prompts, SLO classes) replayed through
+   client.runners.run_openai (HTTP, our frontend) and through run_triton (gRPC, the ensemble),
+   `--agreement-repeats` times each, alternating which goes first: the two must agree within noise,
+   or one of the paths adds what the other does not.
 Writes results/load-tool.json and results/load-tool.png; servers are always stopped.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess
+from adaserve_backend.triton.process import openai_frontend
 from client.bench import score
 from client.runners import run_openai, run_triton
 from client.slo_targets import add_slo_arguments, slo_targets_from_args
@@ -42,12 +43,6 @@ PARTS = ("bench-ours", "agreement", "bench-vllm")
 BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
                "from vllm.benchmarks.serve import add_cli_args, main; "
                "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
-
-
-def openai_frontend(triton_grpc: int, port: int, log_path: Path) -> ServerProcess:
-    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", f"localhost:{triton_grpc}", "--port", str(port),
-            "--served-model-name", OUR_MODEL, "--model-repository", str(PROJECT_ROOT / "model_repository")]
-    return ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (), log_path)
 
 
 def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
@@ -71,7 +66,7 @@ def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
 
 def run_ours(args, slos, items, logs: Path, report: dict, bar) -> None:
     http, grpc, metrics, openai_port, _ = args.ports
-    servers = [triton_server(http, grpc, metrics, logs / "tritonserver.log"), openai_frontend(grpc, openai_port, logs / "frontend.log")]
+    servers = [triton_server(http, grpc, metrics, logs / "tritonserver.log"), openai_frontend(f"localhost:{grpc}", openai_port, logs / "frontend.log", OUR_MODEL)]
     try:
         for s in servers:
             bar.set_postfix_str(f"starting {s.name}")

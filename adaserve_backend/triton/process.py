@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -108,3 +109,10 @@ def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repo
     argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http, grpc, metrics)
     return ServerProcess("adaserve (tritonserver)", argv, env, f"http://localhost:{http}/v2/health/ready",
                          f"http://localhost:{metrics}/metrics", ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
+
+
+def openai_frontend(triton_grpc_url: str, port: int, log_path: Path, served_model_name: str = "adaserve") -> ServerProcess:
+    """The OpenAI-compatible frontend as its own process in front of a running tritonserver."""
+    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", triton_grpc_url, "--port", str(port),
+            "--served-model-name", served_model_name, "--model-repository", str(PROJECT_ROOT / "model_repository")]
+    return ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (), log_path)

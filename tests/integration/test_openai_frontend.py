@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess
+from adaserve_backend.triton.process import openai_frontend
 
 from .conftest import free_ports
 from .test_triton_server import generate
@@ -28,10 +28,7 @@ MODEL = "adaserve"
 @pytest.fixture(scope="module")
 def frontend(triton_server, tmp_path_factory):
     (port,) = free_ports(1)
-    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", triton_server.grpc_url, "--port", str(port),
-            "--served-model-name", MODEL, "--model-repository", str(PROJECT_ROOT / "model_repository")]
-    proc = ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (),
-                         tmp_path_factory.mktemp("openai") / "frontend.log")
+    proc = openai_frontend(triton_server.grpc_url, port, tmp_path_factory.mktemp("openai") / "frontend.log", MODEL)
     proc.start(timeout_s=180)
     try:
         yield f"http://localhost:{port}"
