@@ -58,7 +58,7 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cost = load_cost_model(config.speculation.profile_path)
         self.budget = self.cost.budget if self.cost else config.speculation.budget
-        self.estimator = Estimator(self.cost, self.budget, lambda n: self.policy.depth_width(n, self.budget, config.speculation))
+        self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
         self.scheduler = Scheduler(config.scheduler, config.speculation, self.policy, self.estimator, self.target.blocks,
                                    self.draft.runner.blocks if self.draft else None, self._release, tokenizer)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

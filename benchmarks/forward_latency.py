@@ -23,7 +23,7 @@ import torch
 from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
-from benchmarks.one_request import engine_tpot_ms, held_out_prompts, transformers_model, vllm_tpot_ms
+from benchmarks.one_request import engine_tpot_ms, held_out_prompts, served_engine, transformers_model, vllm_tpot_ms
 from tools.profiler import measure_forward, timed_ms
 
 CONTEXT = 128
@@ -113,7 +113,7 @@ def main() -> None:
         prompts = held_out_prompts(args.tpot_prompts)
         for dtype in args.dtypes:
             for policy in ("continuous", "adaserve"):
-                results["one_request_tpot_ms"][f"ours {policy} {dtype}"] = engine_tpot_ms(policy, dtype, prompts, args.tpot_tokens)
+                results["one_request_tpot_ms"][f"ours {policy} {dtype}"] = engine_tpot_ms(served_engine(policy, dtype), prompts, args.tpot_tokens)
         if not args.no_vllm:
             with tempfile.TemporaryDirectory() as tmp:
                 tpot = vllm_tpot_ms(prompts, args.tpot_tokens, Path(tmp))

@@ -57,11 +57,10 @@ def transformers_model(path: str, dtype):
     return hf
 
 
-def engine_tpot_ms(policy: str, dtype: str, prompts: list[tuple[str, bool]], tokens: int) -> float:
-    """Median over prompts of our engine's TPOT (served engine.json, `policy`, target in `dtype`)."""
+def engine_tpot_ms(engine, prompts: list[tuple[str, bool]], tokens: int) -> float:
+    """Median over prompts of an in-process engine's TPOT (e.g. `served_engine(policy, dtype)`)."""
     from adaserve_backend.request import Request
 
-    engine = served_engine(policy, dtype)
     texts = prompt_texts(engine.tokenizer, prompts)
     tpots = []
     for i, text in enumerate([texts[0]] + texts):  # the first one warms up

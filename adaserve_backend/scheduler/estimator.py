@@ -1,7 +1,9 @@
 """Online estimates the scheduler and the selection predict with, learned from measured iterations:
 the iteration time (the profiled cost model times a measured correction, or without a profile an EMA
 of measured iterations), the yield at each load (tokens per request and tree tokens verified, by the
-number of decoding requests) and the draft's calibration (accepted drafts per unit of draft score).
+number of decoding requests), the draft's calibration (accepted drafts per unit of draft score), and
+how deep speculation pays (how often a verification accepts at least k drafts, against what k draft
+steps and the larger verification cost).
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ ITERATION_EMA = 0.3  # weight of the newest iteration in the time EMA and the co
 LOAD_EMA = 0.2  # weight of the newest iteration in the per-load yield table
 CALIBRATION_DECAY = 0.98  # the draft score and hit sums forget over about 50 iterations
 CALIBRATION_RANGE = (0.05, 2.0)
+# Speculation that does not pay is trimmed (policies with trims_speculation): a depth is trusted once
+# this many (decayed) verifications went that deep; while no depth pays, one decode iteration in
+# EXPLORE_EVERY speculates at the policy's depth anyway, so the acceptance keeps being measured (text
+# changes, and so does what pays at another load); speculating must beat plain decoding by SPEC_MARGIN.
+SPEC_MIN_SAMPLES = 8.0
+EXPLORE_EVERY = 16
+SPEC_MARGIN = 1.03
 
 
 def ema(old: float, new: float, weight: float) -> float:
@@ -22,12 +31,21 @@ def ema(old: float, new: float, weight: float) -> float:
 
 
 class Estimator:
-    def __init__(self, cost: CostModel | None, budget: int, depth_width: Callable[[int], tuple[int, int]]) -> None:
+    def __init__(
+        self, cost: CostModel | None, budget: int, depth_width: Callable[[int], tuple[int, int]], trims: bool = False
+    ) -> None:
         self.cost = cost
         self.budget = budget
-        self.depth_width = depth_width  # the policy's (depth, width) for a number of decoding requests
+        self.policy_depth_width = depth_width  # the policy's (depth, width) for a number of decoding requests
+        self.trims = trims and cost is not None  # comparing depths needs a cost model
         self.t_iter = 0.0  # EMA of measured decode iterations (s)
         self.cost_correction = 1.0  # EMA of measured / predicted
+        # the same per kind of iteration (False: plain decode, True: speculative): a stale profile's
+        # shape (what drafting and a larger tree add) is corrected too, not only its scale
+        self.kind_correction: dict[bool, float] = {}
+        self.tried: list[float] = []  # [k-1]: decayed verifications whose beam went k deep
+        self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
+        self.since_speculation = 0  # decode iterations since the last speculative one
         self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
         self.scored = 0.0  # decaying sum of the draft scores verified (bonus tokens excluded)
         self.hits = 0.0  # decaying sum of the drafts accepted
@@ -35,18 +53,39 @@ class Estimator:
         self.total_accepted = 0
 
     # ---- learning ------------------------------------------------------------------------------
+    @classmethod
+    def for_policy(cls, cost: CostModel | None, budget: int, policy, spec) -> Estimator:
+        """The estimator an engine (or a simulated replica) running `policy` predicts with."""
+        return cls(cost, budget, lambda n: policy.depth_width(n, budget, spec), policy.trims_speculation)
+
     def record(self, it: IterationStats) -> None:
         self.t_iter = it.latency if self.t_iter == 0 else ema(self.t_iter, it.latency, ITERATION_EMA)
+        spec = it.depth > 0
         if self.cost:
             predicted = self.cost.iteration_ms(it.n, it.depth, it.width, it.verified_tokens + it.prefill_tokens) / 1e3
             self.cost_correction = ema(self.cost_correction, it.latency / predicted, ITERATION_EMA)
-        if it.depth:
+            old_kind = self.kind_correction.get(spec, self.cost_correction)
+            self.kind_correction[spec] = ema(old_kind, it.latency / predicted, ITERATION_EMA)
+        self.since_speculation = 0 if spec else self.since_speculation + 1
+        if spec:
             self.hits = CALIBRATION_DECAY * self.hits + it.accepted - it.n  # bonus tokens excluded
-        now = (it.accepted / it.n, float(it.verified_tokens))
-        old = self.by_load.get(it.n, now)
-        self.by_load[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
+            self._record_depths(it)
+            now = (it.accepted / it.n, float(it.verified_tokens))
+            old = self.by_load.get(it.n, now)
+            self.by_load[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
         self.total_verifications += it.n
         self.total_accepted += it.accepted
+
+    def _record_depths(self, it: IterationStats) -> None:
+        while len(self.tried) < it.depth:
+            self.tried.append(0.0)
+            self.reached.append(0.0)
+        for k in range(len(self.tried)):
+            self.tried[k] *= CALIBRATION_DECAY
+            self.reached[k] *= CALIBRATION_DECAY
+        for k in range(it.depth):
+            self.tried[k] += it.n
+            self.reached[k] += sum(a > k for a in it.accepted_drafts)
 
     def record_selection(self, expected_drafts: float) -> None:
         """The expected accepted drafts (by uncalibrated draft scores) of the trees just selected."""
@@ -72,7 +111,9 @@ class Estimator:
         """Tokens per request per iteration and tree tokens verified with `n` decoding requests: as
         measured at that load, else at the nearest measured load with as many tokens per request (the
         fewer requests, the more each gets, so extrapolating the yield upwards would be optimistic and
-        admit too many), else all of B at the lifetime yield."""
+        admit too many), else all of B at the lifetime yield. Without speculation: one token each."""
+        if depth == 0:
+            return 1.0, float(n)
         if n in self.by_load:
             return self.by_load[n]
         if not self.by_load:
@@ -89,7 +130,52 @@ class Estimator:
         measured decode iterations."""
         if not self.cost:
             return self.t_iter
-        return self.cost.iteration_ms(n, depth, width, self.verify_tokens(n, depth)) / 1e3 * self.cost_correction
+        correction = self.kind_correction.get(depth > 0, self.cost_correction)
+        tokens = min(self.verify_tokens(n, depth), n * (1 + depth * width))  # no tree outgrows its beams
+        return self.cost.iteration_ms(n, depth, width, tokens) / 1e3 * correction
+
+    # ---- how deep speculation pays -------------------------------------------------------------
+    def reach(self, depth: int) -> list[float]:
+        """P(a verification accepts at least k drafts) for k = 1..depth, as measured; a depth measured
+        too rarely continues the last measured ratio (acceptance along a path only falls)."""
+        probs, prev, prev2 = [], 1.0, 1.0
+        for k in range(depth):
+            if k < len(self.tried) and self.tried[k] >= SPEC_MIN_SAMPLES:
+                p = self.reached[k] / self.tried[k]
+            else:
+                p = prev * prev / prev2 if prev2 > 0 else 0.0
+            p = min(p, prev)
+            probs.append(p)
+            prev2, prev = prev, p
+        return probs
+
+    def paying_depth(self, n: int, depth: int, width: int) -> int:
+        """The depth up to the policy's `depth` whose expected tokens per second beats every other,
+        0 (no speculation) unless some depth beats plain decoding by SPEC_MARGIN. Unmeasured: `depth`."""
+        if not self.trims or depth == 0 or not self.tried or self.tried[0] < SPEC_MIN_SAMPLES:
+            return depth
+        plain = 1.0 / self.iteration_s(n, 0, 0)
+        tokens, best, best_rate = 1.0, 0, 0.0
+        for k, p in enumerate(self.reach(depth), start=1):
+            tokens += p
+            rate = tokens / self.iteration_s(n, k, width)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best if best_rate > plain * SPEC_MARGIN else 0
+
+    def depth_width(self, n: int) -> tuple[int, int]:
+        """The (depth, width) `n` decoding requests speculate with: the policy's, trimmed to what pays."""
+        depth, width = self.policy_depth_width(n)
+        depth = self.paying_depth(n, depth, width)
+        return (depth, width) if depth else (0, 0)
+
+    def next_depth_width(self, n: int) -> tuple[int, int]:
+        """`depth_width` for the iteration about to be planned: while speculation is trimmed to none,
+        every EXPLORE_EVERY-th iteration speculates at the policy's depth to measure it again."""
+        depth, width = self.depth_width(n)
+        if depth == 0 and self.trims and self.since_speculation >= EXPLORE_EVERY - 1:
+            return self.policy_depth_width(n)
+        return depth, width
 
     def tpot_at(self, n: int) -> float:
         """Predicted time per token of each of `n` decoding requests: an iteration over the tokens it

@@ -78,3 +78,4 @@ class IterationStats:
     speculation: float
     selection: float
     verification: float  # with acceptance and commit
+    accepted_drafts: tuple[int, ...] = ()  # per decoding request: draft tokens accepted (bonus excluded)

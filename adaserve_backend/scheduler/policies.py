@@ -27,6 +27,7 @@ class Policy:
     prefill_first = False  # a prefill iteration holds back decode (vLLM's default scheduler)
     slo_aware = False  # may pace admission and prefill by the running requests' SLO slack
     verify_whole_draft = False  # verify every drafted token instead of selecting within budget B
+    trims_speculation = False  # speculates only as deep as the measured acceptance pays for, down to none
 
     def order(self, waiting: deque[Sequence]) -> deque[Sequence]:
         return waiting
@@ -81,6 +82,7 @@ class AdaServe(Policy):
     name = "adaserve"
     speculative = True
     slo_aware = True
+    trims_speculation = True
     victim = Priority.victim
 
     def order(self, waiting: deque[Sequence]) -> deque[Sequence]:

@@ -91,7 +91,7 @@ class Scheduler:
         prefill = [s for s in self.running if not s.decoding]
         if self.policy.prefill_first and prefill:
             decode = []
-        depth, width = self.depth_width(len(decode)) if self.draft_blocks is not None and decode else (0, 0)
+        depth, width = self.estimator.next_depth_width(len(decode)) if self.draft_blocks is not None and decode else (0, 0)
         chunks = self._prefill_chunks(prefill, decode, depth, width, now)
         plan.decode, plan.depth, plan.width = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
@@ -136,13 +136,11 @@ class Scheduler:
             accepted=sum(len(v.tokens) for v in result.decoded),
             latency=result.speculation + result.selection + result.verification,
             speculation=result.speculation, selection=result.selection, verification=result.verification,
+            accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
         )
         self.estimator.record(stats)
         self.iteration_stats.append(stats)
         self.decode_iterations += 1
-
-    def depth_width(self, num_decode: int) -> tuple[int, int]:
-        return self.policy.depth_width(num_decode, self.estimator.budget, self.speculation)
 
     def _admit(self, now: float, plan: IterationPlan) -> None:
         if self.slo_admission:
@@ -208,7 +206,7 @@ class Scheduler:
         if prefilling:  # the next iteration carries a chunk of the running prefills
             t_next, done = est.prefill_iteration_s(n, chunk), chunk
         else:
-            t_next, done = (est.iteration_s(n, *self.depth_width(n)) if n else 0.0), 0
+            t_next, done = (est.iteration_s(n, *est.depth_width(n)) if n else 0.0), 0
         for seq in [s for s in self.waiting if has_deadline(s)]:
             at = first_token_at(est, seq, now + t_next, n, max(0, tokens_ahead(seq, prefilling) - done), chunk)
             if at > seq.deadline:

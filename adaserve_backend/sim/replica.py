@@ -64,8 +64,7 @@ class Replica:
         profile = self.cost.profile()
         self.budget = profile.budget
         spec = cfg.speculation
-        # as Engine.__init__ builds them
-        self.estimator = Estimator(profile, self.budget, lambda n: self.policy.depth_width(n, self.budget, spec))
+        self.estimator = Estimator.for_policy(profile, self.budget, self.policy, spec)  # as Engine.__init__ does
         self.target_blocks = BlockManager(cfg.kv_blocks, cfg.block_size)
         self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size) if self.policy.speculative else None
         self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator, self.target_blocks,

@@ -49,6 +49,11 @@ class TableEstimator:
     def record(self, stats):  # the table does not learn
         pass
 
+    def depth_width(self, n):
+        return 0, 0
+
+    next_depth_width = depth_width
+
 
 def scheduler(estimator, policy="adaserve", num_blocks=1024, draft=False, **config) -> Scheduler:
     sched = SchedulerConfig(policy=policy, prefill_chunk=256, **config)
@@ -133,15 +138,14 @@ def test_slo_admission_starts_only_what_keeps_slos():
 def steep_estimator() -> Estimator:
     """A cost model where every prefill token beyond the knee costs 5 ms: pacing bites."""
     cost = CostModel(Roofline(10.0, 4, 5.0), Roofline(1.0, 4, 0.0), budget=8)
-    policy = make_policy("adaserve")
-    return Estimator(cost, cost.budget, lambda n: policy.depth_width(n, cost.budget, SPEC))
+    return Estimator.for_policy(cost, cost.budget, make_policy("adaserve"), SPEC)
 
 
 def test_slo_paced_prefill_follows_the_least_slack():
     """adaserve prefills along decode only what the decoding requests' slack pays for; requests
     behind schedule stop it unless they cannot make their SLO anyway."""
     est = steep_estimator()
-    t_iter = est.iteration_s(1, *scheduler(est, draft=True).depth_width(1))
+    t_iter = est.iteration_s(1, *est.depth_width(1))
 
     def chunk(decoded, elapsed_s, max_tokens=100, **config):
         sched = scheduler(est, draft=True, **config)

@@ -1,0 +1,91 @@
+"""Does speculation ever make a lone request slower? One request at a time, greedy, held-out prompts,
+in one run: `continuous`; `adaserve` with the shipped draft; the same with a deliberately useless draft
+(the shipped draft's shapes, random weights); each `adaserve` row with the estimator's trimming of
+unpaying speculation on (the served behaviour) and off (the paper's depth from load alone).
+
+    python -m benchmarks.speculation_pays --out results/speculation_pays
+
+Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per verification, the share of
+iterations that speculated) and OUT.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from tqdm import tqdm
+
+from adaserve_backend.models.linear import prepack_all
+from benchmarks.one_request import engine_tpot_ms, held_out_prompts, served_engine
+
+
+def randomize_draft(engine, seed: int = 0) -> None:
+    """Random weights of the same shapes: a draft whose guesses are as good as chance."""
+    model = engine.draft.runner.model
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+    prepack_all(model)  # the packed copies would otherwise still hold the trained weights' speed path
+
+
+def row(name: str, engine, prompts, tokens: int) -> dict:
+    tpot = engine_tpot_ms(engine, prompts, tokens)
+    stats = list(engine.iteration_stats)
+    speculated = sum(s.depth > 0 for s in stats)
+    return {"name": name, "tpot_ms": tpot, "accepted_per_verify": engine.mean_accepted(),
+            "speculating_share": speculated / max(len(stats), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default="results/speculation_pays", help="writes OUT.json and OUT.png")
+    args = ap.parse_args()
+    prompts = held_out_prompts(args.prompts)
+    variants = [("continuous", "continuous", False, True), ("adaserve", "adaserve", False, True),
+                ("adaserve, untrimmed", "adaserve", False, False), ("adaserve, useless draft", "adaserve", True, True),
+                ("adaserve, useless draft, untrimmed", "adaserve", True, False)]
+    rows = []
+    for name, policy, useless, trims in tqdm(variants, desc="one request at a time"):
+        engine = served_engine(policy, args.dtype)
+        if useless:
+            randomize_draft(engine)
+        engine.estimator.trims = engine.estimator.trims and trims
+        rows.append(row(name, engine, prompts, args.tokens))
+        del engine
+    base = rows[0]["tpot_ms"]
+    for r in rows:
+        r["ratio_to_continuous"] = r["tpot_ms"] / base
+        print(f"{r['name']:36s} TPOT {r['tpot_ms']:6.1f} ms  x{r['ratio_to_continuous']:.2f}  "
+              f"tokens/verify {r['accepted_per_verify']:.2f}  speculating {r['speculating_share']:.0%}")
+    with open(args.out + ".json", "w") as f:
+        json.dump({"dtype": args.dtype, "prompts": args.prompts, "tokens": args.tokens, "rows": rows}, f, indent=2)
+    plot(rows, args.out + ".png")
+    print(f"wrote {args.out}.json and {args.out}.png")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    names = [r["name"] for r in rows]
+    bars = ax.barh(names, [r["tpot_ms"] for r in rows], color=["grey"] + ["tab:blue"] * (len(rows) - 1))
+    for b, r in zip(bars, rows):
+        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" x{r['ratio_to_continuous']:.2f}", va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("TPOT of a lone request (ms), lower is better; x = ratio to continuous")
+    ax.set_title("Speculation trimmed to what pays (one run, held-out prompts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

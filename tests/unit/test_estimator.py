@@ -1,0 +1,105 @@
+"""The estimator trims speculation that does not pay: hand-built iteration records, a hand-made cost
+model, no model and no clock."""
+
+from __future__ import annotations
+
+from adaserve_backend.config import SpeculationConfig
+from adaserve_backend.cost_model.cost_model import CostModel
+from adaserve_backend.cost_model.roofline import Roofline
+from adaserve_backend.scheduler.estimator import EXPLORE_EVERY, SPEC_MIN_SAMPLES, Estimator
+from adaserve_backend.scheduler.plan import IterationStats
+from adaserve_backend.scheduler.policies import make_policy
+
+SPEC = SpeculationConfig(budget=16)
+# A CPU-like profile: a verification of t tokens costs 30 ms + 1 ms per token, a draft step 4 ms.
+COST = CostModel(Roofline(30.0, 1, 1.0), Roofline(4.0, 64, 0.0), budget=16)
+
+
+def estimator(policy: str = "adaserve") -> Estimator:
+    return Estimator.for_policy(COST, COST.budget, make_policy(policy), SPEC)
+
+
+def spec_iteration(est: Estimator, n: int, depth: int, width: int, accepted_drafts: list[int]) -> IterationStats:
+    """A speculative iteration that took exactly what the cost model predicts (correction stays 1)."""
+    verified = n * (1 + depth * width)
+    latency = COST.iteration_ms(n, depth, width, verified) / 1e3
+    return IterationStats(n=n, depth=depth, width=width, verified_tokens=verified, prefill_tokens=0,
+                          accepted=n + sum(accepted_drafts), latency=latency, speculation=0.0, selection=0.0,
+                          verification=latency, accepted_drafts=tuple(accepted_drafts))
+
+
+def plain_iteration(n: int) -> IterationStats:
+    latency = COST.iteration_ms(n, 0, 0, n) / 1e3
+    return IterationStats(n=n, depth=0, width=0, verified_tokens=n, prefill_tokens=0, accepted=n,
+                          latency=latency, speculation=0.0, selection=0.0, verification=latency)
+
+
+def feed(est: Estimator, accepted_per_request: int, iterations: int = 20) -> tuple[int, int]:
+    depth, width = est.policy_depth_width(1)
+    for _ in range(iterations):
+        est.record(spec_iteration(est, 1, depth, width, [min(accepted_per_request, depth)]))
+    return depth, width
+
+
+def test_unmeasured_speculation_runs_at_the_policy_depth():
+    est = estimator()
+    assert est.depth_width(1) == est.policy_depth_width(1)
+    assert est.policy_depth_width(1)[0] > 1
+
+
+def test_a_draft_that_is_never_accepted_is_trimmed_to_plain_decoding():
+    est = estimator()
+    feed(est, accepted_per_request=0)
+    assert est.depth_width(1) == (0, 0)
+    assert est.tpot_at(1) * 1e3 == COST.verify_ms(1)  # a lone request then decodes at a plain step's pace
+
+
+def test_a_draft_that_is_always_accepted_keeps_its_full_depth():
+    est = estimator()
+    depth, width = feed(est, accepted_per_request=99)
+    assert est.depth_width(1) == (depth, width)
+
+
+def test_a_draft_accepted_one_step_deep_speculates_one_step():
+    """Accepting exactly one draft per verification: depth 1 yields 2 tokens for one draft step and a
+    small tree; going deeper adds steps and tree tokens that are never accepted."""
+    est = estimator()
+    feed(est, accepted_per_request=1)
+    assert est.depth_width(1)[0] == 1
+    assert est.reach(3) == [1.0, 0.0, 0.0]
+
+
+def test_while_trimmed_one_iteration_in_explore_every_measures_again():
+    est = estimator()
+    feed(est, accepted_per_request=0)
+    planned = []
+    for _ in range(2 * EXPLORE_EVERY):
+        depth, width = est.next_depth_width(1)
+        planned.append(depth)
+        est.record(spec_iteration(est, 1, depth, width, [0]) if depth else plain_iteration(1))
+    assert planned.count(0) == 2 * EXPLORE_EVERY - 2
+    assert planned[EXPLORE_EVERY - 1] > 0 and planned[2 * EXPLORE_EVERY - 1] > 0
+
+
+def test_exploring_a_draft_that_now_pays_brings_speculation_back():
+    est = estimator()
+    feed(est, accepted_per_request=0)
+    for _ in range(10 * EXPLORE_EVERY):
+        depth, width = est.next_depth_width(1)
+        est.record(spec_iteration(est, 1, depth, width, [depth]) if depth else plain_iteration(1))
+    assert est.depth_width(1)[0] > 0
+
+
+def test_rarely_measured_depths_continue_the_measured_ratio():
+    est = estimator()
+    est.record(spec_iteration(est, int(SPEC_MIN_SAMPLES) * 2, 2, 1, [2, 1] * int(SPEC_MIN_SAMPLES)))
+    p1, p2, p3 = est.reach(3)
+    assert (p1, p2) == (1.0, 0.5)
+    assert p3 == 0.25
+
+
+def test_only_trimming_policies_are_trimmed():
+    est = estimator("spec:4")
+    for _ in range(20):
+        est.record(spec_iteration(est, 1, 4, 1, [0]))
+    assert est.depth_width(1) == (4, 1)
