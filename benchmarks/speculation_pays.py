@@ -80,6 +80,7 @@ def plot(rows: list[dict], path: str) -> None:
     bars = ax.barh(names, [r["tpot_ms"] for r in rows], color=["grey"] + ["tab:blue"] * (len(rows) - 1))
     for b, r in zip(bars, rows):
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" x{r['ratio_to_continuous']:.2f}", va="center")
+    ax.set_xlim(0, max(r["tpot_ms"] for r in rows) * 1.15)  # room for the ratio labels
     ax.invert_yaxis()
     ax.set_xlabel("TPOT of a lone request (ms), lower is better; x = ratio to continuous")
     ax.set_title("Speculation trimmed to what pays (one run, held-out prompts)")

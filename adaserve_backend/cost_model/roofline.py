@@ -24,9 +24,12 @@ class Roofline:
 
 def through_points(points: Sequence[tuple[int, float]], line: Roofline, tokens: int) -> float:
     """Latency of `tokens` piecewise-linear through measured (tokens, ms) points, the roofline's slope
-    past the last one; the roofline alone without points."""
+    past the last one; the roofline alone without points. A forward over more tokens never costs less,
+    so a point above a later one is noise (a busy moment while profiling) and is lowered to it: left as
+    measured, one token would cost more than two and speculating would look cheaper than decoding."""
     if not points:
         return line.predict(tokens)
+    points = monotone(points)
     if tokens <= points[0][0]:
         return points[0][1]
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
@@ -34,6 +37,15 @@ def through_points(points: Sequence[tuple[int, float]], line: Roofline, tokens: 
             return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
     x, y = points[-1]
     return y + line.slope_ms * (tokens - x)
+
+
+def monotone(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Each latency lowered to the least latency measured at this size or beyond (points sorted by size)."""
+    out, low = [], float("inf")
+    for x, y in reversed(points):
+        low = min(low, y)
+        out.append((x, low))
+    return out[::-1]
 
 
 def fit_roofline(tokens: Sequence[int], latency_ms: Sequence[float]) -> Roofline:

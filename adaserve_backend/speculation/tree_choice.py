@@ -4,6 +4,7 @@ SLO-customized and throughput-optimized selection within budget B (the paper's A
 from __future__ import annotations
 
 from ..config import SpeculationConfig
+from ..scheduler.control import on_track
 from ..scheduler.estimator import Estimator
 from ..scheduler.plan import IterationPlan
 from ..scheduler.policies import Policy
@@ -19,9 +20,13 @@ def choose_trees(
     if policy.verify_whole_draft:
         return [TokenTree.from_selection(c, list(range(len(c)))) for c in cands]
     n, depth = len(plan.decode), plan.depth
-    t_spec = estimator.iteration_s(n, depth, plan.width)
+    t_spec, best = estimator.iteration_s(n, depth, plan.width), estimator.tpot_at(1)
+    # A request that cannot end within its SLO even at a lone request's pace gets no forced nodes: they
+    # would not save it, and they cost every other request time. The throughput phase still gives it
+    # whatever pays.
     a_caps = [
         min(required_accepted(plan.start - s.first_token_time, t_spec, s.tpot_slo_s, len(s.output) - 1), depth + 1)
+        if on_track(s, plan.start, best) else ROOT_CREDIT
         for s in plan.decode
     ]
     iteration_ms, cost = None, estimator.cost

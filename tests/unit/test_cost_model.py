@@ -38,11 +38,21 @@ def test_cost_model_round_trip_and_prediction(tmp_path):
 
 def test_predictions_go_through_the_measured_points(tmp_path):
     line = Roofline(60.0, 8, 2.0)
-    points = ((1, 55.0), (2, 80.0), (8, 69.0), (16, 85.0))
-    assert [through_points(points, line, n) for n in (1, 2, 5, 8, 12, 16, 20)] == [55.0, 80.0, 74.5, 69.0, 77.0, 85.0, 93.0]
+    points = ((1, 55.0), (2, 61.0), (8, 73.0), (16, 85.0))
+    assert [through_points(points, line, n) for n in (1, 2, 5, 8, 12, 16, 20)] == [55.0, 61.0, 67.0, 73.0, 79.0, 85.0, 93.0]
     assert through_points((), line, 20) == line.predict(20)
     draft_points = ((1, 1.5), (2, 1.6), (8, 2.0), (16, 3.0))
     model = CostModel(line, Roofline(2.0, 4, 0.5), budget=12, verify_points=points, draft_points=draft_points)
     assert model.verify_ms(1) == 55.0 and model.draft_ms(1, 3, 4) == pytest.approx(1.5 + 2 * (1.6 + 0.4 * 2 / 6))
     model.save(str(tmp_path / "profile.json"))
     assert CostModel.load(str(tmp_path / "profile.json")) == model
+
+
+def test_a_point_above_a_later_one_is_lowered_to_it():
+    """Profiled on a busy moment, one token measured slower than two: predictions never fall with size,
+    or plain decoding would look dearer than a small speculative tree."""
+    line = Roofline(60.0, 8, 2.0)
+    points = ((1, 53.0), (2, 45.0), (4, 52.0), (8, 50.0), (16, 60.0))
+    predicted = [through_points(points, line, n) for n in range(1, 20)]
+    assert predicted == sorted(predicted)
+    assert predicted[:4] == [45.0, 45.0, 47.5, 50.0] and through_points(points, line, 16) == 60.0
