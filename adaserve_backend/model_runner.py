@@ -63,7 +63,7 @@ class ModelRunner:
             raise ValueError(f"kv cache memory_mb={cache.memory_mb} holds not even one block of {per_block} bytes")
         self.blocks = BlockManager(num_blocks, cache.block_size)
         self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks, cache.block_size, dtype, self.device)
-        self.attn = make_backend(attention_backend, self.kv)
+        self.attn = make_backend(attention_backend, self.kv, spec.num_heads)
 
     @property
     def max_len(self) -> int:

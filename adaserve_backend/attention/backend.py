@@ -18,9 +18,10 @@ class AttentionBackend(Protocol):
         """Write k, v [T, kv_heads, D] into the cache, attend q [T, heads, D]; returns [T, heads, D]."""
 
 
-def make_backend(name: str, kv_cache: KVCache) -> AttentionBackend:
+def make_backend(name: str, kv_cache: KVCache, num_heads: int) -> AttentionBackend:
+    """num_heads: query heads (the cache holds the KV heads)."""
     if name == "torch":
         from .torch_sdpa import TorchSDPABackend
 
-        return TorchSDPABackend(kv_cache)
+        return TorchSDPABackend(kv_cache, num_heads)
     raise ValueError(f"unknown attention backend {name!r} (available: torch)")

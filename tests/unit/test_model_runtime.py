@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from adaserve_backend.attention import torch_sdpa
 from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT
 from adaserve_backend.kv_cache import KVCacheFull
 from adaserve_backend.model_runner import ModelRunner, SeqInput
@@ -96,11 +97,15 @@ def test_chunked_prefill_matches_transformers(kind):
     assert start == len(ids)
 
 
+@pytest.mark.parametrize("grouping", ["cost", "apart"])
 @pytest.mark.parametrize("kind", MODELS)
-def test_batched_tree_verification_then_commit_and_decode(kind):
+def test_batched_tree_verification_then_commit_and_decode(kind, grouping, monkeypatch):
     """Three sequences verify different trees in one forward (a fourth prefills a chunk beside them);
     each tree node's logits equal transformers' on the node's root-to-node path. After committing one
-    accepted path per sequence, the next decode step matches again."""
+    accepted path per sequence, the next decode step matches again. "apart": attention splits the
+    batch into several padded groups (free extra SDPA calls), "cost": as served (here one group)."""
+    if grouping == "apart":
+        monkeypatch.setattr(torch_sdpa, "GROUP_OVERHEAD_PAIRS", -10**9)
     path = checkpoint(kind)
     runner = runner_for(path)
     rng = random.Random(3)
@@ -165,6 +170,30 @@ def test_bfloat16_forward_tracks_float32():
     runners = [ModelRunner(our_model(path, dtype), CacheConfig(block_size=4, memory_mb=8)) for dtype in ("float32", "bfloat16")]
     outs = [r.forward([SeqInput(0, ids, num_logits=len(ids))]).logits for r in runners]
     assert outs[1].dtype == torch.float32
+    assert (outs[0] - outs[1]).abs().max().item() < 0.1 * outs[0].abs().max().item()
+
+
+@pytest.mark.parametrize("grouping", ["cost", "apart"])
+def test_bfloat16_mixed_batch_tracks_float32(grouping, monkeypatch):
+    """bfloat16 attention folds query heads into the query length (float32 does not): a tree, a
+    decode step and a prefill chunk in one forward stay close to float32's logits."""
+    if grouping == "apart":
+        monkeypatch.setattr(torch_sdpa, "GROUP_OVERHEAD_PAIRS", -10**9)
+    path = tiny_checkpoint("llama")
+    prompts = [random_ids(path, n, seed=40 + n) for n in (21, 9, 14)]
+    tree = [-1, 0, 0, 1, 1, 2, 3]
+    outs = []
+    for dtype in ("float32", "bfloat16"):
+        runner = ModelRunner(our_model(path, dtype), CacheConfig(block_size=4, memory_mb=8))
+        runner.forward([SeqInput(0, prompts[0][:-1], num_logits=0), SeqInput(1, prompts[1][:-1], num_logits=0)])
+        runner.commit_all(0)
+        runner.commit_all(1)
+        tokens = [prompts[0][-1]] + random_ids(path, len(tree) - 1, seed=7)
+        outs.append(runner.forward([
+            SeqInput(0, tokens, parents=tree, num_logits=len(tree)),
+            SeqInput(1, prompts[1][-1:]),
+            SeqInput(2, prompts[2], num_logits=len(prompts[2])),
+        ]).logits)
     assert (outs[0] - outs[1]).abs().max().item() < 0.1 * outs[0].abs().max().item()
 
 
