@@ -24,6 +24,10 @@ CALIBRATION_RANGE = (0.05, 2.0)
 SPEC_MIN_SAMPLES = 8.0
 EXPLORE_EVERY = 16
 SPEC_MARGIN = 1.03
+# The mirror image: while speculating, one decode iteration in PLAIN_EXPLORE_EVERY runs plain, so the
+# plain kind's cost correction is measured (a profile taken before the runtime got faster, or on a
+# busier machine, would otherwise keep speculation on where plain decoding is faster).
+PLAIN_EXPLORE_EVERY = 64
 
 
 def ema(old: float, new: float, weight: float) -> float:
@@ -46,6 +50,7 @@ class Estimator:
         self.tried: list[float] = []  # [k-1]: decayed verifications whose beam went k deep
         self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
         self.since_speculation = 0  # decode iterations since the last speculative one
+        self.since_plain = 0  # ... since the last plain one
         self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
         self.scored = 0.0  # decaying sum of the draft scores verified (bonus tokens excluded)
         self.hits = 0.0  # decaying sum of the drafts accepted
@@ -64,9 +69,11 @@ class Estimator:
         if self.cost:
             predicted = self.cost.iteration_ms(it.n, it.depth, it.width, it.verified_tokens + it.prefill_tokens) / 1e3
             self.cost_correction = ema(self.cost_correction, it.latency / predicted, ITERATION_EMA)
-            old_kind = self.kind_correction.get(spec, self.cost_correction)
-            self.kind_correction[spec] = ema(old_kind, it.latency / predicted, ITERATION_EMA)
+            measured = it.latency / predicted
+            old_kind = self.kind_correction.get(spec, measured)  # the first of a kind is taken as is
+            self.kind_correction[spec] = ema(old_kind, measured, ITERATION_EMA)
         self.since_speculation = 0 if spec else self.since_speculation + 1
+        self.since_plain = self.since_plain + 1 if spec else 0
         if spec:
             self.hits = CALIBRATION_DECAY * self.hits + it.accepted - it.n  # bonus tokens excluded
             self._record_depths(it)
@@ -171,10 +178,13 @@ class Estimator:
 
     def next_depth_width(self, n: int) -> tuple[int, int]:
         """`depth_width` for the iteration about to be planned: while speculation is trimmed to none,
-        every EXPLORE_EVERY-th iteration speculates at the policy's depth to measure it again."""
+        every EXPLORE_EVERY-th iteration speculates at the policy's depth to measure it again; while
+        speculating, every PLAIN_EXPLORE_EVERY-th runs plain to measure that."""
         depth, width = self.depth_width(n)
-        if depth == 0 and self.trims and self.since_speculation >= EXPLORE_EVERY - 1:
+        if self.trims and depth == 0 and self.since_speculation >= EXPLORE_EVERY - 1:
             return self.policy_depth_width(n)
+        if self.trims and depth > 0 and self.since_plain >= PLAIN_EXPLORE_EVERY - 1:
+            return 0, 0
         return depth, width
 
     def tpot_at(self, n: int) -> float:

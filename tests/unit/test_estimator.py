@@ -6,7 +6,7 @@ from __future__ import annotations
 from adaserve_backend.config import SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.scheduler.estimator import EXPLORE_EVERY, SPEC_MIN_SAMPLES, Estimator
+from adaserve_backend.scheduler.estimator import EXPLORE_EVERY, PLAIN_EXPLORE_EVERY, SPEC_MIN_SAMPLES, Estimator
 from adaserve_backend.scheduler.plan import IterationStats
 from adaserve_backend.scheduler.policies import make_policy
 
@@ -88,6 +88,27 @@ def test_exploring_a_draft_that_now_pays_brings_speculation_back():
         depth, width = est.next_depth_width(1)
         est.record(spec_iteration(est, 1, depth, width, [depth]) if depth else plain_iteration(1))
     assert est.depth_width(1)[0] > 0
+
+
+def test_while_speculating_plain_decoding_is_measured_and_a_stale_profile_corrected():
+    """The profile says a plain step costs 31 ms, but the runtime now takes 12 (speculative iterations
+    still cost what the profile says): a draft whose every draft is accepted (5 tokens per 63 ms
+    verification) looks worth it until a plain iteration is measured, then speculation stops."""
+    est = estimator()
+    depth, width = feed(est, accepted_per_request=99)
+    assert est.depth_width(1) == (depth, width)
+    planned = []
+    for _ in range(PLAIN_EXPLORE_EVERY):
+        depth, width = est.next_depth_width(1)
+        planned.append(depth)
+        if depth:
+            est.record(spec_iteration(est, 1, depth, width, [depth]))
+        else:
+            fast = plain_iteration(1)
+            est.record(IterationStats(**{**fast.__dict__, "latency": 0.012, "verification": 0.012}))
+            break
+    assert planned[-1] == 0 and planned.count(0) == 1  # counted from the feed's 20 speculative iterations
+    assert est.depth_width(1) == (0, 0)
 
 
 def test_rarely_measured_depths_continue_the_measured_ratio():
