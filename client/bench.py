@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -42,8 +43,15 @@ class InProcess:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(locate(config.target.path))
-        self.target = load_model(config.target)
-        self.draft = load_model(dataclasses.replace(config.draft, max_model_len=config.target.max_model_len)) if config.draft else self.target
+
+    @functools.cached_property
+    def models(self):
+        """(target, draft), loaded on first use: a run against a server needs only the tokenizer, and
+        loading models would compete with the server for these cores."""
+        config = self.config
+        target = load_model(config.target)
+        draft = load_model(dataclasses.replace(config.draft, max_model_len=config.target.max_model_len)) if config.draft else target
+        return target, draft
 
     def encode(self, item) -> list[int]:
         from tools.draft.data import Prompt, encode
@@ -52,7 +60,8 @@ class InProcess:
 
     def engine(self, policy: str) -> Engine:
         cfg = dataclasses.replace(self.config, scheduler=dataclasses.replace(self.config.scheduler, policy=policy))
-        return Engine(cfg, target=self.target, draft=self.draft, eos_token_ids={self.tokenizer.eos_token_id}, tokenizer=self.tokenizer)
+        target, draft = self.models
+        return Engine(cfg, target=target, draft=draft, eos_token_ids={self.tokenizer.eos_token_id}, tokenizer=self.tokenizer)
 
     def baseline_tpot_ms(self, prompts, n: int = 3, max_tokens: int = 32) -> float:
         """The model's own single-request decode latency (continuous batching, no load): the relative
