@@ -85,7 +85,8 @@ def plan_group(meta: AttentionMetadata, members: list[int], token_starts: list[i
         gather[j, :kv_len] = blocks[pos // page] * page + pos % page
         mask[j, 0, :q_len, :kv_len] = meta.masks[i]
         rows.append(torch.arange(q_len, device=device) + j * max_q)
-        tokens.append(torch.arange(q_len, device=device) + token_starts[i])
+        if not whole:
+            tokens.append(torch.arange(q_len, device=device) + token_starts[i])
     # Hand SDPA the simplest problem that is equivalent, as transformers does: no mask when every
     # query sees every key (decode over equal lengths), is_causal for a fresh causal prefill. Its
     # kernels then round exactly as transformers' own calls do, and skip the mask reads.

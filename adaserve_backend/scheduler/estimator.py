@@ -68,8 +68,8 @@ class Estimator:
         spec = it.depth > 0
         if self.cost:
             predicted = self.cost.iteration_ms(it.n, it.depth, it.width, it.verified_tokens + it.prefill_tokens) / 1e3
-            self.cost_correction = ema(self.cost_correction, it.latency / predicted, ITERATION_EMA)
             measured = it.latency / predicted
+            self.cost_correction = ema(self.cost_correction, measured, ITERATION_EMA)
             old_kind = self.kind_correction.get(spec, measured)  # the first of a kind is taken as is
             self.kind_correction[spec] = ema(old_kind, measured, ITERATION_EMA)
         self.since_speculation = 0 if spec else self.since_speculation + 1
