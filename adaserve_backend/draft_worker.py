@@ -23,8 +23,10 @@ class DraftWorker:
         self.runner = runner
         self.target = target  # only its committed lengths are read
         self.keeps_features = runner.model.takes_features
-        self._no_features = torch.zeros(0, target.model.spec.hidden_size, device=target.device)
-        # seq_id -> (the target's final hidden states of positions start.., start): those the draft
+        # An EAGLE-3 draft reads taps of the target's layers: the target returns them from now on.
+        target.model.feature_layers = tuple(getattr(runner.model, "target_layers", ()))
+        self._no_features = torch.zeros(0, target.model.feature_size, device=target.device)
+        # seq_id -> (the target's features of positions start.., start): those the draft
         # has not read yet; the draft's token i reads the feature of position i-1.
         self._features: dict[int, tuple[torch.Tensor, int]] = {}
 

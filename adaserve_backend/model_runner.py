@@ -43,12 +43,17 @@ class ForwardOutput:
     offsets: list[int]  # start row of each input's logits, plus the total at the end
     hidden: torch.Tensor  # [sum(len(token_ids)), hidden]: every new token's final hidden state
     token_offsets: list[int]  # start row of each input's tokens in `hidden`, plus the total
+    features: torch.Tensor | None = None  # [sum(len(token_ids)), feature_size]: what a feature draft reads (LlamaModel.run); None: hidden
 
     def of(self, i: int) -> torch.Tensor:
         return self.logits[self.offsets[i] : self.offsets[i + 1]]
 
     def hidden_of(self, i: int) -> torch.Tensor:
         return self.hidden[self.token_offsets[i] : self.token_offsets[i + 1]]
+
+    def features_of(self, i: int) -> torch.Tensor:
+        rows = self.hidden if self.features is None else self.features
+        return rows[self.token_offsets[i] : self.token_offsets[i + 1]]
 
 
 class ModelRunner:
@@ -114,14 +119,14 @@ class ModelRunner:
         meta = build_metadata(self.blocks, [(x.seq_id, len(x.token_ids)) for x in inputs], self.device)
         self.attn.plan(meta)
         features = torch.cat([x.features for x in inputs]).to(self.device) if self.model.takes_features else None
-        hidden = self.model(
+        hidden, feats = self.model.run(
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
             self.attn,
             features,
         )
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        return ForwardOutput(self.model.compute_logits(hidden.index_select(0, rows)), offsets, hidden, token_offsets)
+        return ForwardOutput(self.model.compute_logits(hidden.index_select(0, rows)), offsets, hidden, token_offsets, feats)
 
     def commit(self, seq_id: int, keep: Sequence[int]) -> None:
         """Keep one root-to-node path of the region (region indices), release the rest."""

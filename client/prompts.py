@@ -39,7 +39,7 @@ def normalize(text: str) -> str:
 
 
 # ---- coding: complete a function from its signature and docstring ---------------------------------
-def _function_prompt(node: ast.FunctionDef) -> str | None:
+def function_prompt(node: ast.FunctionDef) -> str | None:
     doc = ast.get_docstring(node)
     if node.name.startswith("_") or not doc:
         return None
@@ -50,19 +50,31 @@ def _function_prompt(node: ast.FunctionDef) -> str | None:
     return f"def {node.name}({ast.unparse(node.args)}):\n    \"\"\"{body}\n    \"\"\"\n"
 
 
+def python_sources(root: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True))
+
+
+def source_function_prompts(paths: list[str]) -> tuple[str, ...]:
+    """Completion prompts of the documented public top-level functions in these files (tests skipped);
+    the draft's training families use the same builder on other packages."""
+    out = []
+    for path in paths:
+        if "/tests/" in path or "/test/" in path:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        out += [p for n in tree.body if isinstance(n, ast.FunctionDef) and (p := function_prompt(n))]
+    return tuple(dict.fromkeys(out))
+
+
 @cache
 def networkx_function_prompts() -> tuple[str, ...]:
     import networkx
 
-    root = os.path.join(os.path.dirname(networkx.__file__), "algorithms")
-    out = []
-    for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
-        if "/tests/" in path:
-            continue
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        out += [p for n in tree.body if isinstance(n, ast.FunctionDef) and (p := _function_prompt(n))]
-    return tuple(dict.fromkeys(out))
+    return source_function_prompts(python_sources(os.path.join(os.path.dirname(networkx.__file__), "algorithms")))
 
 
 # ---- chat: the Python FAQ's questions --------------------------------------------------------------

@@ -1,18 +1,18 @@
-"""The project's draft: a feature-conditioned draft (EAGLE-style) made from the target itself.
+"""The project's draft: a feature-conditioned draft made from the target itself, in two layouts.
 
-Each draft token i reads two things: its token's embedding (the target's, shared) and the target's
-final hidden state at position i-1, the feature from which the target predicted token i. A linear map
-of the feature is added to the embedding, one decoder layer (initialised from the target's first)
-mixes them with the draft's own KV cache, and the final norm's output is the draft's prediction of
-the target's feature at i. The target's output head, restricted to the most frequent tokens, turns it
-into the next-token distribution. Deeper tree levels feed a node's predicted feature to its children
-(speculation/beam.py). The feature map starts at zero, so training starts from a working one-layer
-language model (the target's first layer under its own norm and head) and learns to use the features.
+EAGLE-3 (Li et al., 2025; `feature_layers` set, the default since it was trained): each draft token i
+reads its embedding and a feature: at the chain, the target's residual stream entering a low, a
+middle and a high layer at position i-1, concatenated and fused by a linear 3h -> h; deeper in a tree,
+the draft's own output state at the node's parent (already h wide, so not fused). One decoder layer
+takes [norm(embedding), norm(feature)] into its attention projections, keeps the feature as its
+residual stream, and its output is both the next level's feature and, through the final norm and the
+target's output head restricted to the tokens the target emits most (a reduced draft vocabulary),
+the draft's next-token distribution. Trained with training-time test (tools/draft/ttt.py).
 
-A draft that sees what the target computed agrees with it far more often than a shallow copy of the
-target that sees only tokens, at the cost of one decoder layer per step.
+EAGLE-1-style (no `feature_layers`, the earlier shipped draft): the feature is the target's final
+hidden state, added to the embedding through a linear h -> h before standard decoder layers.
 
-Only what training changes is shipped (fusion layer, decoder layer, norms, the head's token list);
+Only what training changes is shipped (fusion, decoder layer, norms, the head's token list);
 embeddings and head rows are read from the target checkpoint at load time, so the file stays small.
 Verification stays exact over the full vocabulary: the draft merely never proposes a rare token.
 """
@@ -28,7 +28,8 @@ from torch import nn
 
 from ..config import EMBEDDED_DRAFT, ModelConfig
 from .linear import Linear
-from .llama import LlamaModel
+from ..attention.backend import AttentionBackend
+from .llama import DecoderLayer, LlamaModel, RMSNorm
 from .loader import TORCH_DTYPES, read_checkpoint
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "weights", "smollm2-135m-instruct-draft.safetensors")
@@ -40,6 +41,7 @@ class DraftLayout:
     target_path: str
     layers: list[int]  # target layers the draft's decoder layers are initialised from, in order
     head_vocab: list[int]  # token ids the head covers, most frequent first
+    feature_layers: list[int] = dataclasses.field(default_factory=list)  # target taps (EAGLE-3); [] = final hidden
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -49,30 +51,83 @@ class DraftLayout:
         return cls(**json.loads(text))
 
 
+def eagle3_taps(num_layers: int) -> list[int]:
+    """A low, a middle and a high layer of the target, as EAGLE-3 picks them."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+class FusedInputLayer(DecoderLayer):
+    """EAGLE-3's decoder layer: attention reads [norm(embedding), norm(feature)], the feature is the
+    residual stream."""
+
+    def __init__(self, spec, base: DecoderLayer) -> None:
+        super().__init__(spec, base.qkv_proj.bias is not None, base.o_proj.bias is not None, base.down_proj.bias is not None)
+        self.load_state_dict(base.state_dict(), strict=False)
+        h = spec.hidden_size
+        self.hidden_norm = RMSNorm(h, spec.rms_norm_eps)
+        wide = Linear(2 * h, self.qkv_proj.out_features, bias=self.qkv_proj.bias is not None)
+        with torch.no_grad():  # starts as the target's layer over the embedding; learns the feature's part
+            wide.weight.zero_()
+            wide.weight[:, :h].copy_(base.qkv_proj.weight)
+            if wide.bias is not None:
+                wide.bias.copy_(base.qkv_proj.bias)
+        self.qkv_proj = wide
+
+    def fused_inputs(self, emb: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(feature)], dim=-1)
+
+    def forward_fused(self, layer: int, emb, feature, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+        q, k, v = self.qkv(self.fused_inputs(emb, feature), cos, sin)
+        x = feature + self.o_proj(attn.forward(layer, q, k, v).reshape(feature.shape[0], -1))
+        return x + self.mlp(x)
+
+
 class FeatureDraft(LlamaModel):
     takes_features = True
 
-    def __init__(self, spec, hf_config, state_dict, max_len, head_vocab) -> None:
+    def __init__(self, spec, hf_config, state_dict, max_len, head_vocab, feature_layers=()) -> None:
         super().__init__(spec, hf_config, state_dict, max_len, head_vocab)
-        self.fc = Linear(spec.hidden_size, spec.hidden_size)
-        nn.init.zeros_(self.fc.weight)
-        nn.init.zeros_(self.fc.bias)
+        h = spec.hidden_size
+        self.target_layers = tuple(feature_layers)  # what the target must return as features
+        if self.target_layers:
+            self.fc = Linear(h * len(self.target_layers), h, bias=False)
+            self.layers = nn.ModuleList(FusedInputLayer(spec, layer) for layer in self.layers)
+        else:
+            self.fc = Linear(h, h)
+            nn.init.zeros_(self.fc.weight)
+            nn.init.zeros_(self.fc.bias)
+
+    def fuse(self, features: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The target's taps go through the fusion; the draft's own output states are already h wide."""
+        features = features.to(dtype)
+        return self.fc(features) if features.shape[-1] != self.spec.hidden_size else features
 
     def embed(self, input_ids: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
         tokens = self.embed_tokens(input_ids)
         return tokens + self.fc(features.to(tokens.dtype))
 
+    def run(self, input_ids, positions, attn: AttentionBackend, features=None):
+        if not self.target_layers:
+            return super().run(input_ids, positions, attn, features)
+        emb = self.embed_tokens(input_ids)
+        x = self.fuse(features, emb.dtype)
+        cos, sin = self.rope(positions, emb.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_fused(i, emb, x, cos, sin, attn)
+        return self.norm(x), x
+
 
 def base_draft(layout: DraftLayout, max_len: int, parts=None) -> FeatureDraft:
     """The untrained draft: the layout's target layers, the target's final norm, a head over
-    `head_vocab` made of the target's output rows, a zero feature map."""
+    `head_vocab` made of the target's output rows, an untrained fusion."""
     hf_config, spec, sd = parts or read_checkpoint(layout.target_path)
     renamed = {k: v for k, v in sd.items() if not k.startswith("model.layers.")}
     for j, i in enumerate(layout.layers):
         prefix = f"model.layers.{i}."
         renamed.update({f"model.layers.{j}." + k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)})
     draft_spec = dataclasses.replace(spec, num_layers=len(layout.layers))
-    return FeatureDraft(draft_spec, hf_config, renamed, max_len=max_len, head_vocab=layout.head_vocab)
+    return FeatureDraft(draft_spec, hf_config, renamed, max_len=max_len, head_vocab=layout.head_vocab,
+                        feature_layers=layout.feature_layers)
 
 
 def trainable(model: FeatureDraft) -> list[nn.Parameter]:

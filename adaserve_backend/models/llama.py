@@ -101,16 +101,22 @@ class DecoderLayer(nn.Module):
         self.act = {"silu": F.silu, "gelu": F.gelu}[spec.hidden_act]
 
     def forward(self, layer: int, x, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+        q, k, v = self.qkv(self.input_layernorm(x), cos, sin)
+        x = x + self.o_proj(attn.forward(layer, q, k, v).reshape(x.shape[0], -1))
+        return x + self.mlp(x)
+
+    def qkv(self, h: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries [T, heads, D], keys and values [T, kv_heads, D] of normed inputs h."""
         s = self.spec
-        h = self.input_layernorm(x)
         qk, v = self.qkv_proj(h).split([(s.num_heads + s.num_kv_heads) * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1)
         # Queries and keys rotate together: one set of kernels for both instead of two.
         qk = apply_rope(qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim), cos, sin)
         q, k = qk.split([s.num_heads, s.num_kv_heads], dim=1)
-        v = v.view(-1, s.num_kv_heads, s.head_dim)
-        x = x + self.o_proj(attn.forward(layer, q, k, v).reshape(x.shape[0], -1))
+        return q, k, v.view(-1, s.num_kv_heads, s.head_dim)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class LlamaModel(nn.Module):
@@ -121,6 +127,8 @@ class LlamaModel(nn.Module):
     feature a feature-conditioned draft (models/feature_draft.py) reads from the target."""
 
     takes_features = False  # whether forward needs a feature vector per token besides its id
+    # Layers whose input `run` returns as features (set on a target serving an EAGLE-3 draft).
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -197,14 +205,35 @@ class LlamaModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend, features: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; features: [T, hidden] for models that take them. Returns
+        """input_ids, positions: [T]; features: [T, feature_size] for models that take them. Returns
         final-norm hidden states [T, hidden]."""
+        return self.run(input_ids, positions, attn, features)[0]
+
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend, features: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final-norm hidden states [T, hidden], the features a feature-conditioned draft reads for
+        these tokens [T, feature_size]): the residual stream entering each of `feature_layers`,
+        concatenated (an EAGLE-3 draft), or the final hidden states when there are none."""
         x = self.embed(input_ids, features)
-        cos = self.rope_cos.index_select(0, positions).to(x.dtype)[:, None, :]
-        sin = self.rope_signed_sin.index_select(0, positions).to(x.dtype)[:, None, :]
+        cos, sin = self.rope(positions, x.dtype)
+        taps = []
         for i, layer in enumerate(self.layers):
+            if i in self.feature_layers:
+                taps.append(x)
             x = layer(i, x, cos, sin, attn)
-        return self.norm(x)
+        hidden = self.norm(x)
+        return hidden, (torch.cat(taps, dim=-1) if taps else hidden)
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the features `run` returns."""
+        return self.spec.hidden_size * max(len(self.feature_layers), 1)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.rope_cos.index_select(0, positions).to(dtype)[:, None, :]
+        sin = self.rope_signed_sin.index_select(0, positions).to(dtype)[:, None, :]
+        return cos, sin
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]

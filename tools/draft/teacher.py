@@ -16,16 +16,18 @@ from adaserve_backend.request import Request, SamplingParams
 
 
 def continuations(
-    target: LlamaModel, prompts: Sequence[list[int]], max_tokens: int, temperatures: Sequence[float], eos_ids, batch: int = 32
+    target: LlamaModel, prompts: Sequence[list[int]], max_tokens: int, temperatures: Sequence[float], eos_ids,
+    batch: int = 32, seed_offset: int = 0,
 ) -> list[list[int]]:
-    """The target's own outputs for every prompt, generated with continuous batching."""
+    """The target's own outputs for every prompt, generated with continuous batching (prompt i
+    sampled with seed seed_offset + i)."""
     cfg = EngineConfig(
         target_cache=CacheConfig(memory_mb=2048),
         scheduler=SchedulerConfig(policy="continuous", max_num_seqs=batch, prefill_chunk=2048),
     )
     engine = Engine(cfg, target=target, eos_token_ids=eos_ids)
     for i, (ids, temp) in enumerate(zip(prompts, temperatures)):
-        engine.add_request(Request(str(i), ids, max_tokens=max_tokens, sampling=SamplingParams(temperature=temp, seed=i)))
+        engine.add_request(Request(str(i), ids, max_tokens=max_tokens, sampling=SamplingParams(temperature=temp, seed=seed_offset + i)))
     out: dict[str, list[int]] = {}
     with tqdm(total=len(prompts), desc="target continuations") as bar:
         for o in engine.drain():
@@ -70,12 +72,13 @@ def shifted(features: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def teacher_data(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_tokens: int = 4096) -> list[tuple[torch.Tensor, ...]]:
+def teacher_data(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_tokens: int = 4096,
+                 desc: str = "teacher distributions") -> list[tuple[torch.Tensor, ...]]:
     """Per sequence: (ids [T, k] int32, log-probs [T, k] float16) of the target's top-k next tokens,
-    and its final hidden states [T, H] in bfloat16 (the features a draft reads)."""
+    and its features [T, feature_size] in bfloat16 (what a draft reads: LlamaModel.run)."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     result: list = [None] * len(seqs)
-    bar = tqdm(total=sum(len(s) for s in seqs), desc="teacher distributions", unit="tok")
+    bar = tqdm(total=sum(len(s) for s in seqs), desc=desc, unit="tok")
     start = 0
     while start < len(order):
         end = start + 1
@@ -83,12 +86,15 @@ def teacher_data(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_to
             end += 1
         chunk = [order[i] for i in range(start, end)]
         ids, _ = padded_batch([seqs[i] for i in chunk])
-        hidden = dense_hidden(target, ids)
-        logp = torch.log_softmax(dense_head(target, hidden), dim=-1)
+        b, t = ids.shape
+        attn = DenseCausalBackend(b, t)
+        hidden, feats = target.run(ids.reshape(-1), attn.positions(ids.device), attn)
+        logp = torch.log_softmax(target.compute_logits(hidden), dim=-1).view(b, t, -1)
         top = torch.topk(logp, k, dim=-1)
+        feats = feats.view(b, t, -1)
         for row, i in enumerate(chunk):
             n = len(seqs[i])
-            result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16), hidden[row, :n].to(torch.bfloat16))
+            result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16), feats[row, :n].to(torch.bfloat16).clone())
         bar.update(sum(len(seqs[i]) for i in chunk))
         start = end
     bar.close()

@@ -1,187 +1,274 @@
-"""Distil the draft for the embedded default from the target itself (self-distillation).
+"""Train the embedded default's draft from the target itself, the EAGLE-3 way (Li et al., 2025, and its
+public training code): one decoder layer over a fusion of the target's low, middle and high layers,
+training-time test, soft targets weighted down with depth, a reduced draft vocabulary.
 
-    python -m tools.draft.train [--out adaserve_backend/models/weights/...safetensors]
+    python -m tools.draft.train --cache DIR [--out adaserve_backend/models/weights/...safetensors]
 
-1. prompts: code, instructions, summarisation inputs (draft/data.py; held-out prompts excluded);
-2. the target's own continuations of them (greedy, some sampled), with continuous batching;
-3. at every position of those sequences, the target's top-k next-token distribution and its final
-   hidden state (float32 target: the one we serve);
-4. the head's vocabulary: the most frequent tokens the target produces;
-5. training of the feature-conditioned draft (draft/model.py): cross-entropy to the target's
-   distribution (KL up to a constant) plus a regression of the target's feature, output positions
-   weighted above prompt positions. Each batch runs twice: with the target's features as inputs, and
-   with the draft's own predicted features for a random half of the positions, which is what the draft
-   reads at tree depths >= 2;
-6. save only the draft's own tensors.
-Steps 2-3 are deterministic and take most of the time: --cache DIR keeps them for later runs.
-Runs on this CPU in well under an hour; on a GPU pass --device cuda.
+Stages, each cached in DIR so a cut-off run resumes (delete a file to redo its stage):
+1. the target's own continuations of the training prompts (tools/draft/generate.py; run it first in
+   several processes to share the work, or let this command run it);
+2. at every position of those sequences, the target's top-k next-token distribution and its taps
+   (teacher-<i>.pt per shard), computed by the served dtype's target;
+3. an evaluation set: greedy continuations of prompts from the held-out families and the benchmark's
+   families, with their teacher data (eval.pt);
+4. the head's vocabulary: the tokens the target chooses most often;
+5. training with training-time test; top-1 agreement on the evaluation set after every epoch;
+   curves in DIR/curves.json and --plot;
+6. only the draft's own tensors are saved.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import copy
+import glob
+import json
+import math
 import os
 import random
 import time
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
 from adaserve_backend.models import load_model, load_tokenizer, locate, read_checkpoint
-from tools.draft.data import build_prompts, encode
-from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, save_draft, trainable
-from tools.draft.teacher import continuations, dense_head, dense_hidden, padded_batch, shifted, teacher_data
+from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, eagle3_taps, save_draft, trainable
+from client.prompts import BENCHMARK_FAMILIES, benchmark_prompts
+from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
+from tools.draft.generate import shard_path
+from tools.draft.teacher import continuations, padded_batch, teacher_data
+from tools.draft.ttt import SoftTargets, step_loss, unrolled
+
+
+def cached(path: str, make):
+    if os.path.exists(path):
+        return torch.load(path)
+    value = make()
+    torch.save(value, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return value
+
+
+def eval_prompts(per_family: int, seed: int = 0) -> list[Prompt]:
+    """Prompts of families the draft never trains on: the held-out ones and the benchmark's."""
+    _, held = build_prompts(seed)
+    rng = random.Random(seed)
+    out = []
+    for fam in HELD_OUT_FAMILIES:
+        items = [p for p in held if p.family == fam]
+        out += rng.sample(items, min(per_family, len(items)))
+    for cat, items in benchmark_prompts().items():
+        fam = f"bench:{BENCHMARK_FAMILIES[cat]}"
+        out += [Prompt(cat, t, chat, fam) for t, chat in rng.sample(items, min(per_family, len(items)))]
+    return out
+
+
+def training_batches(lengths: list[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Indices grouped by similar length, each group's padded size within batch_tokens, shuffled."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[i] > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    batches += [cur] if cur else []
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(items, soft: SoftTargets, prompt_weight: float):
+    """items: (seq, prompt_len, (top_ids, top_logp, taps)). Returns ids [B, T], taps shifted so row i
+    holds position i-1's, head rows and probabilities [B, T, k] of position i, weights [B, T]."""
+    ids, _ = padded_batch([s for s, _, _ in items])
+    b, t = ids.shape
+    k, width = items[0][2][0].shape[1], items[0][2][2].shape[1]
+    top_ids = torch.zeros(b, t, k, dtype=torch.int32)
+    top_logp = torch.full((b, t, k), -1e4, dtype=torch.float16)
+    taps = torch.zeros(b, t, width, dtype=torch.bfloat16)
+    weight = torch.zeros(b, t)
+    for row, (seq, plen, (tid, tlp, tap)) in enumerate(items):
+        n = len(seq)
+        top_ids[row, :n], top_logp[row, :n] = tid, tlp
+        taps[row, 1:n] = tap[: n - 1]
+        weight[row, :n] = prompt_weight
+        weight[row, plen - 1 : n] = 1.0  # positions whose next token is an output token
+    rows, p = soft(top_ids, top_logp)
+    return ids, taps, rows, p, weight
+
+
+def shift_targets(x: torch.Tensor, j: int) -> torch.Tensor:
+    """x[:, i + j] at row i, zeros past the end: step j's targets."""
+    if j == 0:
+        return x
+    return torch.cat([x[:, j:], torch.zeros_like(x[:, :j])], dim=1)
+
+
+def run_batch(draft, batch, steps: int, decay: float):
+    ids, taps, rows, p, weight = batch
+    outs = unrolled(draft, ids, taps, steps)
+    loss, stats = 0.0, []
+    for j, hidden in enumerate(outs):
+        w = shift_targets(weight, j)
+        lj, hits, count = step_loss(draft, hidden, shift_targets(rows, j), shift_targets(p, j), w)
+        loss = loss + decay**j * lj
+        stats.append((hits.item(), count.item()))
+    return loss, stats
+
+
+@torch.no_grad()
+def agreement_by_family(draft, data, soft, steps: int, batch_tokens: int) -> dict[str, list[float]]:
+    """family -> top-1 agreement per step on output positions (greedy continuations)."""
+    by_family = collections.defaultdict(list)
+    for i, (fam, *_rest) in enumerate(data):
+        by_family[fam].append(i)
+    out = {}
+    for fam, idx in by_family.items():
+        hits, counts = [0] * steps, [0] * steps
+        for group in training_batches([len(data[i][1]) for i in idx], batch_tokens, random.Random(0)):
+            items = [(data[idx[g]][1], data[idx[g]][2], data[idx[g]][3]) for g in group]
+            _, stats = run_batch(draft, collate(items, soft, 0.0), steps, 1.0)
+            for j, (h, c) in enumerate(stats):
+                hits[j] += h
+                counts[j] += c
+        out[fam] = [h / max(c, 1) for h, c in zip(hits, counts)]
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", required=True)
     ap.add_argument("--target", default=EMBEDDED_DEFAULT)
+    ap.add_argument("--dtype", default="bfloat16", help="the served target's dtype (the teacher)")
     ap.add_argument("--out", default=SHIPPED)
-    ap.add_argument("--layers", default="0", help="target layers the draft's decoder layers start from")
+    ap.add_argument("--plot", default="results/draft_training.png")
     ap.add_argument("--vocab", type=int, default=8192, help="tokens the draft head covers")
-    ap.add_argument("--max-prompts", type=int, default=800)
-    ap.add_argument("--max-prompt-tokens", type=int, default=320)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--topk", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=12)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--topk", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=4, help="training-time test depth")
+    ap.add_argument("--decay", type=float, default=0.8, help="loss weight of step j: decay**j")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-tokens", type=int, default=4096)
-    ap.add_argument("--prompt-weight", type=float, default=0.3)
-    ap.add_argument("--feature-weight", type=float, default=0.5, help="weight of the feature regression")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--prompt-weight", type=float, default=0.2)
+    ap.add_argument("--eval-per-family", type=int, default=30)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--max-prompt-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache", help="directory to save (or reuse) steps 2 and 3 in")
+    ap.add_argument("--teacher-only", action="store_true", help="stop after stage 2 (while shards are still generated)")
+    ap.add_argument("--shard", type=int, default=0, help="with --teacher-only: this process takes shards i %% of == shard")
+    ap.add_argument("--of", type=int, default=1)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                    help="bfloat16 autocast for training (AMX; float32 master weights)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    started = time.monotonic()
+    os.makedirs(args.cache, exist_ok=True)
+    timings: dict[str, float] = {}
+    clock = time.monotonic()
 
-    loc = locate(args.target)
-    tokenizer = load_tokenizer(loc)
+    def lap(stage: str) -> None:
+        nonlocal clock
+        timings[stage] = round(time.monotonic() - clock, 1)
+        clock = time.monotonic()
+        print(f"{stage}: {timings[stage]:.0f} s")
+
+    tokenizer = load_tokenizer(locate(args.target))
     parts = read_checkpoint(args.target)
-    target = load_model(ModelConfig(path=args.target, device=args.device), parts)
-    train_prompts, held_out = build_prompts(seed=args.seed)
-    prompt_ids = [encode(tokenizer, p)[-args.max_prompt_tokens :] for p in train_prompts[: args.max_prompts]]
+    target = load_model(ModelConfig(path=args.target, dtype=args.dtype), parts)
+    taps = eagle3_taps(target.spec.num_layers)
+    target.feature_layers = tuple(taps)
 
-    def cached(name, make):
-        path = os.path.join(args.cache, name) if args.cache else None
-        if path and os.path.exists(path):
-            print(f"reusing {path}")
-            return torch.load(path)
-        value = make()
-        if path:
-            os.makedirs(args.cache, exist_ok=True)
-            torch.save(value, path)
-        return value
+    # 1-2: continuations and teacher data, per shard
+    shards = sorted(glob.glob(os.path.join(args.cache, "continuations-*.pt")))
+    if not shards:
+        raise SystemExit(f"no continuations in {args.cache}: run python -m tools.draft.generate --cache {args.cache}")
+    train = []  # (family, seq, prompt_len, teacher)
+    for i, path in enumerate(shards):
+        if args.teacher_only and i % args.of != args.shard:
+            continue
+        part = torch.load(path)
+        seqs = [p + o for p, o in zip(part["prompts"], part["outputs"])]
+        teach = cached(path.replace("continuations-", "teacher-"),
+                       lambda: teacher_data(target, seqs, args.topk, desc=f"teacher {i + 1}/{len(shards)}"))
+        train += [(f, s, len(p), t) for f, s, p, t in zip(part["families"], seqs, part["prompts"], teach)]
+    lap("teacher")
+    if args.teacher_only:
+        return
 
-    def generate():
-        # bfloat16 for speed; the teacher distributions and features below are float32
-        fast = copy.deepcopy(target).place(args.device, torch.bfloat16 if args.device == "cpu" else torch.float16)
-        pick = random.Random(args.seed)
-        temps = [0.0 if pick.random() < 0.7 else 0.7 for _ in prompt_ids]
-        outputs = continuations(fast, prompt_ids, args.max_new_tokens, temps, {tokenizer.eos_token_id})
-        return prompt_ids, [p + o for p, o in zip(prompt_ids, outputs)]
+    # 3: evaluation set
+    def make_eval():
+        prompts = eval_prompts(args.eval_per_family, args.seed)
+        ids = [encode(tokenizer, p)[-args.max_prompt_tokens :] for p in prompts]
+        outs = continuations(target, ids, args.max_new_tokens, [0.0] * len(ids), {tokenizer.eos_token_id}, batch=48)
+        seqs = [p + o for p, o in zip(ids, outs)]
+        teach = teacher_data(target, seqs, args.topk, desc="teacher (eval)")
+        return [(p.family, s, len(i), t) for p, s, i, t in zip(prompts, seqs, ids, teach)]
 
-    prompt_ids, seqs = cached("continuations.pt", generate)
-    teacher = cached("teacher.pt", lambda: teacher_data(target, seqs, args.topk, args.batch_tokens))
+    evaluation = cached(os.path.join(args.cache, "eval.pt"), make_eval)
+    lap("eval set")
     del target
 
-    # 4. head vocabulary
+    # 4: head vocabulary: the target's choices at output positions count twice (what drafts propose)
     counts = collections.Counter()
-    for (ids, _, _), p in zip(teacher, prompt_ids):
-        counts.update(ids[:, 0].tolist())  # the target's argmax at every position
-        counts.update(ids[len(p) - 1 :, 0].tolist())  # outputs count twice: that is what drafts propose
+    for _, _, plen, (tid, _, _) in train:
+        counts.update(tid[:, 0].tolist())
+        counts.update(tid[plen - 1 :, 0].tolist())
     head_vocab = [t for t, _ in counts.most_common(args.vocab)]
-    covered = sum(c for t, c in counts.items() if t in set(head_vocab)) / sum(counts.values())
-    print(f"head vocabulary: {len(head_vocab)} tokens cover {covered:.1%} of the target's choices")
+    covered = sum(counts[t] for t in head_vocab) / sum(counts.values())
+    print(f"head vocabulary: {len(head_vocab)} tokens cover {covered:.1%} of the target's choices; "
+          f"{len(train)} sequences, {sum(len(s) for _, s, _, _ in train)} tokens")
 
-    # 5. train
-    layout = DraftLayout(args.target, [int(x) for x in args.layers.split(",")], head_vocab)
-    draft = base_draft(layout, max_len=args.max_prompt_tokens + args.max_new_tokens + 8, parts=parts).to(args.device)
+    # 5: train
+    layout = DraftLayout(args.target, [0], head_vocab, taps)
+    draft = base_draft(layout, max_len=args.max_prompt_tokens + args.max_new_tokens + args.steps + 8, parts=parts)
     params = trainable(draft)
-    scale = torch.cat([t[2][:64].float() for t in teacher]).std().item()  # features' spread, for the regression
-    loss_fn = DistillLoss(head_vocab, parts[1].vocab_size, args.prompt_weight, args.feature_weight, scale)
-    batches = length_batches(seqs, args.batch_tokens)
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    steps = args.epochs * len(batches)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps, pct_start=0.05)
-    bar = tqdm(total=steps, desc="training draft")
+    soft = SoftTargets(head_vocab, parts[1].vocab_size)
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    per_epoch = len(training_batches([len(s) for _, s, _, _ in train], args.batch_tokens, random.Random(0)))
+    total = args.epochs * per_epoch
+    warm = max(1, total // 50)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda n: min(1.0, (n + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(n, total) / total)))
+    curves = {"step": [], "loss": [], "train_top1": [], "eval": [], "timings": timings}
+    bar = tqdm(total=total, desc="training draft (TTT)")
+    done = 0
+    curves["eval"].append({"step": 0, "agreement": agreement_by_family(draft, evaluation, soft, args.steps, args.batch_tokens)})
     for epoch in range(args.epochs):
-        rng.shuffle(batches)
-        for batch in batches:
-            loss, agree = loss_fn(draft, [seqs[i] for i in batch], [teacher[i] for i in batch],
-                                  [len(prompt_ids[i]) for i in batch], args.device)
+        for group in training_batches([len(s) for _, s, _, _ in train], args.batch_tokens, rng):
+            batch = collate([(train[i][1], train[i][2], train[i][3]) for i in group], soft, args.prompt_weight)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss, stats = run_batch(draft, batch, args.steps, args.decay)
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
             opt.step()
             sched.step()
+            done += 1
+            top1 = [h / max(c, 1) for h, c in stats]
+            if done % 10 == 0:
+                curves["step"].append(done)
+                curves["loss"].append(loss.item())
+                curves["train_top1"].append(top1)
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}", top1=f"{agree:.2f}")
+            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}", top1="/".join(f"{a:.2f}" for a in top1))
+        agree = agreement_by_family(draft, evaluation, soft, args.steps, args.batch_tokens)
+        curves["eval"].append({"step": done, "agreement": agree})
+        print(f"epoch {epoch}: " + ", ".join(f"{f} {a[0]:.2f}" for f, a in sorted(agree.items())))
+        save_draft(draft, layout, args.out)  # every epoch: a cut-off run keeps its best so far
+        with open(os.path.join(args.cache, "curves.json"), "w") as f:
+            json.dump(curves, f)
     bar.close()
+    lap("training")
+    with open(os.path.join(args.cache, "curves.json"), "w") as f:
+        json.dump(curves, f)
+    from tools.draft.curves import plot_curves
 
-    # 6. save
-    save_draft(draft, layout, args.out)
-    print(f"saved {args.out} after {(time.monotonic() - started) / 60:.1f} min")
-
-
-def length_batches(seqs: list[list[int]], batch_tokens: int) -> list[list[int]]:
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    batches, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * len(seqs[i]) > batch_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    return batches + ([cur] if cur else [])
-
-
-class DistillLoss:
-    """Per position: cross-entropy of the draft's head distribution to the target's top-k
-    distribution (restricted to the head's vocabulary, renormalised) plus the feature regression;
-    weighted, averaged over both passes (target features in; own predictions in for half)."""
-
-    def __init__(self, head_vocab, vocab_size, prompt_weight, feature_weight, scale) -> None:
-        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
-        self.index[torch.tensor(head_vocab)] = torch.arange(len(head_vocab))
-        self.prompt_weight, self.feature_weight, self.scale = prompt_weight, feature_weight, scale
-
-    def __call__(self, draft, seqs, teacher, prompt_lens, device) -> tuple[torch.Tensor, float]:
-        ids, mask = padded_batch(seqs)
-        b, t = ids.shape
-        k = teacher[0][0].shape[1]
-        t_ids = torch.zeros(b, t, k, dtype=torch.long)
-        t_logp = torch.full((b, t, k), float("-inf"))
-        feats = torch.zeros(b, t, teacher[0][2].shape[1])
-        weight = torch.zeros(b, t)
-        for row, ((tid, tlp, hid), plen) in enumerate(zip(teacher, prompt_lens)):
-            n = tid.shape[0]
-            t_ids[row, :n], t_logp[row, :n], feats[row, :n] = tid.long(), tlp.float(), hid.float()
-            weight[row, :n] = self.prompt_weight
-            weight[row, plen - 1 : n] = 1.0
-        sub = self.index[t_ids]  # teacher tokens as head rows; -1 outside the head
-        p = torch.softmax(t_logp.masked_fill(sub < 0, float("-inf")), dim=-1).nan_to_num(0.0).to(device)
-        sub, feats, ids = sub.clamp(min=0).to(device), feats.to(device), ids.to(device)
-        weight = (weight * mask).to(device)
-
-        def pass_loss(inputs):
-            hidden = dense_hidden(draft, ids, inputs)
-            logq = torch.log_softmax(dense_head(draft, hidden), dim=-1)
-            ce = -(p * logq.gather(-1, sub)).sum(-1)
-            reg = F.smooth_l1_loss(hidden / self.scale, feats / self.scale, reduction="none").mean(-1)
-            per_pos = ce + self.feature_weight * reg
-            agree = ((logq.argmax(-1) == sub[..., 0]).float() * (weight == 1.0)).sum() / (weight == 1.0).sum()
-            return (per_pos * weight).sum() / weight.sum(), hidden, agree.item()
-
-        true_in = shifted(feats)
-        loss1, hidden, agree = pass_loss(true_in)
-        own = torch.rand(b, t, 1, device=device) < 0.5
-        loss2, _, _ = pass_loss(torch.where(own, shifted(hidden.detach()), true_in))
-        return (loss1 + loss2) / 2, agree
+    plot_curves(curves, args.plot)
+    print(f"saved {args.out}; curves {args.plot}; stage times {timings}")
 
 
 if __name__ == "__main__":

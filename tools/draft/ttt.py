@@ -1,0 +1,83 @@
+"""Training-time test (EAGLE-3): the draft unrolled for several steps over whole sequences at once, each
+step fed the draft's own previous output, so training sees what a tree of that depth sees.
+
+Row i of step j stands for the depth-j tree node whose chain ends at position i: it reads token i+j
+at position i+j, and as feature the draft's step-(j-1) output at row i (step 0 reads the target's
+taps at i-1). It attends to what the node attends to when serving: the chain (step 0's keys at rows
+<= i, which the draft cache holds) and its own ancestors (the keys of steps 1..j at row i). Its output
+predicts token i+j+1, scored against the target's distribution at position i+j.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from adaserve_backend.models.feature_draft import FeatureDraft
+
+
+def shifted_ids(ids: torch.Tensor, j: int) -> torch.Tensor:
+    """ids[:, i + j] at row i (zeros past the end)."""
+    if j == 0:
+        return ids
+    return torch.cat([ids[:, j:], ids.new_zeros(ids.shape[0], j)], dim=1)
+
+
+def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Final-norm outputs [B, T, H] of steps 0..steps-1. ids [B, T]; taps [B, T, k*H] with row i the
+    target's taps at position i-1 (zeros at row 0)."""
+    assert draft.target_layers and len(draft.layers) == 1, "training-time test is for the EAGLE-3 layout"
+    layer, s = draft.layers[0], draft.spec
+    b, t = ids.shape
+    scale = s.head_dim**-0.5
+    rep = s.num_heads // s.num_kv_heads
+    causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+    keys, values, outs = [], [], []
+    x = draft.fuse(taps, draft.embed_tokens.weight.dtype)
+    for j in range(steps):
+        emb = draft.embed_tokens(shifted_ids(ids, j))
+        positions = (torch.arange(t, device=ids.device) + j).clamp(max=draft.max_len - 1).repeat(b)
+        cos, sin = draft.rope(positions, emb.dtype)
+        q, k, v = layer.qkv(layer.fused_inputs(emb, x).flatten(0, 1), cos, sin)
+        q = q.view(b, t, s.num_heads, s.head_dim).transpose(1, 2)  # [B, heads, T, D]
+        k = k.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
+        v = v.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
+        keys.append(k)
+        values.append(v)
+        chain = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, h, T, T]
+        own = [(q * km).sum(-1, keepdim=True) * scale for km in keys[1:]]  # ancestors and itself
+        probs = torch.softmax(torch.cat([chain, *own], dim=-1).float(), dim=-1).to(q.dtype)
+        att = probs[..., :t] @ values[0]
+        for m, vm in enumerate(values[1:]):
+            att = att + probs[..., t + m : t + m + 1] * vm
+        att = att.transpose(1, 2).reshape(b, t, -1)
+        x = x + layer.o_proj(att)
+        x = x + layer.mlp(x)
+        outs.append(draft.norm(x))
+    return outs
+
+
+class SoftTargets:
+    """The target's top-k distributions restricted to the draft's head and renormalised, as head rows."""
+
+    def __init__(self, head_vocab: list[int], vocab_size: int) -> None:
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
+        self.index[torch.tensor(head_vocab)] = torch.arange(len(head_vocab))
+
+    def __call__(self, top_ids: torch.Tensor, top_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(head rows [.., k], probabilities [.., k]) of top-k ids and log-probs."""
+        rows = self.index[top_ids.long()]
+        p = torch.softmax(top_logp.float().masked_fill(rows < 0, float("-inf")), dim=-1).nan_to_num(0.0)
+        return rows.clamp(min=0), p
+
+
+def step_loss(draft: FeatureDraft, hidden: torch.Tensor, rows: torch.Tensor, p: torch.Tensor,
+              weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weighted soft cross-entropy, hits, count) of one step: hidden [B, T, H]; rows/p [B, T, k] the
+    targets of each row; weight [B, T] (0 where the row has no target). Hits count rows whose argmax
+    is the target's own choice (its top-1, when the head has it)."""
+    logq = F.log_softmax(draft.lm_head(hidden).float(), dim=-1)
+    ce = -(p * logq.gather(-1, rows)).sum(-1)
+    counted = weight > 0
+    hits = ((logq.argmax(-1) == rows[..., 0]) & (p[..., 0] > 0) & counted).sum()
+    return (ce * weight).sum() / weight.sum().clamp(min=1e-6), hits, counted.sum()
