@@ -3,9 +3,9 @@ iteration within the KV caches (preempting when needed) and hands the engine an 
 `update` applies what the model made of it (an `IterationResult`): outputs, stops, finished requests,
 the estimator's measurements. Every request's final output comes from here, aborts included.
 
-It reads KV capacity from the block managers (pure bookkeeping) and frees a request's model state
-through `release`, so it runs without a model: tests drive `schedule` and `update` with a fake clock,
-fake estimates and hand-built results.
+It reads KV capacity from the block managers (pure bookkeeping, capacity.py) and frees a request's
+model state through `release`, so it runs without a model: tests drive `schedule` and `update` with a
+fake clock, fake estimates and hand-built results.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from ..config import SchedulerConfig, SpeculationConfig
 from ..kv_cache import BlockManager
 from ..output_processor import append_tokens, make_output
 from ..request import FinishReason, RequestOutput
-from ..sequence import Sequence, draft_chain_span
+from ..sequence import Sequence
+from .capacity import iteration_fits
 from .control import on_track, paced_chunk, seq_ends_within_slo, seq_slack_s
 from .deadlines import (NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, has_deadline, rejection_message,
                         tokens_ahead, urgent_chunk)
@@ -258,13 +259,7 @@ class Scheduler:
         while True:
             decode = [s for s in decode if s in self.running]
             prefill = {s: n for s, n in chunks.items() if s in self.running}
-            tree = 1 + depth * width
-            fits = _fits(self.target_blocks, {**{s: tree for s in decode}, **prefill})
-            if fits and self.draft_blocks is not None:
-                # the draft takes its chain, then d-1 levels of w beams
-                beams = {s: self.draft_chain_len(s) + depth * width for s in decode}
-                fits = _fits(self.draft_blocks, {**beams, **{s: self.draft_chain_len(s) for s in prefill}})
-            if fits:
+            if iteration_fits(self.target_blocks, self.draft_blocks, decode, prefill, depth, width):
                 return decode, depth, width
             if len(self.running) > 1:
                 self._preempt(self.policy.victim(self.running))
@@ -276,10 +271,6 @@ class Scheduler:
                 plan.failed.append((seq, NO_ROOM))
                 return [], 0, 0
 
-    def draft_chain_len(self, seq: Sequence) -> int:
-        start, end = draft_chain_span(seq, _committed(self.target_blocks, seq), _committed(self.draft_blocks, seq))
-        return max(end - start, 0)
-
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: the request keeps its output and re-prefills it when re-admitted."""
         self.running.remove(seq)
@@ -288,14 +279,3 @@ class Scheduler:
         seq.preempted()
         self.waiting.appendleft(seq)
         self.waiting = self.policy.order(self.waiting)
-
-
-def _committed(blocks: BlockManager, seq: Sequence) -> int:
-    return blocks.seq(seq.seq_id).num_committed if blocks.has(seq.seq_id) else 0
-
-
-def _fits(blocks: BlockManager, new_tokens: dict[Sequence, int]) -> bool:
-    """Whether appending `n` tokens to each sequence fits the free blocks."""
-    need = sum(blocks.extra_blocks_needed(s.seq_id, n) for s, n in new_tokens.items())
-    return need <= blocks.num_free_blocks
-

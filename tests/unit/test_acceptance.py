@@ -21,13 +21,13 @@ SAMPLES = 20_000
 def filtered(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """The target's distribution after temperature, then top-k, then top-p (smallest prefix of the
     sorted distribution whose mass reaches top_p)."""
-    z = logits / p.temperature
+    z, vocab = logits / p.temperature, len(logits)
     order = np.argsort(-z)
-    keep = np.zeros(VOCAB, dtype=bool)
-    keep[order[: p.top_k or VOCAB]] = True
+    keep = np.zeros(vocab, dtype=bool)
+    keep[order[: p.top_k or vocab]] = True
     probs = np.where(keep, np.exp(z - z.max()), 0.0)
     probs /= probs.sum()
-    mass, kept = 0.0, np.zeros(VOCAB, dtype=bool)
+    mass, kept = 0.0, np.zeros(vocab, dtype=bool)
     for t in np.argsort(-probs):
         if mass >= p.top_p:
             break

@@ -1,8 +1,10 @@
-"""Lossless sampling (chi-square against the target's exact distribution) and no leaked KV blocks
-after hundreds of requests with cancellations and preemptions."""
+"""Lossless sampling through the engine (chi-square against the target's exact distribution, with
+and without temperature, top-k and top-p) and no leaked KV blocks after hundreds of requests with
+cancellations and preemptions."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -14,6 +16,7 @@ from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request, SamplingParams
 from tests.engines import small_config
 from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint
+from tests.unit.test_acceptance import filtered
 
 VOCAB = 6
 PROMPT = [1, 4, 2, 5, 3]
@@ -27,16 +30,17 @@ def engine_for(target: str, draft: str, policy: str = "adaserve", num_blocks: in
 
 
 @torch.no_grad()
-def exact_distribution(path: str, dtype: torch.dtype = torch.float32) -> dict[tuple[int, ...], float]:
-    """P(first three tokens) under the model's own sampling at temperature 1, computed in `dtype`."""
+def exact_distribution(path: str, params: SamplingParams, dtype: torch.dtype = torch.float32) -> dict[tuple[int, ...], float]:
+    """P(first three tokens) under the model's own sampling with `params` (logits computed in `dtype`,
+    filtered by test_acceptance's numpy oracle, not the production filter)."""
     hf = hf_reference(path).to(dtype)
     probs = {}
     pairs = list(itertools.product(range(VOCAB), repeat=2))
-    logits = hf(torch.tensor([PROMPT + list(p) for p in pairs])).logits.float()
-    p1 = torch.softmax(logits[0, len(PROMPT) - 1], -1)
+    logits = hf(torch.tensor([PROMPT + list(p) for p in pairs])).logits.double().numpy()
+    p1 = filtered(logits[0, len(PROMPT) - 1], params)
     for row, (a, b) in enumerate(pairs):
-        p2 = torch.softmax(logits[row, len(PROMPT)], -1)
-        p3 = torch.softmax(logits[row, len(PROMPT) + 1], -1)
+        p2 = filtered(logits[row, len(PROMPT)], params)
+        p3 = filtered(logits[row, len(PROMPT) + 1], params)
         for c in range(VOCAB):
             probs[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
     return probs
@@ -58,18 +62,21 @@ def chi_square_pvalue(counts: dict, probs: dict, n: int) -> float:
     return float(chi2.sf(stat, bins - 1))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_sampling_through_token_trees_is_lossless(dtype):
-    """bfloat16 runs the served path (oneDNN-prepacked weights); its reference is the model's own
-    bfloat16 distribution."""
+@pytest.mark.parametrize("dtype,params", [
+    ("float32", SamplingParams(temperature=0.9, top_k=3, top_p=0.8)),
+    ("bfloat16", SamplingParams(temperature=1.0)),
+], ids=["float32-top_k-top_p", "bfloat16"])
+def test_sampling_through_token_trees_is_lossless(dtype, params):
+    """The filters apply to every sampled token, the first (from the prefill) and those verified in
+    trees the unfiltered draft proposed. bfloat16 runs the served path (oneDNN-prepacked weights); its
+    reference is the model's own bfloat16 distribution."""
     target = tiny_checkpoint("llama", seed=0, vocab_size=VOCAB, sharpen=6.0)
     draft = tiny_checkpoint("llama", seed=1, vocab_size=VOCAB, sharpen=6.0)
     engine = engine_for(target, draft, dtype=dtype)
     n = 3000
     for i in range(n):
-        engine.add_request(
-            Request(f"s{i}", PROMPT, max_tokens=3, ignore_eos=True, sampling=SamplingParams(temperature=1.0, seed=i))
-        )
+        sampling = dataclasses.replace(params, seed=i)
+        engine.add_request(Request(f"s{i}", PROMPT, max_tokens=3, ignore_eos=True, sampling=sampling))
     outs = engine.run_until_done()
     counts: dict[tuple[int, ...], int] = {}
     for toks in outs.values():
@@ -77,9 +84,15 @@ def test_sampling_through_token_trees_is_lossless(dtype):
     assert sum(counts.values()) == n
     # the draft disagrees often enough for the rejection path to matter
     assert 1.1 < engine.mean_accepted() < 2.5
-    assert chi_square_pvalue(counts, exact_distribution(target, getattr(torch, dtype)), n) > 1e-3
-    # the test has power: the same samples are clearly not from the draft's distribution
-    assert chi_square_pvalue(counts, exact_distribution(draft, getattr(torch, dtype)), n) < 1e-6
+    exact = exact_distribution(target, params, getattr(torch, dtype))
+    assert all(exact[k] > 0 for k in counts), "a token the filters remove was emitted"
+    assert chi_square_pvalue(counts, exact, n) > 1e-3
+    # the test has power: the same samples are clearly not from the draft's distribution, nor (with
+    # filters) from the target's unfiltered one
+    assert chi_square_pvalue(counts, exact_distribution(draft, params, getattr(torch, dtype)), n) < 1e-6
+    if params.top_k or params.top_p < 1:
+        raw = SamplingParams(temperature=params.temperature)
+        assert chi_square_pvalue(counts, exact_distribution(target, raw, getattr(torch, dtype)), n) < 1e-6
 
 
 def test_hundreds_of_requests_with_cancellations_and_preemptions_leak_nothing():

@@ -1,0 +1,37 @@
+"""KV capacity of one iteration, as pure bookkeeping over the block managers: whether every request's
+worst-case appends fit the free blocks of the target cache and, when speculating, the draft cache.
+The scheduler decides what to do when they do not (preempt, stop speculating, fail a lone request)."""
+
+from __future__ import annotations
+
+from ..kv_cache import BlockManager
+from ..sequence import Sequence, draft_chain_span
+
+
+def iteration_fits(target: BlockManager, draft: BlockManager | None, decode: list[Sequence],
+                   prefill: dict[Sequence, int], depth: int, width: int) -> bool:
+    """Worst case: each decoding request's whole tree is appended to the target cache (acceptance
+    is known only after the forward); the draft appends its chain, then d-1 levels of w beams."""
+    tree = 1 + depth * width
+    if not _fits(target, {**{s: tree for s in decode}, **prefill}):
+        return False
+    if draft is None:
+        return True
+    beams = {s: draft_chain_len(target, draft, s) + depth * width for s in decode}
+    return _fits(draft, {**beams, **{s: draft_chain_len(target, draft, s) for s in prefill}})
+
+
+def draft_chain_len(target: BlockManager, draft: BlockManager, seq: Sequence) -> int:
+    """How many tokens the draft reads before drafting (see sequence.draft_chain_span)."""
+    start, end = draft_chain_span(seq, _committed(target, seq), _committed(draft, seq))
+    return max(end - start, 0)
+
+
+def _committed(blocks: BlockManager, seq: Sequence) -> int:
+    return blocks.seq(seq.seq_id).num_committed if blocks.has(seq.seq_id) else 0
+
+
+def _fits(blocks: BlockManager, new_tokens: dict[Sequence, int]) -> bool:
+    """Whether appending `n` tokens to each sequence fits the free blocks."""
+    need = sum(blocks.extra_blocks_needed(s.seq_id, n) for s, n in new_tokens.items())
+    return need <= blocks.num_free_blocks
