@@ -35,8 +35,9 @@ class Scenario:
 
 
 def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", acceptance: str | None = None,
-             max_slowdown: float = 1.3, **scheduler_overrides) -> Scenario:
-    """`max_slowdown` sets B on GPUs as `tools.profile --max-slowdown` does (the CPU keeps its profile's)."""
+             max_slowdown: float = 1.3, slo_mode: str = "absolute", **scheduler_overrides) -> Scenario:
+    """`max_slowdown` sets B on GPUs as `tools.profile --max-slowdown` does (the CPU keeps its profile's);
+    `slo_mode`: the paper's TPOT targets as stated or in proportion to the baseline (workload.paper_slos)."""
     if hardware == "cpu":
         return _cpu(policy, acceptance, scheduler_overrides)
     gpu, count = parse_hardware(hardware)
@@ -48,7 +49,7 @@ def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", a
     replica = ReplicaConfig(sched, SpeculationConfig(budget=profile.budget), target_tokens // 16, draft_tokens // 16)
     baseline = profile.verify_ms(1)  # one request decoding one token per iteration: the paper's baseline TPOT
     return Scenario(f"{hardware}-{model}-tp{dep.tp}", replica, cost, acceptance_model(acceptance or DEFAULT_FOR_MODEL[model]),
-                    paper_slos(baseline), "paper", baseline)
+                    paper_slos(baseline, mode=slo_mode), "paper", baseline)
 
 
 def _cpu(policy: str, acceptance: str | None, overrides: dict) -> Scenario:
