@@ -26,10 +26,10 @@ class RunSpec:
 
 
 def run_all(specs: Sequence[RunSpec], scenario_for: Callable[[str], Scenario], seed: int = 0, desc: str = "sim",
-            drain_s: float = DRAIN_S) -> list[dict]:
+            drain_s: float = DRAIN_S, leave: bool = True) -> list[dict]:
     """Runs `specs` in order; `scenario_for(policy)` gives each run's deployment."""
     rows = []
-    bar = tqdm(total=sum(len(s.requests) for s in specs), desc=desc, unit="req")
+    bar = tqdm(total=sum(len(s.requests) for s in specs), desc=desc, unit="req", leave=leave)
     for s in specs:
         sc = scenario_for(s.policy)
         bar.set_postfix_str(f"{s.name or s.policy} {' '.join(f'{k}={v:g}' for k, v in s.label.items())} x{s.replicas}")
