@@ -6,10 +6,12 @@ each RPS. The trace is not shipped here: `azure:PATH` replays a copy (AzureLLMIn
 through client.workload.read_azure_trace / rescale_trace); `azure` stands in for it with gamma
 inter-arrivals of the trace's burstiness (AZURE_CV).
 
-Prompts are token counts, not text: uniform per category in PROMPT_TOKENS, an assumption per scale.
-`paper`: HumanEval-like code prompts, Alpaca-like chat instructions, CNN/DailyMail-like articles (the
-datasets of the paper's categories). `cpu`: the in-process benchmark's families (networkx signatures,
-Python FAQ questions, HOWTO passages cut to 1024 tokens) as the chat template encodes them, roughly.
+Prompts are token counts, not text: uniform per category in PROMPT_TOKENS. `paper`: an assumption for
+HumanEval-like code prompts, Alpaca-like chat instructions and CNN/DailyMail-like articles (the
+datasets of the paper's categories). `cpu`: the range of the in-process benchmark's prompts as the
+served tokenizer encodes them (client.bench.InProcess.encode over client/prompts.py's families:
+coding 16-111 tokens, mean 37; chat 34-61, mean 42; summary 172-360, mean 231). validate.py encodes
+each prompt instead.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..sequence import Sequence
 
 PROMPT_TOKENS = {
     "paper": {"coding": (100, 250), "chat": (20, 150), "summary": (500, 1500)},
-    "cpu": {"coding": (60, 160), "chat": (30, 60), "summary": (200, 800)},
+    "cpu": {"coding": (16, 111), "chat": (34, 61), "summary": (172, 360)},
 }
 PAPER_TPOT_MS = {"chat": 50.0, "summary": 150.0}  # coding: 1.2x the hardware's baseline TPOT
 CODING_SCALE = 1.2
