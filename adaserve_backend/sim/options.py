@@ -29,9 +29,27 @@ class Deploy:
     acceptance: str | None
     max_slowdown: float
     slo_mode: str
+    scheduler: tuple[tuple[str, object], ...] = ()  # SchedulerConfig fields set on every replica
 
     def scenario(self, policy: str) -> Scenario:
-        return scenario(self.hardware, self.model, policy, self.acceptance, self.max_slowdown, self.slo_mode)
+        return scenario(self.hardware, self.model, policy, self.acceptance, self.max_slowdown, self.slo_mode,
+                        **dict(self.scheduler))
+
+
+def scheduler_settings(text: str) -> tuple[tuple[str, object], ...]:
+    """`overload=best_effort,slo_admission=false,max_num_seqs=64` -> typed pairs."""
+    out = []
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        low = value.strip().lower()
+        typed: object = {"true": True, "false": False}.get(low, value.strip())
+        if isinstance(typed, str):
+            try:
+                typed = float(typed) if "." in typed else int(typed)
+            except ValueError:
+                pass
+        out.append((key.strip(), typed))
+    return tuple(out)
 
 
 def floats(text: str) -> list[float]:
@@ -58,7 +76,9 @@ def add_common(ap: argparse.ArgumentParser, **overrides) -> None:
     ap.add_argument("--duration-s", type=float, default=d["duration_s"], help="simulated seconds of arrivals")
     ap.add_argument("--output-scale", type=float, default=d["output_scale"], help="scales the benchmark's output length ranges")
     ap.add_argument("--seed", type=int, default=d["seed"])
+    ap.add_argument("--scheduler", type=scheduler_settings, default=(),
+                    help="SchedulerConfig fields for every policy, e.g. overload=best_effort,slo_admission=false")
 
 
 def deploy(args: argparse.Namespace) -> Deploy:
-    return Deploy(args.hardware, args.model, args.acceptance, args.max_slowdown, args.slo_mode)
+    return Deploy(args.hardware, args.model, args.acceptance, args.max_slowdown, args.slo_mode, args.scheduler)
