@@ -107,3 +107,12 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     checks = json.load(open(tmp_path / "v.json"))["checks"]
     assert [c["policy"] for c in checks] == ["adaserve", "continuous"]
     assert all(c["predicted_joint"] is not None and c["predicted_tpot_p50_ms"] > 0 for c in checks)
+
+
+def test_scheduler_settings_reach_every_replica():
+    from adaserve_backend.sim.options import Deploy, scheduler_settings
+
+    pairs = scheduler_settings("overload=best_effort,slo_admission=false,max_num_seqs=32,admission_headroom=1.0")
+    assert pairs == (("overload", "best_effort"), ("slo_admission", False), ("max_num_seqs", 32), ("admission_headroom", 1.0))
+    sched = Deploy("a100x4", "llama70b", None, 1.3, "relative", pairs).scenario("adaserve").replica.scheduler
+    assert (sched.overload, sched.slo_admission, sched.max_num_seqs) == ("best_effort", False, 32)
