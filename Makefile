@@ -9,7 +9,7 @@ OPENAI_PORT ?= 9000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim clean
+.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -50,6 +50,19 @@ bench-forward: setup
 SIM_ARGS ?= --hardware a100x4 --model llama70b --policies adaserve,continuous,sarathi,spec:4 --rps 1,2,4,8 --duration-s 600 --replicas 1 --router slo
 sim: setup
 	$(PY) -m adaserve_backend.sim $(SIM_ARGS) --out results/sim/sweep
+# The paper's Figures 7-8 and its two sweeps at 4 rps (results/sim/paper-<sweep>.{json,png}), replicas
+# needed per router (results/sim/scaleout.{json,png}), and the simulator against a `make bench` result.
+sim-fig78: setup
+	$(PY) -m adaserve_backend.sim.paper rps $(SIM_PAPER_ARGS)
+sim-urgent: setup
+	$(PY) -m adaserve_backend.sim.paper urgent_share $(SIM_PAPER_ARGS)
+sim-slo-scale: setup
+	$(PY) -m adaserve_backend.sim.paper slo_scale $(SIM_PAPER_ARGS)
+sim-scaleout: setup
+	$(PY) -m adaserve_backend.sim.scaleout $(SIM_SCALEOUT_ARGS)
+BENCH_JSON ?= results/quick-rps.json
+sim-validate: setup
+	$(PY) -m adaserve_backend.sim.validate $(BENCH_JSON)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -12,5 +12,11 @@ on a virtual clock (issue 17). `python -m adaserve_backend.sim --help`.
   workload.py     requests from client/workload.py generators with the paper's SLOs
   scenario.py     a deployment from names (cpu, a100x4 + llama70b, ...)
   simulator.py    the discrete-event loop and scoring (client/metrics.py)
-  cli.py          sweeps, JSON and PNG output
+  runs.py         a batch of runs behind one progress bar, one result row each
+  options.py      the commands' shared options and their defaults
+  report.py       JSON output and tables; plots.py: the PNGs
+  cli.py          sweeps (`python -m adaserve_backend.sim`)
+  paper.py        the paper's Figures 7-8 and its two sweeps, with ratios over the best baseline
+  scaleout.py     replicas needed per load and router
+  validate.py     predicted vs measured for a `make bench` result
 """

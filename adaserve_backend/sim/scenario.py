@@ -12,7 +12,7 @@ from client.slo_targets import SloTargets
 from ..config import SchedulerConfig, SpeculationConfig
 from ..kv_cache.kv_cache import bytes_per_block
 from .acceptance import DEFAULT_FOR_MODEL, AcceptanceModel, acceptance_model
-from .cost import GpuIterationCost, IterationCost, cpu_cost
+from .cost import ENGINE_JSON, GpuIterationCost, IterationCost, cpu_cost
 from .hardware import deployment, kv_token_capacity, parse_hardware
 from .replica import ReplicaConfig
 from .workload import paper_slos
@@ -35,10 +35,13 @@ class Scenario:
 
 
 def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", acceptance: str | None = None,
-             max_slowdown: float = 1.3, **scheduler_overrides) -> Scenario:
-    """`max_slowdown` sets B on GPUs as `tools.profile --max-slowdown` does (the CPU keeps its profile's)."""
+             max_slowdown: float = 1.3, slo_mode: str = "absolute", engine_json: str = ENGINE_JSON,
+             **scheduler_overrides) -> Scenario:
+    """`max_slowdown` sets B on GPUs as `tools.profile --max-slowdown` does (the CPU keeps its profile's);
+    `slo_mode`: the paper's TPOT targets as stated or in proportion to the baseline (workload.paper_slos);
+    `engine_json`: the CPU's engine config (its scheduler settings and the profile it points at)."""
     if hardware == "cpu":
-        return _cpu(policy, acceptance, scheduler_overrides)
+        return _cpu(policy, acceptance, engine_json, scheduler_overrides)
     gpu, count = parse_hardware(hardware)
     dep = deployment(model, count)
     cost = GpuIterationCost(gpu, dep, max_slowdown=max_slowdown)
@@ -48,11 +51,11 @@ def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", a
     replica = ReplicaConfig(sched, SpeculationConfig(budget=profile.budget), target_tokens // 16, draft_tokens // 16)
     baseline = profile.verify_ms(1)  # one request decoding one token per iteration: the paper's baseline TPOT
     return Scenario(f"{hardware}-{model}-tp{dep.tp}", replica, cost, acceptance_model(acceptance or DEFAULT_FOR_MODEL[model]),
-                    paper_slos(baseline), "paper", baseline)
+                    paper_slos(baseline, mode=slo_mode), "paper", baseline)
 
 
-def _cpu(policy: str, acceptance: str | None, overrides: dict) -> Scenario:
-    cost, config = cpu_cost()
+def _cpu(policy: str, acceptance: str | None, engine_json: str, overrides: dict) -> Scenario:
+    cost, config = cpu_cost(engine_json)
     sched = dataclasses.replace(config.scheduler, policy=policy, **overrides)
     cache = config.target_cache
     per_block = bytes_per_block(*CPU_TARGET_KV, cache.block_size, _bf16())

@@ -46,7 +46,11 @@ class SimResult:
 
     def summary(self) -> dict:
         out = summarize(self.records, self.end_s)
-        out.update(simulated_s=self.end_s, iterations=self.iterations, mean_accepted_per_verify=self.mean_accepted,
+        # the paper's goodput counts requests meeting the TPOT target alone
+        tpot_tokens = sum(r.output_tokens for r in self.records if r.tpot_attained)
+        out.update(tpot_goodput_tok_s=tpot_tokens / self.end_s if self.end_s > 0 else 0.0,
+                   tpot_violations=sum(not r.tpot_attained for r in self.records),
+                   simulated_s=self.end_s, iterations=self.iterations, mean_accepted_per_verify=self.mean_accepted,
                    preemptions=self.preemptions, overloads=self.overloads, requests_per_replica=self.per_replica)
         return out
 

@@ -85,6 +85,42 @@ def test_changing_the_selection_changes_the_simulation(monkeypatch):
     assert selection.select_tokens is not roots_only  # the module under test was the engine's
 
 
+def test_replicas_run_the_engines_scheduler_and_estimator(monkeypatch):
+    from adaserve_backend import engine
+    from adaserve_backend.scheduler.scheduler import Scheduler
+
+    assert engine.Scheduler is Scheduler and engine.choose_trees is tree_choice.choose_trees  # what the engine runs
+    reps, _ = replicas(1)
+    assert type(reps[0].scheduler) is Scheduler and type(reps[0].estimator) is engine.Estimator
+    calls = {"schedule": 0, "update": 0}
+    for name in calls:
+        real = getattr(Scheduler, name)
+
+        def spy(self, *a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(Scheduler, name, spy)
+    res = run(rps=1.0, duration=5.0)
+    assert calls["schedule"] >= res.iterations > 0 and calls["update"] >= res.iterations
+
+
+def test_changing_the_scheduler_changes_the_simulation(monkeypatch):
+    from adaserve_backend.scheduler.scheduler import Scheduler
+
+    base = run("sarathi", rps=2.0, duration=20.0).summary()
+    real = Scheduler.schedule
+
+    def one_at_a_time(self, now):  # a scheduler that decodes at most one request per iteration
+        plan = real(self, now)
+        del plan.decode[1:]
+        return plan
+
+    monkeypatch.setattr(Scheduler, "schedule", one_at_a_time)
+    changed = run("sarathi", rps=2.0, duration=20.0).summary()
+    assert changed["tpot_ms_p50"] > base["tpot_ms_p50"]
+
+
 def test_changing_the_depth_control_changes_the_simulation(monkeypatch):
     from adaserve_backend.scheduler import policies
 

@@ -1,0 +1,118 @@
+"""The simulator's commands: the paper comparison's ratios, the scale-out search, the Azure-like
+arrivals and relative SLOs, and the validation against a bench result (its workload rebuilt as the
+benchmark builds it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+
+import pytest
+
+from adaserve_backend.sim import paper, scaleout, validate
+from adaserve_backend.sim.workload import AZURE_CV, arrivals, paper_slos
+
+
+def row(policy, rps, joint, tpot_only, goodput, requests=100):
+    return {"policy": policy, "rps": rps, "slo_attainment": joint, "tpot_slo_attainment": tpot_only,
+            "goodput_tok_s": goodput, "tpot_goodput_tok_s": goodput * 1.1, "violations": round(requests * (1 - joint)),
+            "tpot_violations": round(requests * (1 - tpot_only))}
+
+
+def test_ratios_are_over_the_best_baseline_per_metric():
+    rows = [row("adaserve", 4, 0.8, 0.9, 200), row("spec:4", 4, 0.4, 0.6, 150), row("continuous", 4, 0.2, 0.3, 160),
+            row("adaserve", 1, 1.0, 1.0, 50), row("spec:4", 1, 1.0, 1.0, 50)]
+    r1, r4 = paper.compare(rows, "rps")
+    assert r1.level == 1 and r1.attainment_x == 1 and r1.fewer_violations_x == 1  # no violations either side
+    assert r4.best_baseline == "spec:4" and r4.attainment_x == pytest.approx(2.0)
+    assert r4.goodput_x == pytest.approx(200 / 160)  # the best goodput need not be the best attainment's
+    assert r4.fewer_violations_x == pytest.approx(60 / 20) and r4.tpot_fewer_violations_x == pytest.approx(40 / 10)
+    assert paper.compare([row("adaserve", 2, 0.5, 0.5, 1), row("x", 2, 0.0, 0.0, 0)], "rps")[0].attainment_x == math.inf
+
+
+@pytest.mark.parametrize("need", [1, 2, 3, 5, 8, 13, 31, 32, 33])
+@pytest.mark.parametrize("guess", [1, 4, 40])
+def test_scaleout_search_finds_the_fewest_replicas(need, guess):
+    calls = []
+
+    def attains(n):
+        calls.append(n)
+        return n >= need
+
+    assert scaleout.fewest(attains, guess, 32) == (need if need <= 32 else None)
+    assert len(calls) <= 2 * math.log2(32) + 2
+
+
+def test_azure_like_arrivals_have_the_traces_burstiness_and_rate():
+    times, cats = arrivals("azure", 5.0, 2000.0, random.Random(0))
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert cats is None and len(times) / 2000.0 == pytest.approx(5.0, rel=0.1)
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(AZURE_CV, rel=0.15)
+
+
+def test_azure_trace_replay_uses_the_benchmarks_reader(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{s:02d}.{f}000000,100,10\n" for s, f in [(0, 0), (1, 5), (2, 0), (5, 0), (9, 0)]))
+    times, _ = arrivals(f"azure:{path}", 2.0, 100.0, random.Random(0))
+    assert times[0] == 0 and len(times) == 5 and (len(times) - 1) / times[-1] == pytest.approx(2.0)
+
+
+def test_relative_slos_keep_the_papers_order_on_a_slow_baseline():
+    absolute, relative = paper_slos(54.0), paper_slos(54.0, mode="relative")
+    assert absolute.tpot("chat") < absolute.tpot("coding")  # 50 ms below a 54 ms baseline's 65 ms
+    assert relative.tpot("coding") == pytest.approx(1.2 * 54)
+    assert relative.tpot("coding") < relative.tpot("chat") < relative.tpot("summary")
+    assert paper_slos(54.0, mode="relative", coding_scale=0.8).tpot("coding") == pytest.approx(0.8 * 54)
+
+
+def test_validation_rebuilds_the_benchmarks_workload():
+    from client.slo_targets import SloTargets
+
+    items = validate.bench_items({"rps": 2.0, "urgent_share": 0.8}, 30.0, SloTargets(), {c: [("p", True)] for c in
+                                 ("coding", "chat", "summary")}, 0, 0.5)
+    assert len(items) == 60  # client.bench sends int(rps * duration) Poisson arrivals
+    assert sum(i.category == "coding" for i in items) > 40
+
+
+def test_paper_command_writes_figure_and_ratios(tmp_path):
+    paper.main(["rps", "--rps", "1,3", "--duration-s", "10", "--policies", "adaserve,spec:4", "--out", str(tmp_path)])
+    out = json.load(open(tmp_path / "paper-rps.json"))
+    assert {r["policy"] for r in out["rows"]} == {"adaserve", "spec:4"} and len(out["ratios"]) == 2
+    assert out["meta"]["paper_llama70b"]["attainment_x"] == 2.1 and (tmp_path / "paper-rps.png").stat().st_size > 0
+
+
+def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
+    import client.bench
+    from client.slo_targets import SloTargets
+    import dataclasses
+
+    class Tokenless:  # InProcess without the tokenizer: every prompt 40 tokens
+        def __init__(self, config):
+            pass
+
+        def encode(self, item):
+            return [0] * 40
+
+    monkeypatch.setattr(client.bench, "InProcess", Tokenless)
+    rows = [{"rps": 1.0, "policy": p, "requests": 10, "slo_attainment": 1.0, "tpot_slo_attainment": 1.0, "tpot_ms_p50": 15.0}
+            for p in ("adaserve", "continuous")]
+    bench = {"suite": "quick", "target": "inprocess", "slo_targets": dataclasses.asdict(SloTargets()), "duration_s": 10.0,
+             "config": "model_repository/adaserve/1/engine.json", "sweep": "rps", "rows": rows}
+    path = tmp_path / "quick-rps.json"
+    path.write_text(json.dumps(bench))
+    validate.main([str(path), "--out", str(tmp_path / "v")])
+    checks = json.load(open(tmp_path / "v.json"))["checks"]
+    assert [c["policy"] for c in checks] == ["adaserve", "continuous"]
+    assert all(c["predicted_joint"] is not None and c["predicted_tpot_p50_ms"] > 0 for c in checks)
+
+
+def test_scheduler_settings_reach_every_replica():
+    from adaserve_backend.sim.options import Deploy, scheduler_settings
+
+    pairs = scheduler_settings("overload=best_effort,slo_admission=false,max_num_seqs=32,admission_headroom=1.0")
+    assert pairs == (("overload", "best_effort"), ("slo_admission", False), ("max_num_seqs", 32), ("admission_headroom", 1.0))
+    sched = Deploy("a100x4", "llama70b", None, 1.3, "relative", pairs).scenario("adaserve").replica.scheduler
+    assert (sched.overload, sched.slo_admission, sched.max_num_seqs) == ("best_effort", False, 32)
