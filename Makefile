@@ -9,7 +9,7 @@ OPENAI_PORT ?= 9000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate clean
+.PHONY: setup system-deps serve test test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -83,6 +83,17 @@ bench-vs-vllm: setup vllm-env  # same requests, arrivals and SLO targets: our tr
 
 bench-load-tool: setup vllm-env  # `vllm bench serve`, unchanged, against our OpenAI endpoint and vLLM's; our two runners
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.load_tool --out results $(BENCH_ARGS)
+
+# The shipped draft (EAGLE-3 recipe, tools/draft): the target's continuations in two processes, then
+# teacher data and training. Every stage is cached in DRAFT_CACHE, so an interrupted run resumes.
+DRAFT_CACHE ?= .cache/draft
+DRAFT_PROMPTS ?= 3000
+draft: setup
+	for k in 0 1; do HF_HUB_OFFLINE=1 $(PY) -m tools.draft.generate --cache $(DRAFT_CACHE) --prompts $(DRAFT_PROMPTS) --shard $$k --of 2 --threads 1 & done; wait
+	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.train --cache $(DRAFT_CACHE) --threads 2
+
+draft-eval: setup  # the shipped draft on held-out and benchmark families (agreement, acceptance, one-request TPOT)
+	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.evaluate --out results/draft_eval.json
 
 profile: setup  # this device's roofline and budget B (see tools/profile.py)
 	HF_HUB_OFFLINE=1 $(PY) -m tools.profile --out results/profile.json

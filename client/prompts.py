@@ -7,8 +7,8 @@ family the draft model is trained on (a test checks it prompt by prompt).
 | chat    | `python-faq`         | the questions of the Python FAQ (Debian's `python3.11-doc`: `faq/*.rst.txt`), as a user would ask them |
 | summary | `python-howto`       | prose passages of the Python HOWTOs (same package: `howto/*.rst.txt`), to summarise |
 
-The draft trains on HumanEval, templated instructions and the standard library's module docstrings
-(tools that build training data must leave the families above out).
+The draft trains on other families (tools/draft/data.py: other packages' functions and docstrings,
+HumanEval, templated instructions); tools that build training data must leave the families above out.
 """
 
 from __future__ import annotations

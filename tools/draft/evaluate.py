@@ -1,13 +1,14 @@
-"""Acceptance benchmark for a draft, on held-out prompts the training never saw, per category:
+"""A draft on prompt families it never saw (the held-out training families and the benchmark's), in
+one run for every draft named (e.g. the shipped one and an earlier one):
 
-- top-1 agreement with the target (teacher-forced over the target's greedy continuations);
-- mean accepted tokens per verification (bonus included) for a 4-token chain and trees (d, w), one
-  request at a time;
-- one draft step's latency as a fraction of one target single-token decode step;
-- time per output token of the engine's `adaserve` policy vs `continuous`, one request at a time,
-  greedy outputs compared token for token.
+- top-1 agreement with the target per draft depth (teacher-forced over the target's greedy
+  continuations; an EAGLE-3 draft is unrolled as in serving, tools/draft/ttt.py; others at depth 0);
+- mean tokens per verification (bonus included) for a 4-token chain and trees (d, w), one request at
+  a time, in the served dtype;
+- one draft step's latency as a share of one target decode step;
+- the served engine's `adaserve` vs `continuous` TPOT at one request.
 
-    python -m tools.draft.evaluate [--draft embedded:smollm2-135m-instruct-draft]
+    python -m tools.draft.evaluate [--draft embedded:smollm2-135m-instruct-draft [OTHER.safetensors ...]]
 """
 
 from __future__ import annotations
@@ -28,30 +29,34 @@ from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model, load_tokenizer, locate
 from adaserve_backend.request import Request
 from adaserve_backend.slo import tpot_seconds
-from tools.draft.data import CATEGORIES, build_prompts, encode
-from tools.draft.teacher import continuations, dense_hidden, dense_logits, shifted
+from tools.draft.data import encode
+from tools.draft.train import eval_prompts
+from tools.draft.ttt import unrolled
+from adaserve_backend.attention.dense import DenseCausalBackend
+from tools.draft.teacher import continuations, dense_hidden, shifted
 
 SHAPES = [("chain d=4", "spec:4", 4, 1), ("tree d=4 w=2", "adaserve", 4, 2), ("tree d=4 w=4", "adaserve", 4, 4), ("tree d=6 w=2", "adaserve", 6, 2)]
 
 
 @torch.inference_mode()
-def agreement(draft, target, seqs, prompt_lens) -> float:
-    """Teacher-forced top-1 agreement over the output positions (a feature-conditioned draft reads
-    the target's features, as it does when serving)."""
-    hits = total = 0
-    vocab_ids = draft.vocab_ids
+def agreement(draft, target, seqs, prompt_lens, steps: int) -> list[float]:
+    """Teacher-forced top-1 agreement per depth over the output positions (a feature-conditioned
+    draft reads the target's features, as it does when serving)."""
+    hits, total = [0] * steps, [0] * steps
+    target.feature_layers = tuple(draft.target_layers)
     for seq, plen in zip(seqs, prompt_lens):
-        if len(seq) - plen < 2:
+        if len(seq) - plen < steps + 1:
             continue
         ids = torch.tensor([seq])
-        features = shifted(dense_hidden(target, ids)) if draft.takes_features else None
-        guess = dense_logits(draft, ids, features)[0].argmax(-1)
-        if vocab_ids is not None:
-            guess = vocab_ids[guess]
-        pred, truth = guess[plen - 1 : len(seq) - 1], torch.tensor(seq[plen:])
-        hits += int((pred == truth).sum())
-        total += len(truth)
-    return hits / max(total, 1)
+        attn = DenseCausalBackend(1, len(seq))
+        feats = shifted(target.run(ids[0], attn.positions(ids.device), attn)[1][None])
+        outs = unrolled(draft, ids, feats, steps) if draft.target_layers else [dense_hidden(draft, ids, feats)]
+        for j, hidden in enumerate(outs):
+            guess = draft.vocab_ids[draft.compute_logits(hidden[0]).argmax(-1)]
+            pred, truth = guess[plen - 1 : len(seq) - 1 - j], ids[0, plen + j :]
+            hits[j] += int((pred == truth).sum())
+            total[j] += len(truth)
+    return [h / t if t else float("nan") for h, t in zip(hits, total)]
 
 
 def engine_for(target, draft, policy: str, depth: int, width: int, eos) -> Engine:
@@ -81,63 +86,81 @@ def run_one_by_one(engine: Engine, prompts: list[list[int]], max_tokens: int, sl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=EMBEDDED_DEFAULT)
-    ap.add_argument("--draft", default=EMBEDDED_DRAFT)
-    ap.add_argument("--draft-dtype", default="bfloat16")
-    ap.add_argument("--per-category", type=int, default=8)
+    ap.add_argument("--draft", nargs="+", default=[EMBEDDED_DRAFT])
+    ap.add_argument("--dtype", default="bfloat16", help="the served dtype (target and draft)")
+    ap.add_argument("--per-family", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=4, help="depths whose agreement is reported")
     ap.add_argument("--config", default="model_repository/adaserve/1/engine.json", help="the engine compared at one request")
-    ap.add_argument("--slo-ms", type=float, default=1e-3, help="TPOT SLO of the one-request comparison (default: unmeetable)")
     ap.add_argument("--out", default="results/draft_eval.json")
     args = ap.parse_args()
 
     tokenizer = load_tokenizer(locate(args.target))
     eos = {tokenizer.eos_token_id}
-    target = load_model(ModelConfig(path=args.target))
-    draft = load_model(ModelConfig(path=args.draft, dtype=args.draft_dtype))
-    draft_f32 = load_model(ModelConfig(path=args.draft))  # agreement is measured without bf16 noise
-    _, held_out = build_prompts()
-    by_cat = {c: [p for p in held_out if p.category == c][: args.per_category] for c in CATEGORIES}
-    report: dict = {"target": args.target, "draft": args.draft, "draft_dtype": args.draft_dtype, "categories": {}}
-
-    for cat, prompts in by_cat.items():
-        ids = [encode(tokenizer, p)[-320:] for p in prompts]
-        outs = continuations(target, ids, args.max_tokens, [0.0] * len(ids), eos, batch=8)
-        row = {"prompts": len(ids), "top1_agreement": agreement(draft_f32, target, [a + b for a, b in zip(ids, outs)], [len(a) for a in ids])}
-        for name, policy, d, w in tqdm(SHAPES, desc=f"{cat}: accepted tokens", leave=False):
-            engine = engine_for(target, draft, policy, d, w, eos)
-            run_one_by_one(engine, ids, args.max_tokens)
-            row[f"accepted/verify {name}"] = engine.mean_accepted()
-        report["categories"][cat] = row
-
-    # latency: one draft step vs one target decode step, one request
-    t_runner = ModelRunner(target, CacheConfig(memory_mb=64))
-    d_runner = ModelRunner(draft, CacheConfig(memory_mb=64))
-    t_ms = measure_forward(t_runner, [1], per_seq=1, repeats=20, desc="target step")[1]
-    d_ms = measure_forward(d_runner, [1, 4], per_seq=4, repeats=20, desc="draft step")
-    report["latency_ms"] = {"target_decode": t_ms, "draft_step_1_token": d_ms[1], "draft_step_4_beams": d_ms[4]}
-    report["draft_step_fraction"] = d_ms[1] / t_ms
-
-    # the served engine (its knobs and profile) at one request: adaserve vs continuous, greedy outputs identical
-    ids = [encode(tokenizer, p)[-320:] for ps in by_cat.values() for p in ps[:4]]
-    served = EngineConfig.from_json(args.config)
-    ada = Engine(served, target=target, draft=draft, eos_token_ids=eos)
-    cont = Engine(dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")),
-                  target=target, eos_token_ids=eos)
-    ada_out, ada_tpot = run_one_by_one(ada, ids, args.max_tokens, args.slo_ms)
-    cont_out, cont_tpot = run_one_by_one(cont, ids, args.max_tokens, args.slo_ms)
-    report["one_request"] = {
-        "slo_ms": args.slo_ms,
-        "adaserve_tpot_ms": 1e3 * statistics.mean(ada_tpot),
-        "continuous_tpot_ms": 1e3 * statistics.mean(cont_tpot),
-        "tpot_ratio": statistics.mean(ada_tpot) / statistics.mean(cont_tpot),
-        "outputs_identical": ada_out == cont_out,
-        "adaserve_accepted_per_verify": ada.mean_accepted(),
-    }
-
-    print(json.dumps(report, indent=2))
+    target = load_model(ModelConfig(path=args.target, dtype=args.dtype))
+    prompts = eval_prompts(args.per_family, seed=1)  # other prompts than training's evaluation set
+    families = sorted({p.family for p in prompts})
+    report: dict = {"target": args.target, "dtype": args.dtype, "drafts": {}}
+    for path in args.draft:
+        draft = load_model(ModelConfig(path=path, dtype=args.dtype))
+        draft_f32 = load_model(ModelConfig(path=path))  # agreement is measured without bf16 noise
+        target_f32 = load_model(ModelConfig(path=args.target))
+        rows = {}
+        for fam in tqdm(families, desc=f"{os.path.basename(path)}: families"):
+            ids = [encode(tokenizer, p)[-320:] for p in prompts if p.family == fam]
+            outs = continuations(target, ids, args.max_tokens, [0.0] * len(ids), eos, batch=8)
+            seqs = [a + b for a, b in zip(ids, outs)]
+            row = {"prompts": len(ids), "top1_by_depth": agreement(draft_f32, target_f32, seqs, [len(a) for a in ids], args.steps)}
+            for name, policy, d, w in SHAPES:
+                engine = engine_for(target, draft, policy, d, w, eos)
+                run_one_by_one(engine, ids, args.max_tokens)
+                row[f"accepted/verify {name}"] = engine.mean_accepted()
+            rows[fam] = row
+        entry = {"families": rows}
+        t_runner = ModelRunner(target, CacheConfig(memory_mb=64))
+        target.feature_layers = tuple(getattr(draft, "target_layers", ()))
+        d_runner = ModelRunner(draft, CacheConfig(memory_mb=64))
+        t_ms = measure_forward(t_runner, [1], per_seq=1, repeats=20, desc="target step")[1]
+        d_ms = measure_forward(d_runner, [1, 4], per_seq=4, repeats=20, desc="draft step")
+        entry["latency_ms"] = {"target_decode": t_ms, "draft_step_1_token": d_ms[1], "draft_step_4_beams": d_ms[4]}
+        entry["draft_step_fraction"] = d_ms[1] / t_ms
+        # the served engine (its knobs and profile) at one request: adaserve vs continuous
+        one = [encode(tokenizer, p)[-320:] for fam in families for p in [q for q in prompts if q.family == fam][:2]]
+        served = EngineConfig.from_json(args.config)
+        cont = Engine(dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")),
+                      target=target, eos_token_ids=eos)
+        cont_out, cont_tpot = run_one_by_one(cont, one, args.max_tokens, 1e3)
+        ada = Engine(served, target=target, draft=draft, eos_token_ids=eos)
+        ada_out, ada_tpot = run_one_by_one(ada, one, args.max_tokens, 1e3)
+        entry["one_request"] = {
+            "adaserve_tpot_ms": 1e3 * statistics.mean(ada_tpot), "continuous_tpot_ms": 1e3 * statistics.mean(cont_tpot),
+            "tpot_ratio": statistics.mean(ada_tpot) / statistics.mean(cont_tpot),
+            "same_outputs_share": sum(a == c for a, c in zip(ada_out, cont_out)) / len(one),
+            "adaserve_accepted_per_verify": ada.mean_accepted(),
+        }
+        report["drafts"][path] = entry
+        print(json.dumps(entry, indent=1))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
+    print(table(report))
+
+
+def table(report: dict) -> str:
+    """The README's per-family table: one row per family, a column group per draft."""
+    drafts = list(report["drafts"])
+    fams = sorted(next(iter(report["drafts"].values()))["families"])
+    lines = ["| family | " + " | ".join(f"{os.path.basename(d)}: top-1 by depth, tok/verify chain4 / tree4x2 / tree4x4 / tree6x2" for d in drafts) + " |",
+             "|---|" + "---|" * len(drafts)]
+    for fam in fams:
+        cells = []
+        for d in drafts:
+            r = report["drafts"][d]["families"][fam]
+            top = "/".join(f"{a:.2f}" for a in r["top1_by_depth"] if a == a)
+            acc = " / ".join(f"{r[f'accepted/verify {n}']:.2f}" for n, *_ in SHAPES)
+            cells.append(f"{top}; {acc}")
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
