@@ -18,6 +18,8 @@ import glob
 import itertools
 import os
 import re
+import warnings
+from collections.abc import Iterator
 from functools import cache
 
 BENCHMARK_FAMILIES = {"coding": "networkx-functions", "chat": "python-faq", "summary": "python-howto"}
@@ -54,18 +56,23 @@ def python_sources(root: str) -> list[str]:
     return sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True))
 
 
+def parsed_sources(paths: list[str]) -> Iterator[ast.Module]:
+    """The syntax trees of the files that parse (installed packages ship a few that do not)."""
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tree = ast.parse(f.read())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        yield tree
+
+
 def source_function_prompts(paths: list[str]) -> tuple[str, ...]:
     """Completion prompts of the documented public top-level functions in these files (tests skipped);
     the draft's training families use the same builder on other packages."""
     out = []
-    for path in paths:
-        if "/tests/" in path or "/test/" in path:
-            continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
+    for tree in parsed_sources([p for p in paths if "/tests/" not in p and "/test/" not in p]):
         out += [p for n in tree.body if isinstance(n, ast.FunctionDef) and (p := function_prompt(n))]
     return tuple(dict.fromkeys(out))
 

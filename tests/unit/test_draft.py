@@ -15,9 +15,8 @@ from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
 from adaserve_backend.config import CacheConfig
 from adaserve_backend.model_runner import ModelRunner, SeqInput
 from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, eagle3_taps, load_draft, save_draft, trainable
-from tools.draft.teacher import dense_hidden, dense_logits, shifted
+from tools.draft.teacher import dense_hidden, dense_logits, dense_run, shifted
 from tools.draft.ttt import unrolled
-from adaserve_backend.attention.dense import DenseCausalBackend
 from adaserve_backend.models import load_model
 from tests.model_fixtures import our_model, tiny_checkpoint
 from tests.engines import POLICIES, make_engine, reference, run_staggered, workload
@@ -107,8 +106,7 @@ def test_draft_reads_the_targets_features_for_every_token_it_keeps(kind, tmp_pat
 
 
 def dense_features(model, ids: torch.Tensor) -> torch.Tensor:
-    attn = DenseCausalBackend(*ids.shape)
-    return model.run(ids.reshape(-1), attn.positions(ids.device), attn)[1].view(*ids.shape, -1)
+    return dense_run(model, ids)[1]
 
 
 def test_training_time_test_computes_what_serving_computes_at_every_depth(tmp_path):

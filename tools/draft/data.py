@@ -21,12 +21,11 @@ import importlib.util
 import json
 import os
 import random
-import warnings
 from dataclasses import dataclass
 from functools import cache
 
 from adaserve_backend.chat import encode_chat
-from client.prompts import python_sources, source_function_prompts
+from client.prompts import parsed_sources, python_sources, source_function_prompts
 
 CATEGORIES = ("code", "instruction", "summary")
 # Never trained on: evaluated as text of kinds the draft has not seen (besides the benchmark's).
@@ -134,15 +133,7 @@ SUMMARY_TASKS = ["Summarize the following text in two sentences.", "Explain the 
 def _docstrings(package: str, min_chars: int, max_chars: int) -> list[str]:
     """Long docstrings (modules, classes, functions) of a package's own source files."""
     out = []
-    for path in _sources(package):
-        if "/tests/" in path:
-            continue
-        try:
-            with open(path, encoding="utf-8") as f, warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                tree = ast.parse(f.read())
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
+    for tree in parsed_sources([p for p in _sources(package) if "/tests/" not in p]):
         nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
         for n in nodes:
             doc = ast.get_docstring(n)

@@ -32,8 +32,7 @@ from adaserve_backend.slo import tpot_seconds
 from tools.draft.data import encode
 from tools.draft.train import eval_prompts
 from tools.draft.ttt import unrolled
-from adaserve_backend.attention.dense import DenseCausalBackend
-from tools.draft.teacher import continuations, dense_hidden, shifted
+from tools.draft.teacher import continuations, dense_hidden, dense_run, shifted
 
 SHAPES = [("chain d=4", "spec:4", 4, 1), ("tree d=4 w=2", "adaserve", 4, 2), ("tree d=4 w=4", "adaserve", 4, 4), ("tree d=6 w=2", "adaserve", 6, 2)]
 
@@ -48,8 +47,7 @@ def agreement(draft, target, seqs, prompt_lens, steps: int) -> list[float]:
         if len(seq) - plen < steps + 1:
             continue
         ids = torch.tensor([seq])
-        attn = DenseCausalBackend(1, len(seq))
-        feats = shifted(target.run(ids[0], attn.positions(ids.device), attn)[1][None])
+        feats = shifted(dense_run(target, ids)[1])
         outs = unrolled(draft, ids, feats, steps) if draft.target_layers else [dense_hidden(draft, ids, feats)]
         for j, hidden in enumerate(outs):
             guess = draft.vocab_ids[draft.compute_logits(hidden[0]).argmax(-1)]
@@ -101,10 +99,10 @@ def main() -> None:
     prompts = eval_prompts(args.per_family, seed=1)  # other prompts than training's evaluation set
     families = sorted({p.family for p in prompts})
     report: dict = {"target": args.target, "dtype": args.dtype, "drafts": {}}
+    target_f32 = load_model(ModelConfig(path=args.target))  # agreement is measured without bf16 noise
     for path in args.draft:
         draft = load_model(ModelConfig(path=path, dtype=args.dtype))
         draft_f32 = load_model(ModelConfig(path=path))  # agreement is measured without bf16 noise
-        target_f32 = load_model(ModelConfig(path=args.target))
         rows = {}
         for fam in tqdm(families, desc=f"{os.path.basename(path)}: families"):
             ids = [encode(tokenizer, p)[-320:] for p in prompts if p.family == fam]

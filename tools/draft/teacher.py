@@ -47,13 +47,19 @@ def padded_batch(seqs: Sequence[list[int]], pad: int = 0) -> tuple[torch.Tensor,
     return ids, mask
 
 
-def dense_hidden(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
-    """Teacher-forced final hidden states [B, T, H] for right-padded ids [B, T] (differentiable);
-    features [B, T, H] for a feature-conditioned model."""
+def dense_run(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced (final hidden states [B, T, H], features a draft reads [B, T, F]: LlamaModel.run)
+    for right-padded ids [B, T] (differentiable); features [B, T, F] for a feature-conditioned model."""
     b, t = ids.shape
     attn = DenseCausalBackend(b, t)
     flat = None if features is None else features.reshape(b * t, -1)
-    return model(ids.reshape(-1), attn.positions(ids.device), attn, flat).view(b, t, -1)
+    hidden, feats = model.run(ids.reshape(-1), attn.positions(ids.device), attn, flat)
+    return hidden.view(b, t, -1), feats.view(b, t, -1)
+
+
+def dense_hidden(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+    """Teacher-forced final hidden states [B, T, H] (dense_run's first)."""
+    return dense_run(model, ids, features)[0]
 
 
 def dense_head(model: LlamaModel, hidden: torch.Tensor) -> torch.Tensor:
@@ -86,12 +92,9 @@ def teacher_data(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_to
             end += 1
         chunk = [order[i] for i in range(start, end)]
         ids, _ = padded_batch([seqs[i] for i in chunk])
-        b, t = ids.shape
-        attn = DenseCausalBackend(b, t)
-        hidden, feats = target.run(ids.reshape(-1), attn.positions(ids.device), attn)
-        logp = torch.log_softmax(target.compute_logits(hidden), dim=-1).view(b, t, -1)
+        hidden, feats = dense_run(target, ids)
+        logp = torch.log_softmax(target.compute_logits(hidden.flatten(0, 1)), dim=-1).view(*ids.shape, -1)
         top = torch.topk(logp, k, dim=-1)
-        feats = feats.view(b, t, -1)
         for row, i in enumerate(chunk):
             n = len(seqs[i])
             result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16), feats[row, :n].to(torch.bfloat16).clone())
