@@ -57,7 +57,7 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: CacheConfig, attention_backend: str = "torch") -> None:
+    def __init__(self, model: LlamaModel, cache: CacheConfig, attention_backend: str = "auto") -> None:
         spec = model.spec
         self.model = model
         self.device = model.embed_tokens.weight.device

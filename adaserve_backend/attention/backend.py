@@ -18,10 +18,24 @@ class AttentionBackend(Protocol):
         """Write k, v [T, kv_heads, D] into the cache, attend q [T, heads, D]; returns [T, heads, D]."""
 
 
-def make_backend(name: str, kv_cache: KVCache, num_heads: int) -> AttentionBackend:
-    """num_heads: query heads (the cache holds the KV heads)."""
-    if name == "torch":
-        from .torch_sdpa import TorchSDPABackend
+BACKENDS = ("auto", "torch", "paged_cpu")
 
-        return TorchSDPABackend(kv_cache, num_heads)
-    raise ValueError(f"unknown attention backend {name!r} (available: torch)")
+
+def make_backend(name: str, kv_cache: KVCache, num_heads: int) -> AttentionBackend:
+    """num_heads: query heads (the cache holds the KV heads). auto: paged_cpu for a bfloat16 cache on
+    CPU when its kernel builds, torch otherwise (float32, the exact oracle, always runs torch's SDPA)."""
+    from .torch_sdpa import TorchSDPABackend
+
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r} (available: {', '.join(BACKENDS)})")
+    cache = kv_cache.data
+    if name == "paged_cpu" or (name == "auto" and cache.device.type == "cpu" and cache.dtype == torch.bfloat16):
+        from .cpu_kernel import paged_attention_op
+        from .paged_cpu import PagedCPUBackend
+
+        op = paged_attention_op()
+        if op is not None:
+            return PagedCPUBackend(kv_cache, num_heads, op)
+        if name == "paged_cpu":
+            raise RuntimeError("attention backend paged_cpu: its C++ kernel could not be built (see the log)")
+    return TorchSDPABackend(kv_cache, num_heads)

@@ -30,6 +30,7 @@ class AttentionMetadata:
     kv_indptr: torch.Tensor  # int32 [B+1], offsets into kv_indices
     kv_indices: torch.Tensor  # int32 [pages], block ids
     masks: list[torch.Tensor]  # per sequence, bool [q_len, kv_len]
+    prefix_lens: list[int]  # per sequence, keys every new token sees (the committed prefix)
     slot_mapping: torch.Tensor  # int64 [T], where each new token's K/V is written
 
 
@@ -55,7 +56,7 @@ def build_metadata(
     """`new_tokens`: (seq_id, q_len) per sequence, q_len being how many tokens at the end of that
     sequence's region this forward computes (already appended to `blocks`)."""
     page = blocks.block_size
-    q_lens, kv_lens, masks, slots = [], [], [], []
+    q_lens, kv_lens, masks, slots, prefixes = [], [], [], [], []
     kv_indptr, kv_indices = [0], []
     for seq_id, q_len in new_tokens:
         s = blocks.seq(seq_id)
@@ -71,6 +72,7 @@ def build_metadata(
         slots.extend(blocks.slot(s, i) for i in range(kv_len - q_len, kv_len))
         q_lens.append(q_len)
         kv_lens.append(kv_len)
+        prefixes.append(s.num_committed)
     i32 = dict(dtype=torch.int32, device=device)
     return AttentionMetadata(
         page_size=page,
@@ -79,5 +81,6 @@ def build_metadata(
         kv_indptr=torch.tensor(kv_indptr, **i32),
         kv_indices=torch.tensor(kv_indices, **i32),
         masks=masks,
+        prefix_lens=prefixes,
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
     )

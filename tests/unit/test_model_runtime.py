@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from adaserve_backend.attention import torch_sdpa
+from adaserve_backend.attention import paged_cpu, torch_sdpa
 from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT
 from adaserve_backend.kv_cache import KVCacheFull
 from adaserve_backend.model_runner import ModelRunner, SeqInput
@@ -25,9 +25,9 @@ def checkpoint(kind: str) -> str:
     return EMBEDDED_DEFAULT if kind == "embedded" else tiny_checkpoint(kind)
 
 
-def runner_for(path: str, memory_mb: int = 64, block_size: int = 4) -> ModelRunner:
+def runner_for(path: str, memory_mb: int = 64, block_size: int = 4, attention: str = "auto") -> ModelRunner:
     # Small blocks so sequences span many blocks and paths cross block boundaries.
-    return ModelRunner(our_model(path), CacheConfig(block_size=block_size, memory_mb=memory_mb))
+    return ModelRunner(our_model(path), CacheConfig(block_size=block_size, memory_mb=memory_mb), attention)
 
 
 @torch.no_grad()
@@ -97,17 +97,21 @@ def test_chunked_prefill_matches_transformers(kind):
     assert start == len(ids)
 
 
-@pytest.mark.parametrize("grouping", ["cost", "apart"])
+@pytest.mark.parametrize("grouping", ["cost", "apart", "paged_cpu"])
 @pytest.mark.parametrize("kind", MODELS)
 def test_batched_tree_verification_then_commit_and_decode(kind, grouping, monkeypatch):
     """Three sequences verify different trees in one forward (a fourth prefills a chunk beside them);
     each tree node's logits equal transformers' on the node's root-to-node path. After committing one
     accepted path per sequence, the next decode step matches again. "apart": attention splits the
-    batch into several padded groups (free extra SDPA calls), "cost": as served (here one group)."""
+    batch into several padded groups (free extra SDPA calls), "cost": as served (here one group),
+    "paged_cpu": the C++ kernel reading the cache in place for the trees and decode steps (float32
+    here, so its arithmetic is checked to the oracle's tolerance; served in bfloat16)."""
     if grouping == "apart":
         monkeypatch.setattr(torch_sdpa, "GROUP_OVERHEAD_PAIRS", -10**9)
+    if grouping == "paged_cpu":
+        monkeypatch.setattr(paged_cpu, "SMALL_QUERIES", 10)  # the 13-node tree goes to SDPA, 9 nodes span two query chunks
     path = checkpoint(kind)
-    runner = runner_for(path)
+    runner = runner_for(path, attention="paged_cpu" if grouping == "paged_cpu" else "auto")
     rng = random.Random(3)
     prompts = [random_ids(path, n, seed=10 + n) for n in (9, 17, 5)]
     # Batched prefill of different lengths, leaving each prompt's last token as its tree root.
