@@ -9,12 +9,17 @@ draft is fed the same way).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from .config import EngineConfig
 from .model_runner import ModelRunner, SeqInput
+from .models import LlamaModel, load_model
 from .scheduler.plan import IterationPlan
 from .sequence import Sequence, draft_chain_span
 from .speculation.beam import BeamRequest, beam_search
+from .speculation.draft_fit import check_draft_fits
 from .speculation.token_tree import CandidateTree
 
 
@@ -29,6 +34,17 @@ class DraftWorker:
         # seq_id -> (the target's features of positions start.., start): those the draft
         # has not read yet; the draft's token i reads the feature of position i-1.
         self._features: dict[int, tuple[torch.Tensor, int]] = {}
+
+    @classmethod
+    def for_target(cls, target: ModelRunner, config: EngineConfig, draft: LlamaModel | None = None) -> DraftWorker:
+        """The given or configured draft, checked against the target at load; none configured: the
+        target drafts for itself."""
+        if draft is None:
+            draft = target.model
+            if config.draft is not None:
+                draft = load_model(dataclasses.replace(config.draft, max_model_len=target.max_len))
+        check_draft_fits(target.model, draft)
+        return cls(ModelRunner(draft, config.draft_cache), target)
 
     def chain(self, seq: Sequence) -> list[int]:
         start, end = draft_chain_span(seq, self.target.num_committed(seq.seq_id), self.runner.num_committed(seq.seq_id))

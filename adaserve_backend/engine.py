@@ -7,16 +7,13 @@
   outputs = scheduler.update(plan, result)    tokens, stops, finished requests, the estimator's measurements
 Baseline policies share everything but the decode step (one token per request, no draft).
 
-Thread-safety: `add_request` and `abort` may be called from any thread; everything else runs on the
-thread that calls `step` (the engine loop), which owns the models.
+Thread-safety: `add_request` and `abort` may be called from any thread (they only enqueue, inbox.py);
+everything else runs on the thread that calls `step` (the engine loop), which owns the models.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import queue
-import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -25,6 +22,7 @@ import torch
 from .config import EngineConfig
 from .cost_model.cost_model import load_cost_model
 from .draft_worker import DraftWorker
+from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
 from .request import Request, RequestOutput
@@ -32,7 +30,7 @@ from .scheduler.estimator import Estimator
 from .scheduler.plan import IterationPlan, IterationResult
 from .scheduler.scheduler import Scheduler
 from .sequence import Sequence
-from .speculation.draft_fit import check_draft_fits, check_tokenizers_match
+from .speculation.draft_fit import check_draft_tokenizer
 from .speculation.tree_choice import choose_trees
 from .verification.verify import target_inputs, verify
 
@@ -49,31 +47,23 @@ class Engine:
         target = target or load_model(config.target)
         self.target = ModelRunner(target, config.target_cache)
         self.vocab_size, self.max_model_len = target.spec.vocab_size, self.target.max_len
-        self.draft: DraftWorker | None = None
-        if self.policy.speculative:
-            if draft is None:  # no draft configured: the target drafts for itself
-                draft = target if config.draft is None else load_model(dataclasses.replace(config.draft, max_model_len=self.max_model_len))
-            check_draft_fits(target, draft)
-            self.draft = DraftWorker(ModelRunner(draft, config.draft_cache), self.target)
+        self.draft = DraftWorker.for_target(self.target, config, draft) if self.policy.speculative else None
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cost = load_cost_model(config.speculation.profile_path)
         self.budget = self.cost.budget if self.cost else config.speculation.budget
         self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
         self.scheduler = Scheduler(config.scheduler, config.speculation, self.policy, self.estimator, self.target.blocks,
                                    self.draft.runner.blocks if self.draft else None, self._release, tokenizer)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._live_ids: set[str] = set()  # accepted and not yet finished; guarded by _live_lock
-        self._live_lock = threading.Lock()
+        self._inbox = Inbox()
         self._seq_ids = itertools.count()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
         """Load the target (and draft) checkpoints, the tokenizer and the end-of-sequence ids."""
-        from .models import is_trained_draft, load_tokenizer, locate
+        from .models import load_tokenizer, locate
 
         tokenizer = load_tokenizer(locate(config.target.path))
-        if config.scheduler.speculative and config.draft is not None and not is_trained_draft(config.draft.path):
-            check_tokenizers_match(tokenizer, load_tokenizer(locate(config.draft.path)))
+        check_draft_tokenizer(config, tokenizer)
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         return cls(config, eos_token_ids=eos, tokenizer=tokenizer)
 
@@ -85,21 +75,17 @@ class Engine:
             raise ValueError("stop strings need an engine built with a tokenizer")
         slo_ms = self.config.scheduler.request_slo_ms(request.tpot_slo_ms, request.slo_class)
         ttft_ms = self.config.scheduler.request_ttft_ms(request.ttft_slo_ms, request.slo_class)
-        with self._live_lock:
-            if request.request_id in self._live_ids:
-                raise ValueError(f"request id {request.request_id!r} is already in flight")
-            self._live_ids.add(request.request_id)
-        self._inbox.put((request, (slo_ms, ttft_ms), time.monotonic()))
+        self._inbox.put_request(request, (slo_ms, ttft_ms))  # ValueError if its id is in flight
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put((request_id, None, None))
+        self._inbox.put_abort(request_id)
 
     # ---- engine loop ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs = self._take_inbox()
         plan = self.scheduler.schedule(time.monotonic())
         result = self._run(plan) if not plan.empty else IterationResult(time.monotonic())
-        return self._settled(outputs + self.scheduler.update(plan, result))
+        return self._inbox.settle(outputs + self.scheduler.update(plan, result))
 
     def _run(self, plan: IterationPlan) -> IterationResult:
         cands = self.draft.propose(plan, self.max_model_len) if self.draft else []
@@ -115,23 +101,17 @@ class Engine:
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every request with an error and free all KV blocks (after an unexpected failure)."""
         outputs = self._take_inbox()  # a queued abort still owes its request an ABORT; queued adds fail below
-        return self._settled(outputs + self.scheduler.fail_all(message, time.monotonic()))
+        return self._inbox.settle(outputs + self.scheduler.fail_all(message, time.monotonic()))
 
     def _take_inbox(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
-        while not self._inbox.empty():
-            item, slos, received = self._inbox.get()
+        for item, slos, received in self._inbox.take():
             if isinstance(item, Request):
                 tpot_ms, ttft_ms = slos
-                self.scheduler.add(Sequence.start(item, next(self._seq_ids), tpot_ms, received, self.eos_token_ids, ttft_ms))
+                seq = Sequence.start(item, next(self._seq_ids), tpot_ms, received, self.eos_token_ids, ttft_ms)
+                self.scheduler.add(seq)
             else:
                 outputs += self.scheduler.abort(item, time.monotonic())
-        return outputs
-
-    def _settled(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """Finished request ids may be used again."""
-        with self._live_lock:
-            self._live_ids.difference_update(o.request_id for o in outputs if o.finished)
         return outputs
 
     def _release(self, seq: Sequence) -> None:

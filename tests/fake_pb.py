@@ -117,13 +117,8 @@ def get_output_tensor_by_name(response, name):
 # iterable of responses for a decoupled call. Tests install the models their pipeline calls.
 MODELS: dict = {}
 # False once the server is stopping: Triton then refuses new inferences, BLS calls included; what a
-# called model still sends for a request already running reaches its caller. On 2.51 it often does
-# not (the pipeline then stops waiting after DRAIN_TIMEOUT_S); this fake models the delivered case.
+# called model still sends for a request already running reaches its caller.
 SERVER_READY = True
-
-
-def is_model_ready(model_name, model_version=""):
-    return SERVER_READY
 
 
 class InferenceRequest:
@@ -133,6 +128,10 @@ class InferenceRequest:
     def exec(self, decoupled=False):
         if not SERVER_READY:
             error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready", TritonError.UNAVAILABLE))
+            return iter([error]) if decoupled else error
+        if self.model_name not in MODELS:  # as Triton 2.51's Python backend words it
+            error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Error when running inference: "
+                                                        f"Failed for execute the inference request. Model '{self.model_name}' is not ready."))
             return iter([error]) if decoupled else error
         result = MODELS[self.model_name](self.inputs, decoupled)
         return (_bls(r) for r in result) if decoupled else _bls(result)
@@ -157,6 +156,8 @@ class StreamSender(Sender):
 
     def send(self, response=None, flags=0):
         super().send(response, flags)
+        if response is not None and response.has_error() and len(self.sent) > 1:
+            return  # lost on its way, as on 2.51, FINAL flag and all (see protocol.ERROR_OUTPUT)
         if response is not None:
             self.queue.put(response)
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:

@@ -24,3 +24,12 @@ def check_tokenizers_match(target_tokenizer, draft_tokenizer) -> None:
     """Same ids must mean the same text (a draft checkpoint of its own ships its own tokenizer)."""
     if draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
         raise ValueError("the draft's tokenizer differs from the target's: the same token ids would mean different text")
+
+
+def check_draft_tokenizer(config, target_tokenizer) -> None:
+    """A speculative engine's draft checkpoint against the target's tokenizer (a trained draft has no
+    tokenizer of its own: it reads the target's tokens)."""
+    from ..models import is_trained_draft, load_tokenizer, locate
+
+    if config.scheduler.speculative and config.draft is not None and not is_trained_draft(config.draft.path):
+        check_tokenizers_match(target_tokenizer, load_tokenizer(locate(config.draft.path)))

@@ -21,7 +21,7 @@ from ..request import FinishReason, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
 from .detokenize import StreamState
 from .metrics import EngineMetrics, Finished
-from .protocol import INPUT_NAMES, ResponseOptions, parse_request, response_tensors, tag_error
+from .protocol import ERROR_OUTPUT, INPUT_NAMES, ResponseOptions, error_tensor, parse_request, response_tensors
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -199,10 +199,11 @@ class TritonEngineLoop:
 
     def _send_error(self, sender, message: str, code) -> None:
         """Codes at the right depth: bad input INVALID_ARG (gRPC INVALID_ARGUMENT, HTTP 400), an overload
-        rejection or a stopping server UNAVAILABLE (503), cancellation CANCELLED, a failure INTERNAL."""
+        rejection or a stopping server UNAVAILABLE (503), cancellation CANCELLED, a failure INTERNAL.
+        As an `error` output, not a Triton error: see protocol.ERROR_OUTPUT."""
         name = next((n for n in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED") if getattr(self.pb.TritonError, n) == code), "INTERNAL")
-        err = self.pb.TritonError(tag_error(message, name), code)
-        self.sends.put((sender, self.pb.InferenceResponse(error=err), self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(ERROR_OUTPUT, error_tensor(message, name))])
+        self.sends.put((sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
     # ---- response thread ------------------------------------------------------------------------
     def _send_loop(self) -> None:

@@ -7,6 +7,14 @@ responses while the step runs on), so a cancelled stream would hold its KV block
 Here the pipeline sees its own request's cancellation and asks the scheduler to abort by request id.
 
 Each request runs on its own thread (BLS calls block); a watcher thread polls cancellation.
+
+Shutdown order: a client's final response is the last thing its request thread does, after the
+scheduler model's stream has ended. Why (read in the 2.51 Python backend, python_be.cc): Triton
+unloads this model once its client requests are answered, without waiting for the BLS streams they
+opened; the unload first joins the model's BLS thread pool, so a BLS call made after the answer never
+returns, and a response still arriving on such a stream is handed to a stub that is exiting
+(SendBLSDecoupledResponse waits for it without a bound, which keeps the scheduler model from
+unloading).
 """
 
 from __future__ import annotations
@@ -18,16 +26,17 @@ import uuid
 
 import numpy as np
 
-from .protocol import INPUT_NAMES, untag_error
+from .protocol import ERROR_OUTPUT, INPUT_NAMES, response_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
-from .serving import SHUTTING_DOWN, ServingWatch
+from .serving import SERVER_NOT_READY, SHUTTING_DOWN, ServingWatch
 
 log = logging.getLogger("adaserve")
-SERVER_NOT_READY = "Server not ready"  # Triton's answer to a BLS call once the server stops
-# How long finalize waits for request threads still reading the scheduler model's stream. Its final
-# usually arrives within a second of a shutdown; on 2.51 it sometimes never does, and Triton's own
-# exit timeout is 30 s.
+# How long finalize waits for request threads still reading the scheduler model's stream (Triton's own
+# exit timeout is 30 s). Finalize normally comes after every stream ended (see the module docstring).
 DRAIN_TIMEOUT_S = 3.0
+# The scheduler model ends its requests within a step of a shutdown; a client whose request it has not
+# ended after this long is answered anyway (at the risk the module docstring describes).
+ANSWER_AFTER_S = 5.0
 
 class BLSPipeline:
     def __init__(self, pb, model_name: str = "ensemble") -> None:
@@ -82,13 +91,15 @@ class BLSPipeline:
     # ---- one request ----------------------------------------------------------------------------
     def _run_counted(self, request, sender, request_id: str) -> None:
         try:
-            self._run(request, sender, request_id)
+            final = self._run(request, sender, request_id)
+            self._finish(sender, request_id, final)  # last: the scheduler model's stream has ended
         finally:
             with self.idle:
                 self.runs -= 1
                 self.idle.notify_all()
 
-    def _run(self, request, sender, request_id: str) -> None:
+    def _run(self, request, sender, request_id: str):
+        """Stream the request's outputs to the client; returns its final response (None: flags only)."""
         pb = self.pb
         stream = None  # the scheduler model's stream, read to its final response unless it ended
         shutting_down = False
@@ -99,26 +110,23 @@ class BLSPipeline:
                 t = pb.get_input_tensor_by_name(request, name)
                 if t is not None:
                     inputs.append(pb.Tensor(name, t.as_numpy()))
-            wanted = ["output_ids", "context_ids", "is_final", *PASS_THROUGH]
+            wanted = ["output_ids", "context_ids", "is_final", ERROR_OUTPUT, *PASS_THROUGH]
             stream = iter(pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True))
             for response in stream:
-                if response.has_error():
+                if (error := response_error(response)) is not None:
                     stream = None
-                    self._finish(sender, request_id, pb.InferenceResponse(error=self._error(response.error())))
-                    return
+                    return pb.InferenceResponse(error=self._error(*error))
                 tensors = {t.name(): t for t in response.output_tensors()}
-                if not tensors:
-                    continue  # a flags-only final response
+                if not tensors or request_id not in self.active:
+                    continue  # a flags-only final response, or answered already: read on, no BLS
                 if bool(tensors["is_final"].as_numpy().reshape(-1)[0]):
                     stream = None
-                    self._finish(sender, request_id, self._postprocess(tensors))
-                    return
-                if not self._send(sender, request_id, self._postprocess(tensors)):
-                    return  # answered by shutdown meanwhile
+                    return self._postprocess(tensors)
+                self._send(sender, request_id, self._postprocess(tensors))
             stream = None
-            self._finish(sender, request_id, None)
+            return None
         except ValueError as e:  # the client's input (preprocessing refused it)
-            self._finish(sender, request_id, pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)))
+            return pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG))
         except Exception as e:  # never leave a client without a final response
             # A stopping server refuses BLS calls at once ("Server not ready"), before the models
             # stop being ready, which is why both are asked.
@@ -128,7 +136,7 @@ class BLSPipeline:
             else:
                 log.exception("pipeline failed")
                 error = pb.TritonError(f"internal error: {e}")
-            self._finish(sender, request_id, pb.InferenceResponse(error=error))
+            return pb.InferenceResponse(error=error)
         finally:
             if stream is not None:  # we stopped listening before its end (postprocessing failed...)
                 if not (shutting_down or self.serving.stopped):  # a stopping server refuses BLS; the scheduler ends it
@@ -147,10 +155,9 @@ class BLSPipeline:
         except Exception:
             log.warning("draining an abandoned stream failed", exc_info=True)
 
-    def _error(self, err):
+    def _error(self, code_name: str | None, message: str):
         """The scheduler model's error with its code restored (see protocol.CODE_TAG)."""
-        name, message = untag_error(err.message())
-        return self.pb.TritonError(message, getattr(self.pb.TritonError, name) if name else err.code())
+        return self.pb.TritonError(message, getattr(self.pb.TritonError, code_name or "INTERNAL"))
 
     def _preprocess(self, request) -> np.ndarray:
         pb = self.pb
@@ -171,13 +178,11 @@ class BLSPipeline:
             raise RuntimeError(response.error().message())
         return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy()) for t in response.output_tensors()])
 
-    def _send(self, sender, request_id: str, response) -> bool:
+    def _send(self, sender, request_id: str, response) -> None:
         """A data response, unless the request was already answered (its sender may be freed)."""
         with self.lock:
-            if request_id not in self.active:
-                return False
-            sender.send(response)
-            return True
+            if request_id in self.active:
+                sender.send(response)
 
     def _finish(self, sender, request_id: str, response) -> None:
         # Under the lock: Triton frees a sender's response factory once the final response is sent,
@@ -195,10 +200,15 @@ class BLSPipeline:
     # ---- cancellation ---------------------------------------------------------------------------
     def _watch_cancellations(self) -> None:
         aborted: set[str] = set()
+        stopped_at = None
         while not self.stopping:
             time.sleep(0.05)
             if self.active and self.serving.stopping():  # see serving.py
-                self._answer_all()
+                # The scheduler model ends each request itself, and the request thread answers its
+                # client after that (see the module docstring); only what it leaves is answered here.
+                stopped_at = stopped_at or time.monotonic()
+                if time.monotonic() - stopped_at > ANSWER_AFTER_S:
+                    self._answer_all()
                 continue
             with self.lock:  # see _finish
                 if self.stopping:

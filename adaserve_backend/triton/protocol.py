@@ -45,6 +45,31 @@ def untag_error(message: str) -> tuple[str | None, str]:
     return (m.group(1), message[m.end():]) if m else (None, message)
 
 
+# The scheduler model ends a request with an error as a response holding this output (the tagged
+# message) and the FINAL flag, not as a Triton error response. Why: the 2.51 Python backend drops an
+# error response's stream id on its way to a BLS caller (InferResponse::SaveToSharedMemory stores the
+# id only for a response without an error; fixed upstream later), so the caller's stub files it under
+# whatever id that shared memory held: the pipeline never saw the final response of a request ended
+# by an error (it waited on the stream until finalize gave up), and the stub later cleaned up a
+# stream under that stray id.
+ERROR_OUTPUT = "error"
+
+
+def error_tensor(message: str, code_name: str) -> np.ndarray:
+    return np.asarray([tag_error(message, code_name).encode()], dtype=object)
+
+
+def response_error(response) -> tuple[str | None, str] | None:
+    """A scheduler model response's error as (code name or None, message), None without one."""
+    if response.has_error():
+        return untag_error(response.error().message())
+    for t in response.output_tensors():
+        if t.name() == ERROR_OUTPUT:
+            raw = t.as_numpy().reshape(-1)[0]
+            return untag_error(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
+    return None
+
+
 @dataclass(frozen=True)
 class ResponseOptions:
     stream: bool = False

@@ -3,8 +3,17 @@
 Why: on SIGTERM/SIGINT Triton refuses new inferences (BLS included) and unloads each model, calling its
 `finalize`, only once the model's requests are released, and a decoupled request is released by its
 final response. A model that answers its in-flight requests only in `finalize` therefore waits out the
-server's 30 s exit timeout. Its readiness is what changes first, so the models ask for it while they
-hold requests and end them themselves.
+server's 30 s exit timeout. So the models ask, while they hold requests, and end them themselves.
+
+How they ask: a BLS call to a model that does not exist, which Triton refuses at once, "not ready"
+while it serves and "Server not ready" once it stops. Why not `pb_utils.is_model_ready`: once the
+server stops it fails with that same error, and in the 2.51 Python backend (still so upstream) a
+failing model-control request frees its error message in shared memory while the stub may still read
+it (`Stub::SendMessage` reads `msg->error` after releasing the parent, whose `ProcessMessage` then
+frees it). The likely cause of our shutdowns that aborted the server (boost::interprocess::
+lock_exception) or segfaulted within a second of the first failing checks: 2 of 5 runs before this
+change (the shutdown test's old xfail said about 1 in 4), none of 11 after. A failing BLS call hands
+its error over before it releases the parent (`ExecuteBLSRequest`), so the probe does not race.
 """
 
 from __future__ import annotations
@@ -14,8 +23,10 @@ import time
 
 log = logging.getLogger("adaserve")
 
-CHECK_EVERY_S = 0.25  # one IPC to the server per check; requests end within this of a shutdown
+CHECK_EVERY_S = 0.25  # one BLS call per check; requests end within this of a shutdown
 SHUTTING_DOWN = "the server is shutting down"
+SERVER_NOT_READY = "Server not ready"  # Triton's answer to a BLS call once the server stops
+PROBE_MODEL = "adaserve-serving-probe"  # no model has this name
 
 
 class ServingWatch:
@@ -36,11 +47,10 @@ class ServingWatch:
             return self._stopping
         self._checked = now
         try:
-            self._stopping = not self.pb.is_model_ready(self.model_name)
-        except AttributeError:  # a backend without is_model_ready: finalize remains the only signal
-            return False
-        except Exception as e:  # the server answers with an error while it stops ("Server not ready")
-            log.info("%s: readiness check failed (%s): ending its requests", self.model_name, e)
+            probe = self.pb.InferenceRequest(model_name=PROBE_MODEL, inputs=[], requested_output_names=[]).exec()
+            self._stopping = probe.has_error() and SERVER_NOT_READY in probe.error().message()
+        except Exception as e:  # BLS refused altogether (a finalizing stub): stopping as well
+            log.info("%s: serving check failed (%s): ending its requests", self.model_name, e)
             self._stopping = True
         if self._stopping:
             log.info("%s is no longer served: ending its requests", self.model_name)

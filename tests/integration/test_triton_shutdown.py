@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -20,7 +19,6 @@ from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.slow
 
-TRITON_ABORT = "boost::interprocess::lock_exception"
 EXIT_WITHIN_S = 10.0  # Triton's own exit timeout is 30 s; our models finalize in a few seconds
 
 
@@ -49,24 +47,14 @@ def test_stopping_the_server_ends_a_running_stream_and_exits_within_seconds(tmp_
         while error is None and not is_final(result):
             result, error = events.get(timeout=EXIT_WITHIN_S)
         answered = time.monotonic() - stopped
-        if "Socket closed" in str(error) and TRITON_ABORT in process.log_tail(20000):
-            pytest.xfail("tritonserver 2.51 aborted during its shutdown (boost lock_exception in the Python backend's "
-                         "thread pool, before any model finalized); seen in about 1 run in 4")
         assert answered < EXIT_WITHIN_S and error is not None, f"{error} after {answered:.1f} s"
         assert "shutting down" in str(error), error
         # A client closes a stream that has ended. Triton's gRPC server waits for every open stream,
         # idle or not, until its exit timeout: that one is the client's to close, not the models'.
         client.stop_stream()
-        try:
-            process.proc.wait(timeout=EXIT_WITHIN_S)
-        except subprocess.TimeoutExpired:
-            live = [m for m in ("ensemble", "adaserve") if f"successfully unloaded '{m}'" not in process.log_tail(20000)]
-            pytest.xfail(f"still running {EXIT_WITHIN_S:.0f} s after its client was answered, {live} not unloaded: the "
-                         "scheduler model's final response to the pipeline's BLS stream is not delivered during a "
-                         "shutdown on tritonserver 2.51 (the pipeline stops waiting for it after 3 s), and at times "
-                         "the scheduler model itself never unloads (issue 13)")
+        process.proc.wait(timeout=EXIT_WITHIN_S)
         log = process.log_tail(6000)
-        assert "Exit timeout expired" not in log
+        assert "Exit timeout expired" not in log and "still reading" not in log  # the pipeline's streams all ended
         assert all(f"successfully unloaded '{m}'" in log for m in ("ensemble", "adaserve")), log
     finally:
         try:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
+from adaserve_backend.triton.protocol import response_error
 from tests import fake_pb
 from tests.model_fixtures import tiny_checkpoint
 from tests.engines import make_engine, reference, workload
@@ -41,7 +42,7 @@ def wait(*requests, timeout=60):
 
 
 def ids_of(req) -> list[int]:
-    return [int(i) for resp, _ in req.sender.sent if resp is not None and not resp.has_error() for i in resp.tensors()["output_ids"]]
+    return [int(i) for resp, _ in req.sender.sent if resp is not None and not response_error(resp) for i in resp.tensors()["output_ids"]]
 
 
 def test_streams_and_aggregates_and_every_request_ends_once(loop):
@@ -57,7 +58,7 @@ def test_streams_and_aggregates_and_every_request_ends_once(loop):
     assert ids_of(whole) == reference(target, b) and len(whole.sender.sent) == 1
     assert whole.sender.sent[0][0].tensors()["finish_reason"][0] in ("stop", "length")
     (resp, flags), = bad.sender.sent
-    assert resp.has_error() and "max_tokens" in resp.error().message() and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    assert "max_tokens" in response_error(resp)[1] and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def test_a_cancelled_request_ends_cancelled_and_frees_its_blocks(loop):
@@ -70,7 +71,7 @@ def test_a_cancelled_request_ends_cancelled_and_frees_its_blocks(loop):
     r.sender.cancelled = True
     wait(r)
     resp, _ = r.sender.sent[-1]
-    assert resp.has_error() and resp.error().code() == fake_pb.TritonError.CANCELLED
+    assert response_error(resp)[0] == "CANCELLED"
     blocks = loop.engine.target.blocks
     deadline = time.monotonic() + 10
     while blocks.num_free_blocks != blocks.num_blocks:
@@ -89,7 +90,7 @@ def test_shutdown_ends_requests_in_flight_with_a_final_response_at_once(loop):
     for r in reqs:
         assert r.sender.finished.is_set()
         resp, _ = r.sender.sent[-1]
-        assert resp is not None and resp.has_error() and "shutting down" in resp.error().message()
+        assert resp is not None and response_error(resp) == ("UNAVAILABLE", "the server is shutting down")
     assert not loop.loop_thread.is_alive() and not loop.send_thread.is_alive()
 
 
@@ -131,12 +132,14 @@ def test_error_codes_bad_input_invalid_arg_and_an_overload_rejection_unavailable
             loop.submit(r)
         wait(*streams, doomed, bad)
         for r, want in zip(streams, (a, b)):
-            assert ids_of(r) == reference(target, want) and not any(resp.has_error() for resp, _ in r.sender.sent if resp)
+            assert ids_of(r) == reference(target, want) and not any(response_error(resp) for resp, _ in r.sender.sent if resp)
         (resp, flags), = doomed.sender.sent  # one final error, no data before it
-        assert resp.error().code() == fake_pb.TritonError.UNAVAILABLE and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        assert resp.error().message().startswith("[UNAVAILABLE] server cannot meet ttft_slo_ms=1 at the current load")
+        code, message = response_error(resp)
+        assert code == "UNAVAILABLE" and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        assert message.startswith("server cannot meet ttft_slo_ms=1 at the current load")
         (resp, _), = bad.sender.sent
-        assert resp.error().code() == fake_pb.TritonError.INVALID_ARG and "ttft_slo_ms must be positive" in resp.error().message()
+        code, message = response_error(resp)
+        assert code == "INVALID_ARG" and "ttft_slo_ms must be positive" in message
         m = loop.metrics
         assert m.rejected[UNREACHABLE].value == 1 and m.requests["coding"].value == 1 and m.attained["coding"].value == 0
         assert m.requests["chat"].value == 2 and m.ttft_attained["chat"].value == 2 and m.tpot_attained["coding"].value == 0

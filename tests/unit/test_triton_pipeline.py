@@ -10,6 +10,7 @@ import pytest
 
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.pipeline import BLSPipeline
+from adaserve_backend.triton.protocol import response_error
 from tests import fake_pb
 from tests.engines import make_engine
 from tests.model_fixtures import tiny_checkpoint
@@ -106,7 +107,7 @@ def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, 
     assert resp.error().code() == getattr(fake_pb.TritonError, code)
     (stream,) = loop.streams
     assert stream.finished.wait(10), "the scheduler model's request must end, not run on for nobody"
-    assert stream.sent[-1][0].error().code() == getattr(fake_pb.TritonError, stream_code)
+    assert response_error(stream.sent[-1][0])[0] == stream_code
     assert kv_free(loop)
     with pipeline.idle:
         assert pipeline.idle.wait_for(lambda: pipeline.runs == 0, timeout=10), "the stream was read to its end"
@@ -155,9 +156,41 @@ def test_a_stopping_server_is_noticed_before_finalize(served, monkeypatch):
         assert r.sender.finished.wait(3), "the client was not answered"
         assert "shutting down" in r.sender.sent[-1][0].error().message()
     for stream in loop.streams:  # the scheduler model released its requests too
-        assert stream.finished.wait(3) and "shutting down" in stream.sent[-1][0].error().message()
+        assert stream.finished.wait(3) and "shutting down" in response_error(stream.sent[-1][0])[1]
     loop.loop_thread.join(3)
     assert in_flight and not loop.loop_thread.is_alive() and kv_free(loop)
+
+
+def test_a_client_is_answered_only_after_its_scheduler_stream_ended(served, monkeypatch):
+    """Triton unloads the front model once its client requests are answered, without waiting for the
+    BLS streams they opened; on 2.51 a response that arrives on such a stream afterwards hangs the
+    scheduler model's unload or aborts the server (see pipeline.py). So the client's final response
+    comes after the scheduler model's own, even when the scheduler is slow to notice the shutdown."""
+    pipeline, loop = served
+    req = client("a long story", 400)
+    req.inputs["min_tokens"] = np.asarray([400], dtype=np.int32)
+    pipeline.submit(req)
+    deadline = time.monotonic() + 30
+    while not req.sender.sent:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    (stream,) = loop.streams
+    stream_ended_first = []
+    send = req.sender.send
+
+    def recording_send(response=None, flags=0):
+        if flags & FINAL:
+            stream_ended_first.append(stream.finished.is_set())
+        send(response, flags)
+
+    monkeypatch.setattr(req.sender, "send", recording_send)
+    stopped_at, notice = [float("inf")], loop.serving.stopping  # a step of a real model takes a while
+    monkeypatch.setattr(loop.serving, "stopping", lambda fresh=False: time.monotonic() > stopped_at[0] + 0.5 and notice(fresh))
+    stopped_at[0] = time.monotonic()
+    monkeypatch.setattr(fake_pb, "SERVER_READY", False)
+    assert req.sender.finished.wait(10)
+    assert stream_ended_first == [True]
+    assert "shutting down" in req.sender.sent[-1][0].error().message()
 
 
 def test_bad_input_keeps_its_invalid_arg_code_through_the_pipeline(served, monkeypatch):
