@@ -4,8 +4,9 @@
 // them from the cache every layer: for a decode batch that copy costs as much as the attention itself,
 // and both are bound by memory. Here each (sequence, KV head, chunk of queries) task walks the
 // sequence's pages, widens each key/value row to float32 once and uses it for every query head that
-// shares that KV head; scores live in a per-task float32 buffer. Work is memory-bound for the short
-// query counts it serves (decode, draft beams, token trees); long prefill chunks stay on SDPA.
+// shares that KV head; scores live in a per-task float32 buffer. Work is memory-bound for the few
+// queries per sequence it serves (decode steps; attention/paged_cpu.py says which); longer trees and
+// prefill chunks stay on SDPA, whose blocked kernels do more arithmetic per byte.
 //
 // Visibility: keys [0, prefix) are seen by every query of the sequence (the committed prefix); key
 // prefix + j is seen by query i iff tail_mask[i, j] (the uncommitted region: causal chain or tree).
@@ -36,28 +37,25 @@ inline float widen(c10::BFloat16 x) {
   return f;
 }
 
-// exp for x <= 0 (softmax after max subtraction), vectorizable: 2^(x log2 e) split into integer and
-// fractional parts, the fraction by a degree-6 polynomial (relative error ~2e-7, below float32's
-// rounding of what follows); x below -87 returns 0.
+// exp for x <= 0 (softmax after max subtraction): 2^(x log2 e) split into integer and fractional
+// parts, the fraction by a degree-6 polynomial (relative error ~2e-7, below float32's rounding of what
+// follows); x below -87 gives 0. kExpPoly: its coefficients, highest degree first (scalar and AVX-512).
+constexpr float kExpPoly[7] = {1.5403530393381606e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f,
+                               5.5504108664821580e-2f, 2.4022650695910071e-1f, 6.9314718055994531e-1f, 1.0f};
+constexpr float kExpMin = -87.0f, kLog2e = 1.4426950408889634f;
+
 inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float t = x * 1.4426950408889634f;
+  const float t = std::max(x, kExpMin) * kLog2e;
   const float fi = std::floor(t);
   const float f = t - fi;
-  float p = 1.5403530393381606e-4f;
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.6181291076284772e-3f;
-  p = p * f + 5.5504108664821580e-2f;
-  p = p * f + 2.4022650695910071e-1f;
-  p = p * f + 6.9314718055994531e-1f;
-  p = p * f + 1.0f;
+  float p = kExpPoly[0];
+  for (int i = 1; i < 7; ++i) p = p * f + kExpPoly[i];
   const int32_t e = static_cast<int32_t>(fi) + 127;
   uint32_t bits = static_cast<uint32_t>(e) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
-
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -87,19 +85,14 @@ inline float exp_row(float* row, int64_t n, float mx) {
   int64_t pos = 0;
   float sum = 0.f;
 #if defined(__AVX512F__)
-  const __m512 vmx = _mm512_set1_ps(mx), lo = _mm512_set1_ps(-87.f), log2e = _mm512_set1_ps(1.4426950408889634f);
+  const __m512 vmx = _mm512_set1_ps(mx), lo = _mm512_set1_ps(kExpMin), log2e = _mm512_set1_ps(kLog2e);
   __m512 vsum = _mm512_setzero_ps();
   for (; pos + 16 <= n; pos += 16) {
     const __m512 t = _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(row + pos), vmx), lo), log2e);
     const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, fi);
-    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(kExpPoly[0]);
+    for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExpPoly[i]));
     const __m512 e = _mm512_scalef_ps(p, fi);
     _mm512_storeu_ps(row + pos, e);
     vsum = _mm512_add_ps(vsum, e);
@@ -139,7 +132,7 @@ inline void to_float(const T* src, float* dst, int64_t n) {
 inline void tile_scores(const float* q, int64_t rows, const float* keys, int64_t n, int64_t dim, float* scores,
                         int64_t stride) {
 #if defined(__AVX512F__)
-  if (dim % 16 == 0 && dim <= 256) {
+  if (dim % 16 == 0) {
     const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
     for (int64_t r = 0; r < rows; ++r) {
       const float* qr = q + r * dim;
@@ -166,7 +159,7 @@ inline void tile_scores(const float* q, int64_t rows, const float* keys, int64_t
 inline void tile_accumulate(float* acc, int64_t rows, const float* p, int64_t stride, const float* values, int64_t n,
                             int64_t dim) {
 #if defined(__AVX512F__)
-  if (dim % 16 == 0 && dim <= 128) {
+  if (dim % 16 == 0 && dim <= 128) {  // a[8] below
     for (int64_t r = 0; r < rows; ++r) {
       const float* pr = p + r * stride;
       float* ar = acc + r * dim;
