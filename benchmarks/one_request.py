@@ -38,6 +38,22 @@ def served_engine(policy: str, dtype: str):
                                                   scheduler=dataclasses.replace(cfg.scheduler, policy=policy)))
 
 
+def torch_only(runner):
+    """A model runner as the runtime was before the C++ CPU kernels: the Python decoder layers and torch's
+    SDPA attention (the same arithmetic up to bfloat16 rounding), for before/after rows in one run."""
+    from adaserve_backend.attention.backend import make_backend
+
+    runner.model.layer_ops = None
+    runner.attn = make_backend("torch", runner.kv, runner.model.spec.num_heads)
+    return runner
+
+
+def torch_only_engine(engine):
+    for runner in [engine.target] + ([engine.draft.runner] if engine.draft else []):
+        torch_only(runner)
+    return engine
+
+
 def transformers_model(path: str, dtype):
     """transformers' own model of a checkpoint in `dtype`, built from the dequantised state dict our
     loader reads: loaded from a GGUF file directly, transformers keeps the weights packed and computes

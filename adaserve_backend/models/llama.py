@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention.backend import AttentionBackend
+from .fused_layer import decoder_layer_ops, packs_current, run_layers
 from .linear import Linear, prepack_all
 
 
@@ -129,6 +130,7 @@ class LlamaModel(nn.Module):
     takes_features = False  # whether forward needs a feature vector per token besides its id
     # Layers whose input `run` returns as features (set on a target serving an EAGLE-3 draft).
     feature_layers: tuple[int, ...] = ()
+    layer_ops = None  # the C++ decoder-layer ops (fused_layer.py) once placed where they apply
 
     def __init__(
         self,
@@ -162,6 +164,7 @@ class LlamaModel(nn.Module):
         if self.vocab_ids is not None:
             self.vocab_ids = self.vocab_ids.to(device)
         prepack_all(self)
+        self.layer_ops = decoder_layer_ops(self)
         return self
 
     @torch.no_grad()
@@ -217,6 +220,8 @@ class LlamaModel(nn.Module):
         concatenated (an EAGLE-3 draft), or the final hidden states when there are none."""
         x = self.embed(input_ids, features)
         cos, sin = self.rope(positions, x.dtype)
+        if self.layer_ops is not None and packs_current(self):
+            return run_layers(self, self.layer_ops, x, cos, sin, attn)
         taps = []
         for i, layer in enumerate(self.layers):
             if i in self.feature_layers:

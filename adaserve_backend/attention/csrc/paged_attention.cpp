@@ -14,6 +14,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,44 +28,12 @@
 
 namespace {
 
+using namespace adaserve;
+
 constexpr int64_t kQueryChunk = 8;  // queries per task: bounds the score buffer, splits long trees
 constexpr int64_t kPrefetchAhead = 32;  // key/value rows requested ahead of use
 
-inline float widen(float x) { return x; }
-inline float widen(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// exp for x <= 0 (softmax after max subtraction): 2^(x log2 e) split into integer and fractional
-// parts, the fraction by a degree-6 polynomial (relative error ~2e-7, below float32's rounding of what
-// follows); x below -87 gives 0. kExpPoly: its coefficients, highest degree first (scalar and AVX-512).
-constexpr float kExpPoly[7] = {1.5403530393381606e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f,
-                               5.5504108664821580e-2f, 2.4022650695910071e-1f, 6.9314718055994531e-1f, 1.0f};
-constexpr float kExpMin = -87.0f, kLog2e = 1.4426950408889634f;
-
-inline float exp_nonpositive(float x) {
-  const float t = std::max(x, kExpMin) * kLog2e;
-  const float fi = std::floor(t);
-  const float f = t - fi;
-  float p = kExpPoly[0];
-  for (int i = 1; i < 7; ++i) p = p * f + kExpPoly[i];
-  const int32_t e = static_cast<int32_t>(fi) + 127;
-  uint32_t bits = static_cast<uint32_t>(e) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 // Sixteen horizontal sums at once: lane j of the result is the sum of v[j]'s lanes. One horizontal
 // reduction per dot product (what a plain loop compiles to) cost ~12 cycles per key and query here.
 inline __m512 sum16(const __m512* v) {
@@ -85,15 +55,10 @@ inline float exp_row(float* row, int64_t n, float mx) {
   int64_t pos = 0;
   float sum = 0.f;
 #if defined(__AVX512F__)
-  const __m512 vmx = _mm512_set1_ps(mx), lo = _mm512_set1_ps(kExpMin), log2e = _mm512_set1_ps(kLog2e);
+  const __m512 vmx = _mm512_set1_ps(mx);
   __m512 vsum = _mm512_setzero_ps();
   for (; pos + 16 <= n; pos += 16) {
-    const __m512 t = _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(row + pos), vmx), lo), log2e);
-    const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, fi);
-    __m512 p = _mm512_set1_ps(kExpPoly[0]);
-    for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExpPoly[i]));
-    const __m512 e = _mm512_scalef_ps(p, fi);
+    const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + pos), vmx));
     _mm512_storeu_ps(row + pos, e);
     vsum = _mm512_add_ps(vsum, e);
   }

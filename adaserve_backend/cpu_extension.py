@@ -1,0 +1,40 @@
+"""The project's C++ CPU kernels (attention/csrc, models/csrc), compiled on first use by torch's
+extension builder (g++ from the system; cached under TORCH_EXTENSIONS_DIR, ~1 min the first time).
+
+Where a kernel cannot be built (no compiler, a non-x86 machine) `load_extension` returns None after one
+warning and the torch code it would replace serves alone: slower, same results within bf16 rounding.
+ADASERVE_NO_CPU_KERNEL=1 turns every kernel off (the A/B switch of the benchmarks).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SHARED_HEADERS = Path(__file__).parent / "csrc"
+# The kernels' loops are written for the compiler to vectorize; -march=native picks AVX-512 here.
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+
+@functools.cache
+def load_extension(name: str, source: Path):
+    """The compiled module of `source`, or None. Its name carries a hash of the source and the shared
+    headers, so an edited kernel is rebuilt rather than read from a stale cache."""
+    if os.environ.get("ADASERVE_NO_CPU_KERNEL"):
+        return None
+    digest = hashlib.sha1(source.read_bytes())
+    for header in sorted(SHARED_HEADERS.glob("*.h")):
+        digest.update(header.read_bytes())
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(name=f"{name}_{digest.hexdigest()[:10]}", sources=[str(source)], extra_cflags=CFLAGS,
+                    extra_ldflags=["-fopenmp"], extra_include_paths=[str(SHARED_HEADERS)], verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any build failure means: serve without the kernel
+        log.warning("CPU kernel %s unavailable, the torch path serves instead: %s", name, exc)
+        return None

@@ -1,0 +1,101 @@
+"""The C++ decoder-layer ops (models/csrc/decoder_layer.cpp) against the Python layer they replace for
+CPU bfloat16: every elementwise op rounds where torch rounds (SiLU over all 65536 bfloat16 inputs,
+rotary embedding, residual adds bit for bit; the norm up to the order of its sum of squares), and whole
+forwards of tiny Llama and Qwen2 (biases) checkpoints agree, their EAGLE-3 taps included."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adaserve_backend.config import CacheConfig
+from adaserve_backend.cpu_extension import load_extension
+from adaserve_backend.model_runner import ModelRunner, SeqInput
+from adaserve_backend.models.fused_layer import SOURCE, packs_current
+from adaserve_backend.models.llama import RMSNorm, apply_rope
+from tests.model_fixtures import our_model, tiny_checkpoint
+
+ops = load_extension("adaserve_decoder_layer", SOURCE)
+pytestmark = pytest.mark.skipif(ops is None, reason="the C++ decoder-layer ops do not build here")
+
+
+def test_silu_mul_rounds_like_torch_for_every_bfloat16_input():
+    gate = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(64, 1024)
+    up = torch.randn(64, 1024).bfloat16()
+    ours, ref = ops.silu_mul(torch.cat([gate, up], dim=-1)), F.silu(gate) * up
+    both_nan = ours.isnan() & ref.isnan()
+    assert torch.equal(ours[~both_nan], ref[~both_nan])
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])  # a scalar-only and a vectorized half
+def test_rope_in_place_matches_apply_rope(head_dim):
+    torch.manual_seed(0)
+    tokens, heads = 23, 7
+    x = torch.randn(tokens, (heads + 2) * head_dim).bfloat16()
+    angles = torch.rand(tokens, head_dim // 2) * 20
+    cos = torch.cat([angles.cos()] * 2, dim=-1).bfloat16()
+    signed_sin = torch.cat([-angles.sin(), angles.sin()], dim=-1).bfloat16()
+    ref = x.clone()
+    ref[:, : heads * head_dim] = apply_rope(x[:, : heads * head_dim].view(tokens, heads, head_dim), cos[:, None], signed_sin[:, None]).reshape(tokens, -1)
+    ops.rope_in_place(x, cos, signed_sin, heads, head_dim)
+    assert torch.equal(x, ref)  # the two unrotated heads (values) untouched
+
+
+@pytest.mark.parametrize("dim", [64, 576, 100])
+def test_add_rms_norm_matches_the_python_norm(dim):
+    torch.manual_seed(0)
+    x, residual = (torch.randn(19, dim) * 3).bfloat16(), (torch.randn(19, dim) * 5).bfloat16()
+    norm = RMSNorm(dim, 1e-5).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(dim) * 2)
+    expected_residual = residual + x
+    expected = norm(expected_residual)
+    out = ops.add_rms_norm(x, residual, norm.weight.detach(), 1e-5)
+    assert torch.equal(residual, expected_residual)
+    # Only the order of the float32 sum of squares differs: at most a rare one-ulp bfloat16 change.
+    assert (out != expected).float().mean() < 1e-3
+    torch.testing.assert_close(out.float(), expected.float(), rtol=8e-3, atol=1e-6)
+    assert torch.equal(ops.add_rms_norm(None, expected_residual.clone(), norm.weight.detach(), 1e-5), out)
+
+
+def forward_both_ways(model, feature_layers=()):
+    """Logits and features of a prefill plus a token tree, through the fused ops and the Python layers."""
+    rng = random.Random(0)
+    prompt = [rng.randrange(model.spec.vocab_size) for _ in range(37)]
+    tree = [rng.randrange(model.spec.vocab_size) for _ in range(6)]
+    results, ops_ = [], model.layer_ops
+    model.feature_layers = tuple(feature_layers)
+    try:
+        for layer_ops in (ops_, None):
+            model.layer_ops = layer_ops
+            runner = ModelRunner(model, CacheConfig(block_size=4, memory_mb=8))
+            with torch.inference_mode():
+                first = runner.forward([SeqInput(0, prompt, num_logits=len(prompt))])
+                runner.commit_all(0)
+                second = runner.forward([SeqInput(0, tree, [-1, 0, 0, 1, 2, 2], len(tree))])
+            results.append((torch.cat([first.logits, second.logits]), torch.cat([first.features, second.features])))
+    finally:
+        model.layer_ops, model.feature_layers = ops_, ()
+    return results
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fused_forward_matches_the_python_layers(kind):
+    model = our_model(tiny_checkpoint(kind), "bfloat16")
+    assert model.layer_ops is not None  # bf16 on CPU, prepacked: the fused path applies
+    (fused, fused_taps), (python, python_taps) = forward_both_ways(model, feature_layers=(0, 2))
+    torch.testing.assert_close(fused, python, rtol=2e-2, atol=2e-2)
+    assert (fused.argmax(-1) == python.argmax(-1)).float().mean() > 0.95
+    torch.testing.assert_close(fused_taps.float(), python_taps.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_float32_and_training_keep_the_python_layers():
+    assert our_model(tiny_checkpoint("llama"), "float32").layer_ops is None  # the exact oracle
+    model = our_model(tiny_checkpoint("llama"), "bfloat16")
+    with torch.enable_grad():
+        assert not packs_current(model)
+    with torch.inference_mode():
+        assert packs_current(model)
