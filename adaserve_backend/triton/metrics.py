@@ -31,12 +31,14 @@ class Finished:
 QUEUE_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0]
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ACCEPTED_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
+FLUSH_S = 0.5  # per-step metrics are published this often (Prometheus scrapes every few seconds)
 
 
 class EngineMetrics:
     def __init__(self, pb, slo_classes: list[str]) -> None:
         F = pb.MetricFamily
         self._families = []  # a family must outlive its metrics
+        self._tokens, self._accepted, self._shape, self._flushed = 0, [], None, float("-inf")
 
         def family(name, description, kind):
             self._families.append(F(name=name, description=description, kind=kind))
@@ -88,15 +90,27 @@ class EngineMetrics:
             if met:
                 counter[r.slo_class].increment(1)
 
-    def on_step(self, engine, new_tokens: int, iteration: IterationStats | None) -> None:
-        self.generation_tokens.increment(new_tokens)
+    def on_step(self, engine, new_tokens: int, iteration: IterationStats | None, now: float) -> None:
+        """Counts every step, publishes at most every FLUSH_S: each metric update is a round trip to the
+        server process (and a wake-up of it, on cores the engine's threads use)."""
+        self._tokens += new_tokens
+        if iteration:
+            self._accepted.append(iteration.accepted / iteration.n)
+            self._shape = (iteration.depth, iteration.width)
+        if now - self._flushed < FLUSH_S:
+            return
+        self._flushed = now
+        if self._tokens:
+            self.generation_tokens.increment(self._tokens)
+        for value in self._accepted:
+            self.accepted.observe(value)
+        self._tokens, self._accepted = 0, []
         self.running.set(len(engine.running))
         self.waiting.set(len(engine.waiting))
         blocks = engine.target.blocks
         self.blocks_used.set(blocks.num_blocks - blocks.num_free_blocks)
         self.blocks_free.set(blocks.num_free_blocks)
         self.budget.set(engine.budget)
-        if iteration:
-            self.accepted.observe(iteration.accepted / iteration.n)
-            self.depth.set(iteration.depth)
-            self.width.set(iteration.width)
+        if self._shape is not None:
+            self.depth.set(self._shape[0])
+            self.width.set(self._shape[1])

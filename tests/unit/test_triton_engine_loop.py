@@ -145,3 +145,34 @@ def test_error_codes_bad_input_invalid_arg_and_an_overload_rejection_unavailable
         assert m.requests["chat"].value == 2 and m.ttft_attained["chat"].value == 2 and m.tpot_attained["coding"].value == 0
     finally:
         loop.shutdown()
+
+
+def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_fails_initialize(monkeypatch):
+    """Built on Triton's thread, every GEMM of the loop thread ran 1.5x slower (engine_loop._loop)."""
+    import threading
+
+    from adaserve_backend.triton import engine_loop
+
+    target = tiny_checkpoint("llama")
+    built_on = []
+
+    def build(config):
+        built_on.append(threading.current_thread().name)
+        return make_engine(target, target, "adaserve", tokenizer=Detok())
+
+    monkeypatch.setattr(engine_loop.Engine, "from_config", staticmethod(build))
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL)
+    try:
+        assert built_on == ["adaserve-engine"]
+        r = request([5, 6, 7], 4)
+        loop.submit(r)
+        wait(r)
+    finally:
+        loop.shutdown()
+
+    def fail(config):
+        raise RuntimeError("checkpoint not found")
+
+    monkeypatch.setattr(engine_loop.Engine, "from_config", staticmethod(fail))
+    with pytest.raises(RuntimeError, match="checkpoint not found"):
+        TritonEngineLoop(fake_pb, REPO_MODEL)
