@@ -90,14 +90,14 @@ class EngineMetrics:
             if met:
                 counter[r.slo_class].increment(1)
 
-    def on_step(self, engine, new_tokens: int, iteration: IterationStats | None, now: float) -> None:
+    def on_step(self, engine, new_tokens: int, iteration: IterationStats | None, now: float, force: bool = False) -> None:
         """Counts every step, publishes at most every FLUSH_S: each metric update is a round trip to the
         server process (and a wake-up of it, on cores the engine's threads use)."""
         self._tokens += new_tokens
         if iteration:
             self._accepted.append(iteration.accepted / iteration.n)
             self._shape = (iteration.depth, iteration.width)
-        if now - self._flushed < FLUSH_S:
+        if now - self._flushed < FLUSH_S and not force:
             return
         self._flushed = now
         if self._tokens:

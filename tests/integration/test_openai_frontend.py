@@ -146,7 +146,10 @@ def test_a_client_that_disconnects_frees_the_request(triton_server, frontend):
     conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200 and response.readline().startswith(b"data:")  # streaming has begun
-    assert triton_server.metric("adaserve_running_requests") >= 1
+    deadline = time.monotonic() + 10  # gauges are published every FLUSH_S (triton/metrics.py)
+    while triton_server.metric("adaserve_running_requests") < 1:
+        assert time.monotonic() < deadline, "a streaming request should be running"
+        time.sleep(0.1)
     conn.sock.close()  # the client goes away mid-stream
     conn.close()
     deadline = time.monotonic() + 60
