@@ -18,15 +18,18 @@ from ..cpu_extension import load_extension
 SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.cpp"
 
 
+def projections(model):
+    """Every projection the fused ops read prepacked."""
+    return [m for layer in model.layers for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+
+
 def decoder_layer_ops(model):
     """The compiled ops if `model` (a LlamaModel, placed) can use them, else None."""
-    layers = list(model.layers)
-    linears = [m for layer in layers for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
     applies = (
         model.spec.hidden_act == "silu"
         and model.norm.weight.device.type == "cpu"
         and model.norm.weight.dtype == torch.bfloat16
-        and all(m._packed is not None for m in linears)
+        and all(m._packed is not None for m in projections(model))
     )
     return load_extension("adaserve_decoder_layer", SOURCE) if applies else None
 
@@ -34,11 +37,7 @@ def decoder_layer_ops(model):
 def packs_current(model) -> bool:
     """Inference on the weights that were packed: a model trained after packing must take the Python
     path (models/linear.py makes the same check per projection)."""
-    return not torch.is_grad_enabled() and all(
-        m._packed_version == m.weight._version
-        for layer in model.layers
-        for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-    )
+    return not torch.is_grad_enabled() and all(m._packed_version == m.weight._version for m in projections(model))
 
 
 def run_layers(model, ops, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend):

@@ -66,7 +66,7 @@ class TritonEngineLoop:
         self.stopping = False
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.sends: queue.SimpleQueue = queue.SimpleQueue()
-        self._polled, self._unpublished = float("-inf"), False
+        self._polled = float("-inf")
         self.send_thread = threading.Thread(target=self._send_loop, name="adaserve-responses", daemon=True)
         self.send_thread.start()
         self._started.set()
@@ -140,9 +140,10 @@ class TritonEngineLoop:
     def _run_steps(self) -> None:
         while not self.stopping:
             if not self.engine.has_work():
-                if self._unpublished:  # the last steps' gauges (blocks freed, nothing running) go out now
-                    self._unpublished = False
-                    self.metrics.on_step(self.engine, 0, None, time.monotonic(), force=True)
+                try:  # freed blocks and an empty batch show without waiting for another step
+                    self.metrics.publish(self.engine, time.monotonic())
+                except Exception:  # a metrics failure never ends the loop
+                    log.exception("publishing metrics failed")
                 self.wake.wait(0.05)
                 self.wake.clear()
                 continue
@@ -160,7 +161,6 @@ class TritonEngineLoop:
             try:
                 iteration = self.engine.iteration_stats[-1] if self.engine.decode_iterations > before else None
                 now = time.monotonic()
-                self._unpublished = True
                 self.metrics.on_step(self.engine, sum(len(o.new_token_ids) for o in outputs), iteration, now)
                 if now - self._polled >= CANCEL_POLL_S:
                     self._polled = now

@@ -38,7 +38,7 @@ class EngineMetrics:
     def __init__(self, pb, slo_classes: list[str]) -> None:
         F = pb.MetricFamily
         self._families = []  # a family must outlive its metrics
-        self._tokens, self._accepted, self._shape, self._flushed = 0, [], None, float("-inf")
+        self._tokens, self._accepted, self._shape, self._flushed, self._stale = 0, [], None, float("-inf"), False
 
         def family(name, description, kind):
             self._families.append(F(name=name, description=description, kind=kind))
@@ -90,16 +90,23 @@ class EngineMetrics:
             if met:
                 counter[r.slo_class].increment(1)
 
-    def on_step(self, engine, new_tokens: int, iteration: IterationStats | None, now: float, force: bool = False) -> None:
+    def on_step(self, engine, new_tokens: int, iteration: IterationStats | None, now: float) -> None:
         """Counts every step, publishes at most every FLUSH_S: each metric update is a round trip to the
         server process (and a wake-up of it, on cores the engine's threads use)."""
         self._tokens += new_tokens
         if iteration:
             self._accepted.append(iteration.accepted / iteration.n)
             self._shape = (iteration.depth, iteration.width)
-        if now - self._flushed < FLUSH_S and not force:
+        self._stale = True
+        if now - self._flushed >= FLUSH_S:
+            self.publish(engine, now)
+
+    def publish(self, engine, now: float) -> None:
+        """What the steps since the last publication changed; a no-op if none ran (the engine loop calls
+        it when it goes idle, so freed blocks and an empty batch show without another step)."""
+        if not self._stale:
             return
-        self._flushed = now
+        self._stale, self._flushed = False, now
         if self._tokens:
             self.generation_tokens.increment(self._tokens)
         for value in self._accepted:
