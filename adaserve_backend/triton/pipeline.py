@@ -15,6 +15,15 @@ opened; the unload first joins the model's BLS thread pool, so a BLS call made a
 returns, and a response still arriving on such a stream is handed to a stub that is exiting
 (SendBLSDecoupledResponse waits for it without a bound, which keeps the scheduler model from
 unloading).
+
+Every BLS stream is kept referenced from Python for RETIRE_S after it ends (`_retire`). Why (read in
+the 2.51 stub and caught in gdb: SIGABRT "double free" in ParentToStubMQMonitor while the thread that
+serves stub-to-parent requests ran ~ResponseIterator from SendCleanupId): a stream's iterator keeps
+every response it returned, and the stub drops its own reference to a finished iterator on a thread
+that does not hold the GIL. If Python dropped its reference first, the iterator and the numpy arrays of
+all its responses are freed on that thread, racing the interpreter; under load this crashed the
+pipeline's stub every few hundred requests, and every later request failed ("Stub process is not
+healthy"). Released by Python, the destruction runs under the GIL.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 
 import numpy as np
 
@@ -37,6 +47,9 @@ DRAIN_TIMEOUT_S = 3.0
 # The scheduler model ends its requests within a step of a shutdown; a client whose request it has not
 # ended after this long is answered anyway (at the risk the module docstring describes).
 ANSWER_AFTER_S = 5.0
+# A finished BLS stream stays referenced this long (see the module docstring); the stub's cleanup of
+# it follows its final response by milliseconds.
+RETIRE_S = 2.0
 
 class BLSPipeline:
     def __init__(self, pb, model_name: str = "ensemble") -> None:
@@ -47,6 +60,7 @@ class BLSPipeline:
         self.stopping = False
         self.runs = 0  # request threads alive, under `idle`
         self.idle = threading.Condition()
+        self.retired: deque[tuple[float, object]] = deque()  # (when, BLS stream), oldest first
         self.watcher = threading.Thread(target=self._watch_cancellations, name="adaserve-cancel-watch", daemon=True)
         self.watcher.start()
 
@@ -101,7 +115,7 @@ class BLSPipeline:
     def _run(self, request, sender, request_id: str):
         """Stream the request's outputs to the client; returns its final response (None: flags only)."""
         pb = self.pb
-        stream = None  # the scheduler model's stream, read to its final response unless it ended
+        stream = opened = None  # the scheduler model's stream, read to its final response unless it ended
         shutting_down = False
         try:
             ids = self._preprocess(request)
@@ -111,7 +125,7 @@ class BLSPipeline:
                 if t is not None:
                     inputs.append(pb.Tensor(name, t.as_numpy()))
             wanted = ["output_ids", "context_ids", "is_final", ERROR_OUTPUT, *PASS_THROUGH]
-            stream = iter(pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True))
+            stream = opened = pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True)
             for response in stream:
                 if (error := response_error(response)) is not None:
                     stream = None
@@ -142,6 +156,17 @@ class BLSPipeline:
                 if not (shutting_down or self.serving.stopped):  # a stopping server refuses BLS; the scheduler ends it
                     self._abort(request_id)  # frees its KV blocks
                 self._drain(stream)
+            self._retire(opened)
+
+    def _retire(self, stream) -> None:
+        if stream is not None:
+            self.retired.append((time.monotonic(), stream))
+
+    def _release_retired(self) -> None:
+        """Drops streams retired RETIRE_S ago, on a Python thread (see the module docstring)."""
+        cutoff = time.monotonic() - RETIRE_S
+        while self.retired and self.retired[0][0] < cutoff:
+            self.retired.popleft()
 
     @staticmethod
     def _drain(stream) -> None:
@@ -203,6 +228,7 @@ class BLSPipeline:
         stopped_at = None
         while not self.stopping:
             time.sleep(0.05)
+            self._release_retired()
             if self.active and self.serving.stopping():  # see serving.py
                 # The scheduler model ends each request itself, and the request thread answers its
                 # client after that (see the module docstring); only what it leaves is answered here.
@@ -224,7 +250,9 @@ class BLSPipeline:
         pb = self.pb
         try:
             tensor = pb.Tensor("abort_request_id", np.array([request_id.encode()], dtype=object))
-            for _ in pb.InferenceRequest(model_name="adaserve", inputs=[tensor], requested_output_names=[]).exec(decoupled=True):
+            stream = pb.InferenceRequest(model_name="adaserve", inputs=[tensor], requested_output_names=[]).exec(decoupled=True)
+            self._retire(stream)
+            for _ in stream:
                 pass
         except Exception:
             log.warning("abort of %s failed", request_id, exc_info=True)
