@@ -124,6 +124,7 @@ SERVER_READY = True
 class InferenceRequest:
     def __init__(self, model_name, inputs, requested_output_names=()):
         self.model_name, self.inputs = model_name, {t.name(): t.as_numpy() for t in inputs}
+        self.requested = set(requested_output_names)
 
     def exec(self, decoupled=False):
         if not SERVER_READY:
@@ -134,13 +135,16 @@ class InferenceRequest:
                                                         f"Failed for execute the inference request. Model '{self.model_name}' is not ready."))
             return iter([error]) if decoupled else error
         result = MODELS[self.model_name](self.inputs, decoupled)
-        return (_bls(r) for r in result) if decoupled else _bls(result)
+        return (_bls(r, self.requested) for r in result) if decoupled else _bls(result, self.requested)
 
 
-def _bls(response):
-    """What a BLS caller gets: as in Triton 2.51's Python backend, an error keeps its message, not its code."""
+def _bls(response, requested: set[str]):
+    """What a BLS caller gets: as in Triton 2.51's Python backend, an error keeps its message, not its code;
+    only the outputs it asked for (all when it named none)."""
     if response is not None and response.has_error():
         return InferenceResponse(error=TritonError(response.error().message()))
+    if response is not None and requested:
+        return InferenceResponse([t for t in response.output_tensors() if t.name() in requested])
     return response
 
 

@@ -11,6 +11,7 @@ decoding the whole output at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 CONTEXT_WINDOW = 6  # ids; enough for any multi-token character or merge across the boundary
 REPLACEMENT = "\ufffd"
@@ -25,6 +26,14 @@ def text_delta(tokenizer, context_ids: list[int], new_ids: list[int]) -> str:
     return after[len(before) :]
 
 
+class Rendered(NamedTuple):
+    """What one response carries: the ids it renders, the context they render after, their text."""
+
+    context_ids: list[int]
+    ids: list[int]
+    text: str
+
+
 @dataclass
 class StreamState:
     """Per request: ids already sent for rendering, and the tail held back."""
@@ -32,14 +41,13 @@ class StreamState:
     rendered: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
 
-    def push(self, tokenizer, new_ids: list[int], final: bool) -> tuple[list[int], list[int]] | None:
-        """Returns (context_ids, ids_to_render), or None when everything is held back for now."""
+    def push(self, tokenizer, new_ids: list[int], final: bool) -> Rendered | None:
+        """What to send now, or None when everything is held back for now."""
         self.held.extend(new_ids)
         context = self.rendered[-CONTEXT_WINDOW:]
-        if not final:
-            delta = text_delta(tokenizer, context, self.held)
-            if not delta or delta.endswith(REPLACEMENT):  # nothing visible yet, or half a character
-                return None
+        delta = text_delta(tokenizer, context, self.held)
+        if not final and (not delta or delta.endswith(REPLACEMENT)):  # nothing visible yet, or half a character
+            return None
         ids, self.held = self.held, []
         self.rendered.extend(ids)
-        return context, ids
+        return Rendered(context, ids, delta)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..engine import Engine
 from ..request import FinishReason, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
-from .detokenize import StreamState
+from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
 from .protocol import ERROR_OUTPUT, INPUT_NAMES, ResponseOptions, error_tensor, parse_request, response_tensors
 from .repository import load_engine_config
@@ -198,17 +198,16 @@ class TritonEngineLoop:
             self._send_error(a.sender, out.error or "rejected", self.pb.TritonError.UNAVAILABLE)
             return
         if a.options.stream:
-            pushed = a.stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
-            if pushed is None:
+            rendered = a.stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
+            if rendered is None:
                 return
-            context, ids = pushed
         else:
             a.output_ids.extend(out.new_token_ids)
             if not out.finished:
                 return
-            context = []
             ids = a.output_ids if a.options.exclude_input_in_output else a.prompt_ids + a.output_ids
-        tensors = response_tensors(out, a.options, context, ids, self.clock_offset_ns)
+            rendered = Rendered([], ids, text_delta(self.tokenizer, [], ids))
+        tensors = response_tensors(out, a.options, rendered, self.clock_offset_ns)
         response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
         self.sends.put((a.sender, response, flags))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..request import Request, RequestOutput, SamplingParams
+from .detokenize import Rendered
 
 MAX_STOP_WORDS = 16
 # The `adaserve` model's inputs (the front model forwards those the client sent, input_ids first).
@@ -53,6 +54,9 @@ def untag_error(message: str) -> tuple[str | None, str]:
 # by an error (it waited on the stream until finalize gave up), and the stub later cleaned up a
 # stream under that stray id.
 ERROR_OUTPUT = "error"
+# The scheduler model renders each response's text itself (it decodes the ids anyway, to hold back half
+# characters), so the front pipeline need not call the detokenizer model once per response.
+TEXT_OUTPUT = "text_output"
 
 
 def error_tensor(message: str, code_name: str) -> np.ndarray:
@@ -172,13 +176,12 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
     return request, options
 
 
-def response_tensors(
-    out: RequestOutput, options: ResponseOptions, context_ids: list[int], ids: list[int], clock_offset_ns: int
-) -> dict[str, np.ndarray]:
+def response_tensors(out: RequestOutput, options: ResponseOptions, rendered: Rendered, clock_offset_ns: int) -> dict[str, np.ndarray]:
     """Tensors of one response. Only what the client asked for is included."""
     t: dict[str, np.ndarray] = {
-        "output_ids": np.asarray(ids, dtype=np.int32),
-        "context_ids": np.asarray(context_ids, dtype=np.int32),
+        "output_ids": np.asarray(rendered.ids, dtype=np.int32),
+        "context_ids": np.asarray(rendered.context_ids, dtype=np.int32),
+        TEXT_OUTPUT: np.asarray([rendered.text.encode("utf-8")], dtype=object),
         "is_final": np.asarray([out.finished]),  # lets a BLS caller flag its last data response FINAL
     }
     if options.return_num_input_tokens:

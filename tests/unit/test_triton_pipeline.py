@@ -30,7 +30,12 @@ def postprocessing(inputs, decoupled):
 
 
 @pytest.fixture
-def served(monkeypatch):
+def detokenizer():
+    return "scheduler"  # the default; tests of the detokenizer model's path parametrize it
+
+
+@pytest.fixture
+def served(monkeypatch, detokenizer):
     target = tiny_checkpoint("llama")
     engine = make_engine(target, target, "adaserve", tokenizer=Detok())
     loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
@@ -45,7 +50,7 @@ def served(monkeypatch):
         return req.sender
 
     monkeypatch.setattr(fake_pb, "MODELS", {"preprocessing": preprocessing, "adaserve": adaserve, "postprocessing": postprocessing})
-    pipeline = BLSPipeline(fake_pb)
+    pipeline = BLSPipeline(fake_pb, detokenizer=detokenizer)
     yield pipeline, loop
     pipeline.shutdown()
     if not loop.stopping:
@@ -70,15 +75,28 @@ def kv_free(loop, timeout=20) -> bool:
     return True
 
 
-def test_streams_through_the_pipeline_with_one_final(served):
+@pytest.mark.parametrize("detokenizer", ["scheduler", "postprocessing"])
+def test_streams_through_the_pipeline_with_one_final(served, monkeypatch, detokenizer):
     pipeline, loop = served
+    calls = []
+    monkeypatch.setitem(fake_pb.MODELS, "postprocessing", lambda inputs, decoupled: calls.append(1) or postprocessing(inputs, decoupled))
     req = client("hello", 12)
     pipeline.submit(req)
     assert req.sender.finished.wait(60)
     assert len(texts(req)) > 1 and sum(f == FINAL for _, f in req.sender.sent) == 1
+    (stream,) = loop.streams
+    ids = [int(i) for r, _ in stream.sent if r is not None for i in r.tensors()["output_ids"]]
+    assert "".join(texts(req)) == Detok().decode(ids)  # the same text whichever model rendered it
+    assert len(calls) == (len(texts(req)) if detokenizer == "postprocessing" else 0)  # no per-response hop by default
     assert kv_free(loop)
 
 
+def test_an_unknown_detokenizer_fails_loudly():
+    with pytest.raises(ValueError, match="detokenizer must be one of"):
+        BLSPipeline(fake_pb, detokenizer="client")
+
+
+@pytest.mark.parametrize("detokenizer", ["postprocessing"])
 @pytest.mark.parametrize("stopping, answer, code, stream_code", [
     (False, "internal error: detokenizer exploded", "INTERNAL", "CANCELLED"),  # the pipeline aborts it
     (True, "the server is shutting down", "UNAVAILABLE", "UNAVAILABLE"),  # the scheduler model ends it itself

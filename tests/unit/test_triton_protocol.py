@@ -10,7 +10,7 @@ import pytest
 from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.models import load_tokenizer, locate
 from adaserve_backend.request import FinishReason, RequestOutput, RequestStats
-from adaserve_backend.triton.detokenize import StreamState, text_delta
+from adaserve_backend.triton.detokenize import Rendered, StreamState, text_delta
 from adaserve_backend.triton.protocol import ResponseOptions, parse_request, response_tensors
 from adaserve_backend.triton.repository import encode_prompt
 
@@ -37,7 +37,8 @@ def test_streamed_deltas_equal_decoding_everything_at_once(text):
         for i, chunk in enumerate(chunks):
             pushed = state.push(tok, chunk, final=i == len(chunks) - 1)
             if pushed is not None:
-                delta = text_delta(tok, *pushed)
+                delta = pushed.text
+                assert delta == text_delta(tok, pushed.context_ids, pushed.ids)  # what the detokenizer model renders
                 assert delta, "never an empty chunk"
                 assert "\ufffd" not in delta
                 pieces.append(delta)
@@ -96,9 +97,10 @@ def test_parse_request_rejects_bad_input_clearly(tensors, message):
 def test_response_carries_only_what_was_asked():
     out = RequestOutput("r", [1], finished=True, finish_reason=FinishReason.STOP, arrival_time=1.0, first_token_time=1.5,
                         emit_time=2.0, num_prompt_tokens=3, num_output_tokens=4, stats=RequestStats(3, 8, 2))
-    plain = response_tensors(out, ResponseOptions(), [7], [1], 0)
-    assert set(plain) == {"output_ids", "context_ids", "is_final"} and plain["is_final"][0]
-    full = response_tensors(out, ResponseOptions(True, False, True, True, True, True), [], [1], 10)
+    plain = response_tensors(out, ResponseOptions(), Rendered([7], [1], "é"), 0)
+    assert set(plain) == {"output_ids", "context_ids", "text_output", "is_final"} and plain["is_final"][0]
+    assert plain["text_output"][0].decode() == "é"
+    full = response_tensors(out, ResponseOptions(True, False, True, True, True, True), Rendered([], [1], ""), 10)
     assert type(full["finish_reason"][0]) is str and full["finish_reason"][0] == "stop" and full["num_output_tokens"][0] == 4
     assert full["acceptance_rate"][0] == pytest.approx(0.25) and full["emit_time_ns"][0] == 2_000_000_010
 

@@ -1,5 +1,7 @@
 """Triton adapter for the client-facing pipeline; all logic is in adaserve_backend."""
 
+import json
+
 import adaserve_stub_path  # noqa: F401  first: puts PYTHONPATH on sys.path (adaserve_backend/triton/stub_path.py)
 import triton_python_backend_utils as pb_utils
 
@@ -8,7 +10,9 @@ from adaserve_backend.triton.pipeline import BLSPipeline
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.pipeline = BLSPipeline(pb_utils, model_name=args["model_name"])
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        detokenizer = parameters.get("detokenizer", {}).get("string_value", "scheduler")
+        self.pipeline = BLSPipeline(pb_utils, model_name=args["model_name"], detokenizer=detokenizer)
 
     def execute(self, requests):
         for request in requests:
