@@ -3,7 +3,9 @@ SLO targets, one system after the other in one run (`make bench-vs-vllm`).
 
     python -m benchmarks.vs_vllm --rps 0.5 1 2 4 --duration 60
 
-Systems: `adaserve` (our tritonserver, `make serve`'s configuration), `vllm` (vLLM's default FCFS
+Systems: `adaserve` (our tritonserver, `make serve`'s configuration, called through its `ensemble`
+pipeline), `adaserve-direct` (the same server, its `adaserve` model called with the same text: one
+process hop less per token), `vllm` (vLLM's default FCFS
 scheduler) and `vllm-priority` (vLLM's priority scheduler, the tightest TPOT class first). Every
 request is greedy and asks for exactly its `max_tokens` (min_tokens = max_tokens), chat prompts are
 rendered with the model's chat template here, so both servers see the same token ids and produce the
@@ -43,7 +45,8 @@ from client.workload import (
 from .servers import VLLM_SERVED_NAME, ServerProcess, triton_server, vllm_server
 from .vs_vllm_report import plot, print_table
 
-SYSTEMS = ("adaserve", "vllm", "vllm-priority")
+SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority")
+TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our systems: the model clients call
 
 
 def render_chat(items: list[WorkItem]) -> list[WorkItem]:
@@ -74,14 +77,14 @@ def priorities(slos) -> dict[str, int]:
 
 
 def make_server(system: str, args, log_dir: Path) -> ServerProcess:
-    if system == "adaserve":
+    if system in TRITON_MODELS:
         return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / "tritonserver.log")
     return vllm_server(args.vllm_port, log_dir / f"{system}.log", priority=system == "vllm-priority")
 
 
 def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:
-    if system == "adaserve":
-        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, exact_length=True)
+    if system in TRITON_MODELS:
+        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=TRITON_MODELS[system], exact_length=True)
     return run_openai(f"http://localhost:{args.vllm_port}", VLLM_SERVED_NAME, items, args.time_limit, exact_length=True,
                       priority=priorities(slos) if system == "vllm-priority" else None)
 

@@ -21,7 +21,7 @@ from ..request import FinishReason, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
-from .protocol import ERROR_OUTPUT, INPUT_NAMES, ResponseOptions, error_tensor, parse_request, response_tensors
+from .protocol import ERROR_OUTPUT, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -77,7 +77,7 @@ class TritonEngineLoop:
         request_id = uuid.uuid4().hex
         try:
             tensors = {}
-            for name in INPUT_NAMES + ("request_id", "abort_request_id"):
+            for name in INPUT_NAMES + TEXT_INPUTS + ("request_id", "abort_request_id"):
                 t = self.pb.get_input_tensor_by_name(request, name)
                 if t is not None:
                     tensors[name] = t.as_numpy()
@@ -88,7 +88,7 @@ class TritonEngineLoop:
                 return
             if "request_id" in tensors:
                 request_id = _string(tensors["request_id"])
-            req, options = parse_request(request_id, tensors)
+            req, options = parse_request(request_id, tensors, self.tokenizer)
             slo_class = req.slo_class or ("custom" if req.tpot_slo_ms is not None else self.default_class)
         except ValueError as e:
             self._send_error(sender, str(e), self.pb.TritonError.INVALID_ARG)

@@ -1,7 +1,8 @@
-"""Calls to the `ensemble` model over Triton's gRPC streaming API, in one place for every caller (the
-streaming CLI, the benchmark's runner, the OpenAI frontend): the input tensors, and an asyncio client
-that yields text deltas and ends a request when its consumer stops reading (closing the stream is how
-Triton learns a client went away; the engine then frees the request's KV cache)."""
+"""Calls to the `ensemble` model (or straight to the `adaserve` model, which takes the same text inputs)
+over Triton's gRPC streaming API, in one place for every caller (the streaming CLI, the benchmark's
+runner, the OpenAI frontend): the input tensors, and an asyncio client that yields text deltas and ends
+a request when its consumer stops reading (closing the stream is how Triton learns a client went away;
+the engine then frees the request's KV cache)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from .protocol import ERROR_OUTPUT, TEXT_OUTPUT, untag_error
+
+# The `adaserve` model ends a request with an error as an output (protocol.ERROR_OUTPUT, the code in a
+# tag); the ensemble turns it into a gRPC status, and so does this client when it calls `adaserve` itself.
+GRPC_STATUS = {"INVALID_ARG": "INVALID_ARGUMENT", "UNAVAILABLE": "UNAVAILABLE", "CANCELLED": "CANCELLED"}
+ID_OUTPUTS = ("output_ids", "context_ids")
 DTYPES = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
           np.dtype(np.uint64): "UINT64"}
 
@@ -107,8 +114,11 @@ class EnsembleClient:
                 raise EnsembleError(error.message() if hasattr(error, "message") else str(error), status)
             response = result.get_response()
             names = {o.name for o in response.outputs}
-            extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names if n != "text_output"}
-            text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1)) if "text_output" in names else ""
+            if ERROR_OUTPUT in names:
+                code, message = untag_error(result.as_numpy(ERROR_OUTPUT).reshape(-1)[0].decode("utf-8", "replace"))
+                raise EnsembleError(message, GRPC_STATUS.get(code, "INTERNAL"))
+            extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names - {TEXT_OUTPUT, *ID_OUTPUTS}}
+            text = "".join(t.decode("utf-8") for t in result.as_numpy(TEXT_OUTPUT).reshape(-1)) if TEXT_OUTPUT in names else ""
             if text or extra:
                 yield text, extra
             if response.parameters["triton_final_response"].bool_param:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..chat import encode_chat
 from ..request import Request, RequestOutput, SamplingParams
 from .detokenize import Rendered
 
@@ -23,6 +24,9 @@ INPUT_NAMES = (
     "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
     "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "ttft_slo_ms", "slo_class",
 )
+# A prompt as text, tokenized by the `adaserve` model itself (as Triton's vLLM backend takes it), for
+# clients that call it directly rather than through the ensemble; never both these and input_ids.
+TEXT_INPUTS = ("text_input", "apply_chat_template")
 # Optional outputs that travel from the scheduler through the detokenizer to the client unchanged.
 PASS_THROUGH_OUTPUTS = (
     "num_input_tokens", "num_output_tokens", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
@@ -129,12 +133,39 @@ def _positive_ms(x: _Inputs, name: str) -> float | None:
     return ms
 
 
+def encode_prompt(tokenizer, raw: bytes, apply_chat_template: bool) -> list[int]:
+    """Prompt bytes to ids; ValueError for undecodable or empty text."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"text_input is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if not text:
+        raise ValueError("text_input is empty")
+    if apply_chat_template:
+        return encode_chat(tokenizer, text)
+    return tokenizer(text)["input_ids"]
+
+
+def prompt_ids(tensors: dict[str, np.ndarray], tokenizer) -> np.ndarray:
+    """The prompt: `input_ids`, or `text_input` tokenized here (optionally through the chat template)."""
+    if ("input_ids" in tensors) == ("text_input" in tensors):
+        raise ValueError("send exactly one of 'input_ids' and 'text_input'")
+    if "input_ids" in tensors:
+        if "apply_chat_template" in tensors:
+            raise ValueError("apply_chat_template applies to text_input, not input_ids")
+        return np.asarray(tensors["input_ids"]).reshape(-1)
+    text = np.asarray(tensors["text_input"]).reshape(-1)
+    if text.size != 1:
+        raise ValueError(f"text_input must hold exactly one string, got {text.size}")
+    raw = text[0] if isinstance(text[0], bytes) else str(text[0]).encode()
+    return np.asarray(encode_prompt(tokenizer, raw, _Inputs(tensors).scalar("apply_chat_template", False, bool)), dtype=np.int64)
+
+
 def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=None) -> tuple[Request, ResponseOptions]:
-    """Build an engine Request from the `adaserve` model's input tensors; ValueError on bad input."""
+    """Build an engine Request from the `adaserve` model's input tensors; ValueError on bad input.
+    `tokenizer`: needed only for a prompt sent as text_input."""
     x = _Inputs(tensors)
-    if "input_ids" not in tensors:
-        raise ValueError("missing input 'input_ids' (send 'text_input' to the ensemble)")
-    ids = np.asarray(tensors["input_ids"]).reshape(-1)
+    ids = prompt_ids(tensors, tokenizer)
     if ids.size == 0:
         raise ValueError("the prompt is empty")
     seed = x.scalar("seed", None, int)

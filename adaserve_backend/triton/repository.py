@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from ..chat import encode_chat
 from ..config import EngineConfig
 from ..models import load_tokenizer, locate
 
@@ -24,16 +23,3 @@ def load_engine_config(model_dir: str) -> EngineConfig:
 
 def load_repository_tokenizer(model_dir: str):
     return load_tokenizer(locate(load_engine_config(model_dir).target.path))
-
-
-def encode_prompt(tokenizer, raw: bytes, apply_chat_template: bool) -> list[int]:
-    """Prompt bytes to ids; ValueError for undecodable or empty text."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"text_input is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if not text:
-        raise ValueError("text_input is empty")
-    if apply_chat_template:
-        return encode_chat(tokenizer, text)
-    return tokenizer(text)["input_ids"]

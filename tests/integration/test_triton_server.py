@@ -25,13 +25,13 @@ pytestmark = pytest.mark.slow
 CJK_PROMPT = "Translate 'good morning, coffee' into Chinese and Japanese."
 
 
-def stream_call(url: str, inputs: list, timeout: float = 300) -> tuple[list, str | None]:
+def stream_call(url: str, inputs: list, timeout: float = 300, model: str = "ensemble") -> tuple[list, str | None]:
     """Send one request on its own gRPC stream; returns (results, error message or None)."""
     client = grpcclient.InferenceServerClient(url)
     events: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: events.put((result, error)))
     try:
-        client.async_stream_infer("ensemble", inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         results = []
         while True:
             result, error = events.get(timeout=timeout)
@@ -105,6 +105,31 @@ def bad_requests():
     yield "undecodable bytes", build_inputs(grpcclient, **ok, extra={"text_input": np.array([b"\xff\xfe\xfd"], dtype=object)})
     yield "wrong dtype", build_inputs(grpcclient, **ok, extra={"max_tokens": np.array([4.0], dtype=np.float32)})
     yield "wrong shape", build_inputs(grpcclient, **ok, extra={"text_input": np.array([b"a", b"b"], dtype=object)})
+
+
+def test_the_scheduler_model_takes_text_and_streams_text_to_a_direct_client(triton_server):
+    """As Triton's vLLM backend model: text in, text deltas out, without the ensemble's hop."""
+    import asyncio
+
+    from adaserve_backend.triton.grpc_client import EnsembleClient, EnsembleError
+
+    results, error = stream_call(triton_server.grpc_url, build_inputs(grpcclient, "Count from one to ten:", 24, stream=True), model="adaserve")
+    assert error is None, error
+    chunks = texts(results)
+    assert len(chunks) > 1 and all(chunks[:-1]) and "\ufffd" not in "".join(chunks)
+    assert results[-1].as_numpy("num_output_tokens")[0] == 24 or results[-1].as_numpy("finish_reason")[0] == b"stop"
+
+    async def bad():
+        client = EnsembleClient(triton_server.grpc_url, model="adaserve")
+        try:
+            async for _ in client.stream("hello", 8, extra={"temperature": np.array([-1.0], dtype=np.float32)}):
+                pass
+        finally:
+            await client.close()
+
+    with pytest.raises(EnsembleError, match="temperature") as e:
+        asyncio.run(bad())
+    assert e.value.status == "INVALID_ARGUMENT"
 
 
 def test_bad_input_gets_a_clear_error_and_other_streams_keep_going(triton_server):

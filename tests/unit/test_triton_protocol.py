@@ -11,8 +11,7 @@ from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.models import load_tokenizer, locate
 from adaserve_backend.request import FinishReason, RequestOutput, RequestStats
 from adaserve_backend.triton.detokenize import Rendered, StreamState, text_delta
-from adaserve_backend.triton.protocol import ResponseOptions, parse_request, response_tensors
-from adaserve_backend.triton.repository import encode_prompt
+from adaserve_backend.triton.protocol import ResponseOptions, encode_prompt, parse_request, prompt_ids, response_tensors
 
 
 @functools.cache
@@ -72,7 +71,9 @@ def test_parse_request_accepts_the_vllm_style_inputs():
 @pytest.mark.parametrize(
     "tensors, message",
     [
-        ({}, "input_ids"),
+        ({}, "exactly one of 'input_ids' and 'text_input'"),
+        ({"input_ids": np.array([1], dtype=np.int32), "text_input": np.array([b"hi"], dtype=object)}, "exactly one of"),
+        ({"apply_chat_template": np.array([True])}, "applies to text_input"),
         ({"input_ids": np.array([], dtype=np.int32)}, "empty"),
         ({"max_tokens": np.array([1, 2], dtype=np.int32)}, "exactly one"),
         ({"temperature": np.array([-1.0], dtype=np.float32)}, "temperature"),
@@ -103,6 +104,18 @@ def test_response_carries_only_what_was_asked():
     full = response_tensors(out, ResponseOptions(True, False, True, True, True, True), Rendered([], [1], ""), 10)
     assert type(full["finish_reason"][0]) is str and full["finish_reason"][0] == "stop" and full["num_output_tokens"][0] == 4
     assert full["acceptance_rate"][0] == pytest.approx(0.25) and full["emit_time_ns"][0] == 2_000_000_010
+
+
+def test_a_prompt_may_come_as_text_and_is_tokenized_as_the_preprocessing_model_does():
+    tok = tokenizer()
+    for chat in (False, True):
+        tensors = {"text_input": np.array(["Hi there".encode()], dtype=object), "apply_chat_template": np.array([chat])}
+        req, _ = parse_request("r", tensors, tok)
+        assert req.prompt_ids == encode_prompt(tok, b"Hi there", chat)
+    with pytest.raises(ValueError, match="exactly one string"):
+        prompt_ids({"text_input": np.array([b"a", b"b"], dtype=object)}, tok)
+    with pytest.raises(ValueError, match="empty"):
+        prompt_ids({"text_input": np.array([b""], dtype=object)}, tok)
 
 
 def test_encode_prompt_validates_text():
