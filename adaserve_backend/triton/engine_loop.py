@@ -3,8 +3,8 @@ from Triton's execute) only validates and enqueues; a response thread does the s
 never blocks on a client.
 
 Every accepted request ends with exactly one FINAL response: its last data response, an error, or
-CANCELLED. Cancellation (client cancel or dropped stream) is polled every CANCEL_POLL_S and frees the
-request's KV blocks at once.
+CANCELLED. Cancellation (client cancel or dropped stream) is polled every CANCEL_POLL_S by a watcher
+thread and frees the request's KV blocks at once.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ log = logging.getLogger("adaserve")
 # finalize must return well within Triton's exit timeout (30 s): a step takes at most a few seconds on
 # a CPU, and a send the backend no longer services must not hold the process.
 SHUTDOWN_WAIT_S = 5.0
-# Cancellation is polled this often, not every step: each is_cancelled() is a round trip to the server
-# process per request. A cancelled request keeps its KV blocks at most this much longer.
+# Cancellation is polled this often, on its own thread: each is_cancelled() is a round trip to the
+# server process per request (on the engine thread, 16 requests' polls stalled the loop every 0.1 s).
+# A cancelled request keeps its KV blocks at most this much longer.
 CANCEL_POLL_S = 0.1
 
 
@@ -66,9 +67,10 @@ class TritonEngineLoop:
         self.stopping = False
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.sends: queue.SimpleQueue = queue.SimpleQueue()
-        self._polled = float("-inf")
         self.send_thread = threading.Thread(target=self._send_loop, name="adaserve-responses", daemon=True)
         self.send_thread.start()
+        self.cancel_thread = threading.Thread(target=self._watch_cancellations, name="adaserve-cancel-watch", daemon=True)
+        self.cancel_thread.start()
         self._started.set()
 
     # ---- called from Triton's execute -----------------------------------------------------------
@@ -114,6 +116,7 @@ class TritonEngineLoop:
         self.loop_thread.join(timeout=SHUTDOWN_WAIT_S)
         if self.loop_thread.is_alive():
             log.warning("the engine loop did not stop within %.0f s", SHUTDOWN_WAIT_S)
+        self.cancel_thread.join(timeout=1)
         self.sends.put(None)
         self.send_thread.join(timeout=SHUTDOWN_WAIT_S)
 
@@ -162,17 +165,28 @@ class TritonEngineLoop:
                 iteration = self.engine.iteration_stats[-1] if self.engine.decode_iterations > before else None
                 now = time.monotonic()
                 self.metrics.on_step(self.engine, sum(len(o.new_token_ids) for o in outputs), iteration, now)
-                if now - self._polled >= CANCEL_POLL_S:
-                    self._polled = now
-                    self._poll_cancellations()
             except Exception:
-                log.exception("metrics or cancellation polling failed")
+                log.exception("metrics failed")
+
+    def _watch_cancellations(self) -> None:
+        while not self.stopping:
+            time.sleep(CANCEL_POLL_S)
+            try:
+                self._poll_cancellations()
+            except Exception:  # never ends the watcher
+                log.exception("cancellation polling failed")
 
     def _poll_cancellations(self) -> None:
         with self.lock:
-            items = list(self.active.items())
-        for request_id, a in items:
-            if a.sender.is_cancelled():
+            ids = list(self.active)
+        for request_id in ids:
+            # Asked under the lock, only while the request is active: once _deliver removed it, its final
+            # response may be sent, Triton frees the sender's response factory, and is_cancelled() on a
+            # freed factory crashes the server.
+            with self.lock:
+                a = self.active.get(request_id)
+                cancelled = a is not None and a.sender.is_cancelled()
+            if cancelled:
                 self.engine.abort(request_id)
 
     def _deliver(self, out: RequestOutput) -> None:
