@@ -274,6 +274,8 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   }
 }
 
+// Each call releases the GIL: it reads and writes tensors only, and a step spends most of its time in
+// these calls, during which Triton's stub threads (responses, requests) need the interpreter.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "attention over a paged KV cache, read in place (CPU)");
+  m.def("paged_attention", &paged_attention, py::call_guard<py::gil_scoped_release>(), "attention over a paged KV cache, read in place (CPU)");
 }

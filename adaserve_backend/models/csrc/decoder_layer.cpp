@@ -191,10 +191,12 @@ at::Tensor post_attention(const at::Tensor& attn, at::Tensor residual, const at:
   return packed_linear(silu_mul(packed_linear(h, gate_up_packed, gate_up_bias)), down_packed, down_bias);
 }
 
+// Each call releases the GIL: it reads and writes tensors only, and a step spends most of its time in
+// these calls, during which Triton's stub threads (responses, requests) need the interpreter.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pre_attention", &pre_attention, "residual add, RMSNorm, QKV projection and rotary embedding (CPU bf16)");
-  m.def("post_attention", &post_attention, "output projection, residual add, RMSNorm and MLP (CPU bf16)");
-  m.def("add_rms_norm", &add_rms_norm, "residual += x; RMSNorm(residual) (CPU bf16)");
-  m.def("rope_in_place", &rope_in_place, "rotary embedding of the first heads of each row, in place (CPU bf16)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of [T, 2I] rows (CPU bf16)");
+  m.def("pre_attention", &pre_attention, py::call_guard<py::gil_scoped_release>(), "residual add, RMSNorm, QKV projection and rotary embedding (CPU bf16)");
+  m.def("post_attention", &post_attention, py::call_guard<py::gil_scoped_release>(), "output projection, residual add, RMSNorm and MLP (CPU bf16)");
+  m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(), "residual += x; RMSNorm(residual) (CPU bf16)");
+  m.def("rope_in_place", &rope_in_place, py::call_guard<py::gil_scoped_release>(), "rotary embedding of the first heads of each row, in place (CPU bf16)");
+  m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I] rows (CPU bf16)");
 }
