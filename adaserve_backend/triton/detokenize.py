@@ -41,6 +41,10 @@ class StreamState:
     rendered: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
 
+    def hold(self, new_ids: list[int]) -> None:
+        """Keep ids for a later push, without rendering them now."""
+        self.held.extend(new_ids)
+
     def push(self, tokenizer, new_ids: list[int], final: bool) -> Rendered | None:
         """What to send now, or None when everything is held back for now."""
         self.held.extend(new_ids)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ..engine import Engine
 from ..request import FinishReason, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
+from .coalesce import hold_limit_s, must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
 from .protocol import ERROR_OUTPUT, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
@@ -44,6 +45,8 @@ class Active:
     prompt_ids: list[int]
     stream: StreamState = field(default_factory=StreamState)
     output_ids: list[int] = field(default_factory=list)
+    held_since: float | None = None  # when the oldest token held back for coalescing was made
+    last: RequestOutput | None = None  # the newest output, for a response of held tokens only
 
 
 class TritonEngineLoop:
@@ -60,6 +63,8 @@ class TritonEngineLoop:
         self.tokenizer = self.engine.tokenizer
         classes = [c.name for c in config.scheduler.slo_classes] + ["custom"]
         self.default_class = config.scheduler.default_slo_class
+        self.max_hold_ms = config.streaming.max_hold_ms
+        self.next_step_s: float | None = None
         self.metrics = EngineMetrics(pb, classes)
         self.active: dict[str, Active] = {}
         self.lock = threading.Lock()
@@ -153,14 +158,17 @@ class TritonEngineLoop:
             if self.serving.stopping():  # see serving.py: finalize would only come after the exit timeout
                 self.stopping = True
                 return
-            before = self.engine.decode_iterations
+            before, started = self.engine.decode_iterations, time.monotonic()
             try:
                 outputs = self.engine.step()
             except Exception as e:  # keep serving: fail what was in flight, free every block
                 log.exception("engine step failed")
                 outputs = self.engine.fail_all(f"internal error: {type(e).__name__}: {e}")
+            self.next_step_s = next_step_estimate(self.next_step_s, time.monotonic() - started)
             for out in outputs:
                 self._deliver(out)
+            if self.max_hold_ms:
+                self._send_due(time.monotonic())
             try:
                 iteration = self.engine.iteration_stats[-1] if self.engine.decode_iterations > before else None
                 now = time.monotonic()
@@ -212,19 +220,45 @@ class TritonEngineLoop:
             self._send_error(a.sender, out.error or "rejected", self.pb.TritonError.UNAVAILABLE)
             return
         if a.options.stream:
+            if self._holds(a, out):
+                a.stream.hold(out.new_token_ids)
+                a.held_since, a.last = a.held_since or out.emit_time, out
+                return
             rendered = a.stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
             if rendered is None:
                 return
+            a.held_since = None
         else:
             a.output_ids.extend(out.new_token_ids)
             if not out.finished:
                 return
             ids = a.output_ids if a.options.exclude_input_in_output else a.prompt_ids + a.output_ids
             rendered = Rendered([], ids, text_delta(self.tokenizer, [], ids))
+        self._send(a, out, rendered)
+
+    def _send(self, a: Active, out: RequestOutput, rendered: Rendered) -> None:
         tensors = response_tensors(out, a.options, rendered, self.clock_offset_ns)
         response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
         self.sends.put((a.sender, response, flags))
+
+    def _holds(self, a: Active, out: RequestOutput) -> bool:
+        """Coalescing (StreamingConfig.max_hold_ms): never the first visible token nor the last."""
+        if not self.max_hold_ms or out.finished or not a.stream.rendered:
+            return False
+        since = a.held_since or out.emit_time
+        return not must_send(since, time.monotonic(), self.next_step_s or 0.0, hold_limit_s(self.max_hold_ms, out.tpot_slo_ms))
+
+    def _send_due(self, now: float) -> None:
+        """Held tokens whose hold would run out before the next step ends leave now, output or not."""
+        with self.lock:
+            held = [a for a in self.active.values() if a.held_since is not None]
+        for a in held:
+            if must_send(a.held_since, now, self.next_step_s or 0.0, hold_limit_s(self.max_hold_ms, a.last.tpot_slo_ms)):
+                rendered = a.stream.push(self.tokenizer, [], final=False)
+                if rendered is not None:
+                    a.held_since = None
+                    self._send(a, a.last, rendered)
 
     def _record(self, a: Active, out: RequestOutput) -> None:
         rejected = out.finish_reason == FinishReason.REJECTED

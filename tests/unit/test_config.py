@@ -51,3 +51,11 @@ def test_engine_threads_is_optional_and_checked():
     assert EngineConfig.from_dict({"threads": 1}).threads == 1
     with pytest.raises(ValueError, match="threads"):
         EngineConfig.from_dict({"threads": 0})
+
+
+def test_streaming_hold_is_optional_and_checked():
+    assert EngineConfig.from_dict({}).streaming.max_hold_ms == 0.0
+    assert EngineConfig.from_dict({"streaming": {"max_hold_ms": 80}}).streaming.max_hold_ms == 80
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="max_hold_ms"):
+            EngineConfig.from_dict({"streaming": {"max_hold_ms": bad}})

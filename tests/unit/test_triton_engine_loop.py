@@ -176,3 +176,23 @@ def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_fails_initial
     monkeypatch.setattr(engine_loop.Engine, "from_config", staticmethod(fail))
     with pytest.raises(RuntimeError, match="checkpoint not found"):
         TritonEngineLoop(fake_pb, REPO_MODEL)
+
+
+def test_coalesced_streaming_sends_the_same_tokens_in_fewer_responses_the_first_at_once():
+    engine = make_engine(tiny_checkpoint("llama"), None, "continuous", tokenizer=Detok())  # one token per step
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+
+    def stream(prompt):
+        r = request(prompt, 60, stream=[True], min_tokens=[60])
+        loop.submit(r)
+        wait(r)
+        return r
+
+    loop.max_hold_ms = 0.0
+    plain = stream([5, 6, 7])
+    loop.max_hold_ms = 60_000.0  # bounded by the request's TPOT target (engine.json's default class)
+    held = stream([5, 6, 7])
+    sizes = [len(resp.tensors()["output_ids"]) for resp, _ in held.sender.sent]
+    loop.shutdown()
+    assert ids_of(held) == ids_of(plain) and len(ids_of(held)) == 60
+    assert len(plain.sender.sent) == 60 and sizes[0] == 1 and len(sizes) < 60
