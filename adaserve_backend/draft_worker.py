@@ -17,7 +17,7 @@ from .config import EngineConfig
 from .model_runner import ModelRunner, SeqInput
 from .models import LlamaModel, load_model
 from .scheduler.plan import IterationPlan
-from .sequence import Sequence, draft_chain_span
+from .sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from .speculation.beam import BeamRequest, beam_search
 from .speculation.draft_fit import check_draft_fits
 from .speculation.token_tree import CandidateTree
@@ -51,26 +51,30 @@ class DraftWorker:
         return seq.tokens[start:end]
 
     def propose(self, plan: IterationPlan, max_model_len: int) -> list[CandidateTree]:
-        """Candidate trees for plan.decode; the draft also reads the prefill chunks' chains."""
-        extra = []
-        for s in plan.prefill:
-            if chain := self.chain(s):
-                extra.append(SeqInput(s.seq_id, chain, num_logits=0, features=self._chain_features(s, len(chain))))
-        reqs = []
-        for s in plan.decode:
+        """Candidate trees for plan.decode (a root alone for a request that does not draft now); the
+        draft reads lazily (sequence.draft_reads): catching up, and prefill chunks, ride along."""
+        extra, drafting, catching_up = [], {}, []
+        for s, decoding in [(s, False) for s in plan.prefill] + [(s, True) for s in plan.decode]:
             chain = self.chain(s)
-            reqs.append(BeamRequest(s.seq_id, chain, self._chain_features(s, len(chain))))
-        cands = beam_search(self.runner, reqs, plan.depth, plan.width, extra)
-        for s in plan.prefill:
-            self.runner.commit_all(s.seq_id)
+            if drafts_now(len(chain), decoding, plan.depth):
+                drafting[s.seq_id] = BeamRequest(s.seq_id, chain, self._chain_features(s, len(chain)))
+            elif n := draft_reads(len(chain), decoding, plan.depth, bool(plan.decode)):
+                extra.append(SeqInput(s.seq_id, chain[:n], num_logits=0, features=self._chain_features(s, n)))
+                catching_up.append(s.seq_id)
+        trees = iter(beam_search(self.runner, list(drafting.values()), plan.depth, plan.width, extra))
+        for seq_id in catching_up:
+            self.runner.commit_all(seq_id)
+        cands = [next(trees) if s.seq_id in drafting else _root_only(s) for s in plan.decode]
         for seq, cand in zip(plan.decode, cands):  # no tree may outgrow max_tokens or the context
             room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
             truncate_depth(cand, max(room, 0))
         return cands
 
     def commit(self, seq: Sequence, cand: CandidateTree) -> None:
-        """Keep the chain the draft read this iteration; its beams go (accepted tokens are re-read)."""
-        self.runner.commit(seq.seq_id, list(range(cand.draft_region[0] + 1)))
+        """Keep the chain the draft read this iteration; its beams go (accepted tokens are re-read). A
+        root alone (no draft) left nothing in the region: the draft may not even hold the request yet."""
+        if cand.draft_region[0] >= 0:
+            self.runner.commit(seq.seq_id, list(range(cand.draft_region[0] + 1)))
 
     def add_features(self, seq: Sequence, position: int, hidden: torch.Tensor) -> None:
         """Keep the target's features of positions position.., dropping those the draft has read."""
@@ -103,6 +107,11 @@ class DraftWorker:
             have = have[start - 1 - first :]
         assert have.shape[0] >= n, "the draft cannot run ahead of the target's features"
         return have[:n]
+
+
+def _root_only(seq: Sequence) -> CandidateTree:
+    """No draft: the tree is the root (the last token), which the draft has not read."""
+    return CandidateTree([seq.tokens[-1]], [-1], [1.0], [-1])
 
 
 def truncate_depth(cand: CandidateTree, max_depth: int) -> None:

@@ -5,20 +5,25 @@ The scheduler decides what to do when they do not (preempt, stop speculating, fa
 from __future__ import annotations
 
 from ..kv_cache import BlockManager
-from ..sequence import Sequence, draft_chain_span
+from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 
 
 def iteration_fits(target: BlockManager, draft: BlockManager | None, decode: list[Sequence],
                    prefill: dict[Sequence, int], depth: int, width: int) -> bool:
     """Worst case: each decoding request's whole tree is appended to the target cache (acceptance
-    is known only after the forward); the draft appends its chain, then d-1 levels of w beams."""
+    is known only after the forward); the draft appends what it reads of its chain (sequence.draft_reads),
+    then, for a request that drafts, d-1 levels of w beams."""
     tree = 1 + depth * width
     if not _fits(target, {**{s: tree for s in decode}, **prefill}):
         return False
     if draft is None:
         return True
-    beams = {s: draft_chain_len(target, draft, s) + depth * width for s in decode}
-    return _fits(draft, {**beams, **{s: draft_chain_len(target, draft, s) for s in prefill}})
+    reads = {}
+    for s in decode:
+        n = draft_chain_len(target, draft, s)
+        reads[s] = draft_reads(n, True, depth, True) + (depth * width if drafts_now(n, True, depth) else 0)
+    chunks = {s: draft_reads(draft_chain_len(target, draft, s), False, depth, bool(decode)) for s in prefill}
+    return _fits(draft, {**reads, **chunks})
 
 
 def draft_chain_len(target: BlockManager, draft: BlockManager, seq: Sequence) -> int:

@@ -14,6 +14,7 @@ from ..cost_model.cost_model import CostModel
 from .plan import IterationStats
 
 ITERATION_EMA = 0.3  # weight of the newest iteration in the time EMA and the cost correction
+RIDE_ALONG_EMA = 0.05  # ... in the share prefill chunks add to decode iterations (a property of the load)
 LOAD_EMA = 0.2  # weight of the newest iteration in the per-load yield table
 CALIBRATION_DECAY = 0.98  # the draft score and hit sums forget over about 50 iterations
 CALIBRATION_RANGE = (0.05, 2.0)
@@ -24,6 +25,14 @@ CALIBRATION_RANGE = (0.05, 2.0)
 SPEC_MIN_SAMPLES = 8.0
 EXPLORE_EVERY = 16
 SPEC_MARGIN = 1.03
+# An exploration is not free: the draft first reads every token it skipped while speculation was off
+# (16 requests x 16 tokens), and at high load the selection then often verifies no draft at all. Served
+# at 8 rps, explorations were 11% of the iterations, cost 28-46 ms of drafting each and bought nothing.
+# So each exploration that did not pay by itself, after which speculation still does not pay, doubles
+# the interval (up to EXPLORE_MAX); it restarts at EXPLORE_EVERY when one pays, or once the load falls
+# below EXPLORE_RELOAD of the load where the last one failed (fewer requests: larger trees each).
+EXPLORE_MAX = 512
+EXPLORE_RELOAD = 0.75
 # The mirror image: while speculating, one decode iteration in PLAIN_EXPLORE_EVERY runs plain, so the
 # plain kind's cost correction is measured (a profile taken before the runtime got faster, or on a
 # busier machine, would otherwise keep speculation on where plain decoding is faster).
@@ -43,6 +52,9 @@ class Estimator:
         self.policy_depth_width = depth_width  # the policy's (depth, width) for a number of decoding requests
         self.trims = trims and cost is not None  # comparing depths needs a cost model
         self.t_iter = 0.0  # EMA of measured decode iterations (s)
+        # measured decode iterations over their predicted time without the prefill chunks riding along:
+        # what the arrivals' prefills add to every running request's time per token
+        self.ride_along = 1.0
         self.cost_correction = 1.0  # EMA of measured / predicted
         # the same per kind of iteration (False: plain decode, True: speculative): a stale profile's
         # shape (what drafting and a larger tree add) is corrected too, not only its scale
@@ -50,6 +62,9 @@ class Estimator:
         self.tried: list[float] = []  # [k-1]: decayed verifications whose beam went k deep
         self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
         self.since_speculation = 0  # decode iterations since the last speculative one
+        self.explore_every = EXPLORE_EVERY  # see EXPLORE_MAX
+        self.explored_at: int | None = None  # the load of the exploration planned last, until recorded
+        self.failed_at = 0  # the load where the last exploration found speculation still not paying
         self.since_plain = 0  # ... since the last plain one
         self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
         self.scored = 0.0  # decaying sum of the draft scores verified (bonus tokens excluded)
@@ -72,6 +87,8 @@ class Estimator:
             self.cost_correction = ema(self.cost_correction, measured, ITERATION_EMA)
             old_kind = self.kind_correction.get(spec, measured)  # the first of a kind is taken as is
             self.kind_correction[spec] = ema(old_kind, measured, ITERATION_EMA)
+        if self.cost:
+            self.ride_along = ema(self.ride_along, max(1.0, it.latency / self.iteration_s(it.n, it.depth, it.width)), RIDE_ALONG_EMA)
         self.since_speculation = 0 if spec else self.since_speculation + 1
         self.since_plain = self.since_plain + 1 if spec else 0
         if spec:
@@ -82,6 +99,18 @@ class Estimator:
             self.by_load[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
         self.total_verifications += it.n
         self.total_accepted += it.accepted
+        if spec and self.explored_at is not None:
+            self._explored(it)
+
+    def _explored(self, it: IterationStats) -> None:
+        """An exploration that paid by itself (more tokens per second than plain decoding's) keeps them
+        coming; one that did not, while speculation still does not pay, makes the next one wait longer."""
+        self.explored_at = None
+        paid = self.cost is not None and it.accepted / it.latency > it.n / self.iteration_s(it.n, 0, 0)
+        if paid or self.depth_width(it.n)[0]:
+            self.explore_every, self.failed_at = EXPLORE_EVERY, 0
+        else:
+            self.explore_every, self.failed_at = min(2 * self.explore_every, EXPLORE_MAX), it.n
 
     def _record_depths(self, it: IterationStats) -> None:
         while len(self.tried) < it.depth:
@@ -129,6 +158,14 @@ class Estimator:
         accepted, verified = self.by_load[m]
         return accepted, verified * n / m
 
+    def correction(self, speculative: bool) -> float:
+        """Measured over predicted time of this kind of iteration. A prefill chunk's share is the
+        target's work, so it takes the plain kind's: with the mixed EMA, each rare speculative
+        iteration (the draft catching up, a larger tree) made every chunk look slower for a while, so
+        chunks shrank and waiting requests were turned away (served at 8 rps: 42-52 rejections with
+        speculation on, none with it off)."""
+        return self.kind_correction.get(speculative, self.cost_correction)
+
     def verify_tokens(self, n: int, depth: int) -> int:
         return round(self.at_load(n, depth)[1])
 
@@ -137,7 +174,7 @@ class Estimator:
         measured decode iterations."""
         if not self.cost:
             return self.t_iter
-        correction = self.kind_correction.get(depth > 0, self.cost_correction)
+        correction = self.correction(depth > 0)
         tokens = min(self.verify_tokens(n, depth), n * (1 + depth * width))  # no tree outgrows its beams
         return self.cost.iteration_ms(n, depth, width, tokens) / 1e3 * correction
 
@@ -178,10 +215,14 @@ class Estimator:
 
     def next_depth_width(self, n: int) -> tuple[int, int]:
         """`depth_width` for the iteration about to be planned: while speculation is trimmed to none,
-        every EXPLORE_EVERY-th iteration speculates at the policy's depth to measure it again; while
-        speculating, every PLAIN_EXPLORE_EVERY-th runs plain to measure that."""
+        one iteration in `explore_every` (EXPLORE_EVERY, more after explorations that found nothing)
+        speculates at the policy's depth to measure it again; while speculating, every
+        PLAIN_EXPLORE_EVERY-th runs plain to measure that."""
         depth, width = self.depth_width(n)
-        if self.trims and depth == 0 and self.since_speculation >= EXPLORE_EVERY - 1:
+        if n < EXPLORE_RELOAD * self.failed_at:
+            self.explore_every, self.failed_at = EXPLORE_EVERY, 0
+        if self.trims and depth == 0 and self.since_speculation >= self.explore_every - 1:
+            self.explored_at = n
             return self.policy_depth_width(n)
         if self.trims and depth > 0 and self.since_plain >= PLAIN_EXPLORE_EVERY - 1:
             return 0, 0
@@ -195,13 +236,13 @@ class Estimator:
 
     def chunk_extra_ms(self, n: int, depth: int, chunk: int) -> float:
         """What a prefill chunk adds to an iteration of `n` decoding requests (needs a cost model)."""
-        return self.cost.chunk_extra_ms(n, self.verify_tokens(n, depth), chunk) * self.cost_correction
+        return self.cost.chunk_extra_ms(n, self.verify_tokens(n, depth), chunk) * self.correction(False)
 
     def prefill_iteration_s(self, n: int, chunk: int) -> float:
         """One iteration carrying a `chunk`-token prefill chunk beside `n` decoding requests (needs a cost
         model); with none decoding it is the chunk's own forward, the draft reading it too."""
         if n == 0:
-            return (self.cost.verify_ms(chunk) + self.cost.draft_step_ms(chunk)) / 1e3 * self.cost_correction
+            return (self.cost.verify_ms(chunk) + self.cost.draft_step_ms(chunk)) / 1e3 * self.correction(False)
         depth, width = self.depth_width(n)
         return self.iteration_s(n, depth, width) + self.chunk_extra_ms(n, depth, chunk) / 1e3
 

@@ -20,7 +20,7 @@ from ..request import RequestOutput
 from ..scheduler.estimator import Estimator
 from ..scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from ..scheduler.scheduler import Scheduler
-from ..sequence import Sequence, draft_chain_span
+from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from ..speculation import tree_choice
 from ..draft_worker import truncate_depth
 from ..verification.verify import ends_prompt
@@ -136,18 +136,20 @@ class Replica:
     def _propose(self, plan: IterationPlan) -> tuple[list[drafts.Proposal], int, int]:
         """DraftWorker.propose's effect on the draft cache, and synthetic candidate trees."""
         blocks, chain_tokens, ctx = self.draft_blocks, 0, 0
-        for seq in plan.prefill:  # the draft reads the prefilling requests' chains in its first step
-            n = self._chain_len(seq)
-            if n:
+        chains = {s.seq_id: self._chain_len(s) for s in list(plan.prefill) + plan.decode}  # before anything is read
+        for seq, decoding in [(s, False) for s in plan.prefill] + [(s, True) for s in plan.decode]:
+            n = chains[seq.seq_id]  # what the draft reads in its first step: sequence.draft_reads
+            if not drafts_now(n, decoding, plan.depth) and (read := draft_reads(n, decoding, plan.depth, bool(plan.decode))):
                 ctx += self._committed(blocks, seq)
-                blocks.append(seq.seq_id, chain_parents(0, n))
+                blocks.append(seq.seq_id, chain_parents(0, read))
                 blocks.commit_all(seq.seq_id)
-                chain_tokens += n
+                chain_tokens += read
         props = []
         for seq in plan.decode:
-            p = drafts.propose(self.rng, self.acceptance, plan.depth, plan.width, seq.request.slo_class)
-            if plan.depth > 0:  # beam_search: the chain, then d-1 levels of w beams, then only the chain stays
-                n = self._chain_len(seq)
+            n = chains[seq.seq_id]
+            drafting = drafts_now(n, True, plan.depth)
+            p = drafts.propose(self.rng, self.acceptance, plan.depth if drafting else 0, plan.width, seq.request.slo_class)
+            if drafting:  # beam_search: the chain, then d-1 levels of w beams, then only the chain stays
                 ctx += self._committed(blocks, seq) + n
                 blocks.append(seq.seq_id, chain_parents(0, n) + [n - 1] * (plan.depth - 1) * plan.width)
                 blocks.commit(seq.seq_id, list(range(n)))

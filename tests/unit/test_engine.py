@@ -122,3 +122,38 @@ def test_bad_requests_are_rejected_and_the_engine_keeps_serving():
     outs = [o for o in engine.step()]
     assert [o.finish_reason for o in outs] == [FinishReason.ABORT]
     assert_all_blocks_free(engine)
+
+
+def test_a_draft_that_does_not_pay_runs_only_when_exploring_and_greedy_stays_exact(tmp_path):
+    """With speculation trimmed (an unrelated random draft), iterations that decode without speculating
+    run no draft at all, prefill chunks included; explorations first catch the draft up on what it
+    skipped. Requests prefilled while it slept still match the oracle token for token."""
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", profile_path=steep_profile(tmp_path))
+    draft, ran, lazy = engine.draft, [], []
+    forward, propose = draft.runner.forward, draft.propose
+    draft.runner.forward = lambda inputs: ran.append(True) or forward(inputs)
+
+    def watched(plan, max_model_len):
+        ran.clear()
+        cands = propose(plan, max_model_len)
+        if plan.decode and not plan.depth:
+            lazy.append(bool(ran))
+        return cands
+
+    draft.propose = watched
+    reqs = [dataclasses.replace(r, max_tokens=40, min_tokens=40) for r in workload(target, n=12, seed=7)]
+    got: dict[str, list[int]] = {}
+    for step in range(10_000):  # one arrival every 6 iterations: most prefill beside plain decoding
+        if step % 6 == 0 and step // 6 < len(reqs):
+            engine.add_request(reqs[step // 6])
+        elif not engine.has_work():
+            break
+        for o in engine.step():
+            assert o.finish_reason in (None, FinishReason.LENGTH), o.error
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+    for r in reqs:
+        assert got[r.request_id] == reference(target, r), r.request_id
+    assert_all_blocks_free(engine)
+    assert len(lazy) > 20 and not any(lazy)  # many iterations did not speculate, none of them ran the draft
+    assert any(it.depth for it in list(engine.scheduler.iteration_stats)[-20:])  # explorations go on

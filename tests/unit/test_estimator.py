@@ -69,16 +69,31 @@ def test_a_draft_accepted_one_step_deep_speculates_one_step():
     assert est.reach(3) == [1.0, 0.0, 0.0]
 
 
-def test_while_trimmed_one_iteration_in_explore_every_measures_again():
+def explore(est, n, iterations, accepted):
+    """Plan and record `iterations` decode iterations of `n` requests; the planned depths."""
+    planned = []
+    for _ in range(iterations):
+        depth, width = est.next_depth_width(n)
+        planned.append(depth)
+        est.record(spec_iteration(est, n, depth, width, [accepted(depth)] * n) if depth else plain_iteration(n))
+    return planned
+
+
+def test_while_trimmed_explorations_that_find_nothing_come_ever_more_rarely():
     est = estimator()
     feed(est, accepted_per_request=0)
-    planned = []
-    for _ in range(2 * EXPLORE_EVERY):
-        depth, width = est.next_depth_width(1)
-        planned.append(depth)
-        est.record(spec_iteration(est, 1, depth, width, [0]) if depth else plain_iteration(1))
-    assert planned.count(0) == 2 * EXPLORE_EVERY - 2
-    assert planned[EXPLORE_EVERY - 1] > 0 and planned[2 * EXPLORE_EVERY - 1] > 0
+    planned = explore(est, 1, 7 * EXPLORE_EVERY, lambda depth: 0)
+    assert [i for i, d in enumerate(planned) if d] == [EXPLORE_EVERY - 1, 3 * EXPLORE_EVERY - 1, 7 * EXPLORE_EVERY - 1]
+    assert est.explore_every == 8 * EXPLORE_EVERY
+
+
+def test_the_exploration_interval_restarts_when_the_load_falls():
+    est = estimator()
+    feed(est, accepted_per_request=0)
+    explore(est, 8, 7 * EXPLORE_EVERY, lambda depth: 0)
+    assert est.explore_every > EXPLORE_EVERY
+    planned = explore(est, 4, EXPLORE_EVERY, lambda depth: 0)
+    assert planned[-1] > 0 and planned.count(0) == EXPLORE_EVERY - 1
 
 
 def test_exploring_a_draft_that_now_pays_brings_speculation_back():
@@ -124,3 +139,4 @@ def test_only_trimming_policies_are_trimmed():
     for _ in range(20):
         est.record(spec_iteration(est, 1, 4, 1, [0]))
     assert est.depth_width(1) == (4, 1)
+

@@ -26,6 +26,7 @@ class TableEstimator:
     cost = "profiled"  # SLO-aware admission needs a cost model
     budget = 8
     ITERATION_S = 0.05
+    ride_along = 1.0
 
     def __init__(self, tpot=None, prefill_token_s=0.0):
         self.tpot = tpot or {}
