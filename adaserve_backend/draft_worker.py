@@ -64,7 +64,7 @@ class DraftWorker:
         trees = iter(beam_search(self.runner, list(drafting.values()), plan.depth, plan.width, extra))
         for seq_id in catching_up:
             self.runner.commit_all(seq_id)
-        cands = [next(trees) if s.seq_id in drafting else _root_only(s) for s in plan.decode]
+        cands = [next(trees) if s.seq_id in drafting else CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
         for seq, cand in zip(plan.decode, cands):  # no tree may outgrow max_tokens or the context
             room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
             truncate_depth(cand, max(room, 0))
@@ -107,11 +107,6 @@ class DraftWorker:
             have = have[start - 1 - first :]
         assert have.shape[0] >= n, "the draft cannot run ahead of the target's features"
         return have[:n]
-
-
-def _root_only(seq: Sequence) -> CandidateTree:
-    """No draft: the tree is the root (the last token), which the draft has not read."""
-    return CandidateTree([seq.tokens[-1]], [-1], [1.0], [-1])
 
 
 def truncate_depth(cand: CandidateTree, max_depth: int) -> None:

@@ -63,7 +63,7 @@ class Estimator:
         self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
         self.since_speculation = 0  # decode iterations since the last speculative one
         self.explore_every = EXPLORE_EVERY  # see EXPLORE_MAX
-        self.explored_at: int | None = None  # the load of the exploration planned last, until recorded
+        self.exploring = False  # an exploration was planned and is not recorded yet
         self.failed_at = 0  # the load where the last exploration found speculation still not paying
         self.since_plain = 0  # ... since the last plain one
         self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
@@ -87,7 +87,6 @@ class Estimator:
             self.cost_correction = ema(self.cost_correction, measured, ITERATION_EMA)
             old_kind = self.kind_correction.get(spec, measured)  # the first of a kind is taken as is
             self.kind_correction[spec] = ema(old_kind, measured, ITERATION_EMA)
-        if self.cost:
             self.ride_along = ema(self.ride_along, max(1.0, it.latency / self.iteration_s(it.n, it.depth, it.width)), RIDE_ALONG_EMA)
         self.since_speculation = 0 if spec else self.since_speculation + 1
         self.since_plain = self.since_plain + 1 if spec else 0
@@ -99,13 +98,13 @@ class Estimator:
             self.by_load[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
         self.total_verifications += it.n
         self.total_accepted += it.accepted
-        if spec and self.explored_at is not None:
+        if spec and self.exploring:
             self._explored(it)
 
     def _explored(self, it: IterationStats) -> None:
         """An exploration that paid by itself (more tokens per second than plain decoding's) keeps them
         coming; one that did not, while speculation still does not pay, makes the next one wait longer."""
-        self.explored_at = None
+        self.exploring = False
         paid = self.cost is not None and it.accepted / it.latency > it.n / self.iteration_s(it.n, 0, 0)
         if paid or self.depth_width(it.n)[0]:
             self.explore_every, self.failed_at = EXPLORE_EVERY, 0
@@ -222,7 +221,7 @@ class Estimator:
         if n < EXPLORE_RELOAD * self.failed_at:
             self.explore_every, self.failed_at = EXPLORE_EVERY, 0
         if self.trims and depth == 0 and self.since_speculation >= self.explore_every - 1:
-            self.explored_at = n
+            self.exploring = True
             return self.policy_depth_width(n)
         if self.trims and depth > 0 and self.since_plain >= PLAIN_EXPLORE_EVERY - 1:
             return 0, 0

@@ -31,7 +31,7 @@ class Proposal:
 
 
 def root_only() -> Proposal:
-    return Proposal(CandidateTree([TOKEN], [-1], [1.0], [-1]), [-1])
+    return Proposal(CandidateTree.root_only(TOKEN), [-1])
 
 
 def draft_probs(rng: random.Random, model: AcceptanceModel, width: int) -> list[float]:

@@ -37,7 +37,7 @@ def beam_search(
     if depth <= 0 or not requests:
         if extra:
             draft.forward(list(extra))
-        return [CandidateTree([r.chain[-1]], [-1], [1.0], [-1]) for r in requests]
+        return [CandidateTree.root_only(r.chain[-1]) for r in requests]
     trees = [CandidateTree([r.chain[-1]], [-1], [1.0], [len(r.chain) - 1]) for r in requests]
     for r in requests:
         assert draft.region_len(r.seq_id) == 0, "draft region must be empty before speculation"

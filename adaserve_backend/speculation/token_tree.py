@@ -21,6 +21,11 @@ class CandidateTree:
     scores: list[float]
     draft_region: list[int] = field(default_factory=list)
 
+    @classmethod
+    def root_only(cls, token: int) -> "CandidateTree":
+        """No drafts: the root (the token being decoded) alone, never read by the draft."""
+        return cls([token], [-1], [1.0], [-1])
+
     def __len__(self) -> int:
         return len(self.tokens)
 

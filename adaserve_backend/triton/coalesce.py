@@ -7,6 +7,8 @@ response never leaves later than the configured hold or the request's own TPOT t
 
 from __future__ import annotations
 
+from ..scheduler.estimator import ema
+
 # weight of the newest step in the running estimate of the next step's duration
 STEP_EMA = 0.2
 
@@ -23,4 +25,4 @@ def must_send(held_since: float, now: float, next_step_s: float, limit_s: float)
 
 
 def next_step_estimate(previous_s: float | None, measured_s: float) -> float:
-    return measured_s if previous_s is None else (1 - STEP_EMA) * previous_s + STEP_EMA * measured_s
+    return measured_s if previous_s is None else ema(previous_s, measured_s, STEP_EMA)
