@@ -87,7 +87,9 @@ def test_chat_uses_the_chat_template_streaming_or_not(triton_server, client):
 
 def test_stop_strings_end_the_text_before_them(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
-    stop = full.split()[2]  # a word from the middle of the greedy continuation
+    # An early word: two bf16 greedy runs are trusted to agree only on their start (assert_same_start);
+    # a later word made the test flaky (a clean-clone run diverged first and ended by length).
+    stop = full.split()[1]
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
     assert out.choices[0].finish_reason == "stop" and stop not in out.choices[0].text
     assert full.startswith(out.choices[0].text)
