@@ -23,18 +23,18 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 @functools.cache
 def load_extension(name: str, source: Path):
-    """The compiled module of `source`, or None. Its name carries a hash of the source and the shared
-    headers, so an edited kernel is rebuilt rather than read from a stale cache."""
+    """The compiled module of `source`, or None. Its name carries a hash of the source, the shared headers
+    and the headers beside it, so an edited kernel is rebuilt rather than read from a stale cache."""
     if os.environ.get("ADASERVE_NO_CPU_KERNEL"):
         return None
     digest = hashlib.sha1(source.read_bytes())
-    for header in sorted(SHARED_HEADERS.glob("*.h")):
+    for header in sorted([*SHARED_HEADERS.glob("*.h"), *source.parent.glob("*.h")]):  # shared, then the kernel's own
         digest.update(header.read_bytes())
     try:
         from torch.utils.cpp_extension import load
 
         return load(name=f"{name}_{digest.hexdigest()[:10]}", sources=[str(source)], extra_cflags=CFLAGS,
-                    extra_ldflags=["-fopenmp"], extra_include_paths=[str(SHARED_HEADERS)], verbose=False)
+                    extra_ldflags=["-fopenmp"], extra_include_paths=[str(SHARED_HEADERS), str(source.parent)], verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure means: serve without the kernel
         log.warning("CPU kernel %s unavailable, the torch path serves instead: %s", name, exc)
         return None

@@ -1,0 +1,134 @@
+// The inner loops of csrc/paged_attention.cpp (its generic float32 path and shared helpers): horizontal
+// sums, softmax numerators, prefetching, widening and the float32 score and value tiles.
+#pragma once
+
+#include "cpu_math.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace adaserve {
+
+constexpr int64_t kPrefetchAhead = 32;  // key/value rows requested ahead of use
+
+#if defined(__AVX512F__)
+// Sixteen horizontal sums at once: lane j of the result is the sum of v[j]'s lanes. One horizontal
+// reduction per dot product (what a plain loop compiles to) cost ~12 cycles per key and query here.
+inline __m512 sum16(const __m512* v) {
+  __m512 c[4];
+  for (int g = 0; g < 4; ++g) {
+    const __m512* x = v + 4 * g;
+    const __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+    const __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+    c[g] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  const __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x44), _mm512_shuffle_f32x4(c[0], c[1], 0xEE));
+  const __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x44), _mm512_shuffle_f32x4(c[2], c[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
+}
+#endif
+
+// Softmax numerators of row[0:n] in place (exp(x - mx), all x <= mx); returns their sum.
+inline float exp_row(float* row, int64_t n, float mx) {
+  int64_t pos = 0;
+  float sum = 0.f;
+#if defined(__AVX512F__)
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 vsum = _mm512_setzero_ps();
+  for (; pos + 16 <= n; pos += 16) {
+    const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + pos), vmx));
+    _mm512_storeu_ps(row + pos, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  sum = _mm512_reduce_add_ps(vsum);
+#endif
+  for (; pos < n; ++pos) {
+    row[pos] = exp_nonpositive(row[pos] - mx);
+    sum += row[pos];
+  }
+  return sum;
+}
+
+// Rows `ahead` positions on are requested now: each row is a few cache lines of a page, so the
+// hardware prefetcher alone leaves the loads waiting on memory (measured: over half the kernel's time).
+template <typename T>
+inline void prefetch_rows(const std::vector<const T*>& rows, int64_t from, int64_t n, int64_t bytes) {
+#if defined(__AVX512F__)
+  const int64_t end = std::min<int64_t>(from + n, static_cast<int64_t>(rows.size()));
+  for (int64_t i = from; i < end; ++i)
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(rows[i]) + b, _MM_HINT_T0);
+#endif
+}
+
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n) {
+#if defined(__AVX512F__)
+  if (n % 16 == 0) {
+    for (int64_t d = 0; d < n; d += 16) _mm512_storeu_ps(dst + d, load16(src + d));
+    return;
+  }
+#endif
+  for (int64_t d = 0; d < n; ++d) dst[d] = widen(src[d]);
+}
+
+// scores[r * stride + j] = q[r] . keys[j] for j < n (keys: n rows of dim floats, n <= 16).
+inline void tile_scores(const float* q, int64_t rows, const float* keys, int64_t n, int64_t dim, float* scores,
+                        int64_t stride) {
+#if defined(__AVX512F__)
+  if (dim % 16 == 0) {
+    const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q + r * dim;
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < dim; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(qr + d);
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + j * dim + d), acc[j]);
+      }
+      _mm512_mask_storeu_ps(scores + r * stride, keep, sum16(acc));
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      float dot = 0.f;
+      for (int64_t d = 0; d < dim; ++d) dot += q[r * dim + d] * keys[j * dim + d];
+      scores[r * stride + j] = dot;
+    }
+}
+
+// acc[r] += sum_j p[r * stride + j] * values[j] for every row (values: n rows of dim floats, n <= 16).
+inline void tile_accumulate(float* acc, int64_t rows, const float* p, int64_t stride, const float* values, int64_t n,
+                            int64_t dim) {
+#if defined(__AVX512F__)
+  if (dim % 16 == 0 && dim <= 128) {  // a[8] below
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* pr = p + r * stride;
+      float* ar = acc + r * dim;
+      __m512 a[8];
+      const int64_t chunks = dim / 16;
+      for (int64_t c = 0; c < chunks; ++c) a[c] = _mm512_loadu_ps(ar + 16 * c);
+      for (int64_t j = 0; j < n; ++j) {
+        if (pr[j] == 0.f) continue;  // keys this query does not see (other tree branches)
+        const __m512 w = _mm512_set1_ps(pr[j]);
+        for (int64_t c = 0; c < chunks; ++c) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(values + j * dim + 16 * c), a[c]);
+      }
+      for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(ar + 16 * c, a[c]);
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = p[r * stride + j];
+      for (int64_t d = 0; d < dim; ++d) acc[r * dim + d] += w * values[j * dim + d];
+    }
+}
+
+}  // namespace adaserve
