@@ -57,15 +57,23 @@ def group_sequences(q_lens: Sequence[int], kv_lens: Sequence[int], overhead: int
 class PaddedGroup:
     shape: tuple[int, int, int]  # (b, max_q, max_kv)
     gather: torch.Tensor  # [b * max_kv] cache slots, flat: index_select on it is several times faster than k[gather]
-    mask: torch.Tensor | None  # [b, 1, max_q, max_kv]; None when every query sees every key
+    mask: torch.Tensor | None  # [b, 1, max_q, max_kv], bool (additive when folded); None when every query sees every key
     causal: bool
     q_rows: torch.Tensor | None  # rows of the padded [b * max_q] queries that are real; None: all
     tokens: torch.Tensor | None  # this group's rows of the forward's tokens; None: all, in order
     folded: bool  # query heads sharing a KV head folded into the query length (see above)
 
 
-def plan_group(meta: AttentionMetadata, members: list[int], token_starts: list[int], whole: bool, fold: int) -> PaddedGroup:
-    """fold: query heads per KV head to fold into the query length, or 1 for none."""
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as SDPA's additive one (0 where seen, -inf where not), made once per forward:
+    given the boolean mask, SDPA converts it in every layer's call (a prefill chunk of 256 tokens over
+    556 keys, bf16: 0.82 -> 0.67 ms per call, outputs bit-identical)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def plan_group(meta: AttentionMetadata, members: list[int], token_starts: list[int], whole: bool, fold: int,
+               dtype: torch.dtype = torch.float32) -> PaddedGroup:
+    """fold: query heads per KV head to fold into the query length, or 1 for none; dtype: the cache's."""
     device = meta.kv_indices.device
     page = meta.page_size
     q_lens = [meta.q_lens[i] for i in members]
@@ -96,7 +104,7 @@ def plan_group(meta: AttentionMetadata, members: list[int], token_starts: list[i
     return PaddedGroup(
         shape=(b, max_q, max_kv),
         gather=gather.view(-1),
-        mask=mask.repeat(1, 1, fold, 1) if folded and mask is not None else mask,
+        mask=additive(mask.repeat(1, 1, fold, 1), dtype) if folded and mask is not None else mask,
         causal=causal,
         # A decode batch (one token each) or a single sequence has no padded query rows to scatter
         # into and pick back out.
@@ -123,7 +131,8 @@ class TorchSDPABackend:
         whole = len(partition) == 1 and len(members) == len(meta.q_lens)
         fold = 1 if self.cache.data.dtype == torch.float32 else self.heads_per_kv_head
         self.meta = meta
-        self.groups = [plan_group(meta, [members[j] for j in g], starts, whole, fold) for g in partition]
+        dtype = self.cache.data.dtype
+        self.groups = [plan_group(meta, [members[j] for j in g], starts, whole, fold, dtype) for g in partition]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this forward's keys and values; returns the layer's flat cache views."""
