@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import pytest
@@ -66,6 +67,18 @@ def test_parse_request_accepts_the_vllm_style_inputs():
     assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.top_k == 20 and req.sampling.seed == 3
     assert req.stop_strings == ("\n\n",) and req.slo_class == "coding" and req.tpot_slo_ms is None
     assert opts.stream and opts.return_finish_reason and not opts.return_perf_metrics
+
+
+def test_an_arrival_stamped_in_front_moves_the_deadline_base_back_never_forward():
+    ids = {"input_ids": np.array([1, 2], dtype=np.int32)}
+    stamp = lambda ns: {**ids, "arrival_time_ns": np.array([ns], dtype=np.int64)}  # noqa: E731
+    before = time.monotonic()
+    assert parse_request("r", ids)[0].arrival_time is None  # the engine takes its own receipt
+    two_s_ago = parse_request("r", stamp(time.time_ns() - 2_000_000_000))[0].arrival_time
+    assert before - 2.1 < two_s_ago < time.monotonic() - 1.9
+    assert parse_request("r", stamp(time.time_ns() + 10**12))[0].arrival_time <= time.monotonic()  # a clock ahead: now
+    with pytest.raises(ValueError, match="arrival_time_ns"):
+        parse_request("r", stamp(-1))
 
 
 @pytest.mark.parametrize(
