@@ -57,6 +57,9 @@ ANSWER_AFTER_S = 5.0
 # it follows its final response by milliseconds.
 RETIRE_S = 2.0
 DETOKENIZERS = ("scheduler", "postprocessing")
+# Clients' cancellations are polled this often (as the scheduler model polls its own, engine_loop.py);
+# the scheduler is asked to abort within a poll, so a cancelled stream keeps its KV blocks this much longer.
+CANCEL_POLL_S = 0.1
 
 class BLSPipeline:
     def __init__(self, pb, model_name: str = "ensemble", detokenizer: str = "scheduler") -> None:
@@ -75,13 +78,14 @@ class BLSPipeline:
         self.watcher.start()
 
     def submit(self, request) -> None:
+        arrival_ns = time.time_ns()  # the scheduler's first-token deadline counts from here (protocol._arrival)
         sender = request.get_response_sender()
         request_id = uuid.uuid4().hex
         with self.lock:
             self.active[request_id] = sender
         with self.idle:
             self.runs += 1
-        threading.Thread(target=self._run_counted, args=(request, sender, request_id), daemon=True).start()
+        threading.Thread(target=self._run_counted, args=(request, sender, request_id, arrival_ns), daemon=True).start()
 
     def shutdown(self) -> None:
         self.stopping = True
@@ -113,23 +117,24 @@ class BLSPipeline:
                 log.warning("could not send the final response", exc_info=True)
 
     # ---- one request ----------------------------------------------------------------------------
-    def _run_counted(self, request, sender, request_id: str) -> None:
+    def _run_counted(self, request, sender, request_id: str, arrival_ns: int) -> None:
         try:
-            final = self._run(request, sender, request_id)
+            final = self._run(request, sender, request_id, arrival_ns)
             self._finish(sender, request_id, final)  # last: the scheduler model's stream has ended
         finally:
             with self.idle:
                 self.runs -= 1
                 self.idle.notify_all()
 
-    def _run(self, request, sender, request_id: str):
+    def _run(self, request, sender, request_id: str, arrival_ns: int):
         """Stream the request's outputs to the client; returns its final response (None: flags only)."""
         pb = self.pb
         stream = opened = None  # the scheduler model's stream, read to its final response unless it ended
         shutting_down = False
         try:
             ids = self._preprocess(request)
-            inputs = [pb.Tensor("input_ids", ids), pb.Tensor("request_id", np.array([request_id.encode()], dtype=object))]
+            inputs = [pb.Tensor("input_ids", ids), pb.Tensor("request_id", np.array([request_id.encode()], dtype=object)),
+                      pb.Tensor("arrival_time_ns", np.array([arrival_ns], dtype=np.int64))]
             for name in INPUT_NAMES[1:]:
                 t = pb.get_input_tensor_by_name(request, name)
                 if t is not None:
@@ -241,7 +246,7 @@ class BLSPipeline:
         aborted: set[str] = set()
         stopped_at = None
         while not self.stopping:
-            time.sleep(0.05)
+            time.sleep(CANCEL_POLL_S)
             self._release_retired()
             if self.active and self.serving.stopping():  # see serving.py
                 # The scheduler model ends each request itself, and the request thread answers its
@@ -250,14 +255,22 @@ class BLSPipeline:
                 if time.monotonic() - stopped_at > ANSWER_AFTER_S:
                     self._answer_all()
                 continue
-            with self.lock:  # see _finish
-                if self.stopping:
-                    return
+            with self.lock:
                 live = set(self.active)
-                cancelled = [rid for rid, sender in self.active.items() if rid not in aborted and sender.is_cancelled()]
-            for request_id in cancelled:
-                aborted.add(request_id)
-                self._abort(request_id)
+            for request_id in live - aborted:
+                # One request at a time under the lock (see _finish), never the whole sweep: every response
+                # this pipeline forwards takes the lock too, and each is_cancelled() is a round trip to the
+                # server process, so a sweep under the lock held every stream for one round trip per active
+                # request (hundreds under overload). Not what limits the ensemble at 16 rps, measured: 0.08
+                # joint attainment before, 0.07 after, one run each.
+                with self.lock:
+                    if self.stopping:
+                        return
+                    sender = self.active.get(request_id)
+                    cancelled = sender is not None and sender.is_cancelled()
+                if cancelled:
+                    aborted.add(request_id)
+                    self._abort(request_id)
             aborted &= live
 
     def _abort(self, request_id: str) -> None:
