@@ -129,9 +129,9 @@ class TorchSDPABackend:
         members = list(range(len(meta.q_lens))) if members is None else members
         partition = group_sequences([meta.q_lens[i] for i in members], [meta.kv_lens[i] for i in members], GROUP_OVERHEAD_PAIRS)
         whole = len(partition) == 1 and len(members) == len(meta.q_lens)
-        fold = 1 if self.cache.data.dtype == torch.float32 else self.heads_per_kv_head
-        self.meta = meta
         dtype = self.cache.data.dtype
+        fold = 1 if dtype == torch.float32 else self.heads_per_kv_head
+        self.meta = meta
         self.groups = [plan_group(meta, [members[j] for j in g], starts, whole, fold, dtype) for g in partition]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

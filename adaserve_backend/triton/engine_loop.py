@@ -22,7 +22,7 @@ from ..slo import attains, attains_ttft, tpot_seconds
 from .coalesce import hold_limit_s, must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
-from .protocol import ERROR_OUTPUT, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
+from .protocol import ERROR_OUTPUT, FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -84,7 +84,7 @@ class TritonEngineLoop:
         request_id = uuid.uuid4().hex
         try:
             tensors = {}
-            for name in INPUT_NAMES + TEXT_INPUTS + ("request_id", "abort_request_id"):
+            for name in INPUT_NAMES + TEXT_INPUTS + FRONT_INPUTS:
                 t = self.pb.get_input_tensor_by_name(request, name)
                 if t is not None:
                     tensors[name] = t.as_numpy()

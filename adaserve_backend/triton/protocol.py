@@ -23,8 +23,11 @@ MAX_STOP_WORDS = 16
 INPUT_NAMES = (
     "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
     "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
-    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "ttft_slo_ms", "slo_class", "arrival_time_ns",
+    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "ttft_slo_ms", "slo_class",
 )
+# Inputs the front model (or a gateway) sets itself rather than forwarding a client's: its own request id,
+# a cancellation by that id, and when the request reached the server (protocol._arrival).
+FRONT_INPUTS = ("request_id", "abort_request_id", "arrival_time_ns")
 # A prompt as text, tokenized by the `adaserve` model itself (as Triton's vLLM backend takes it), for
 # clients that call it directly rather than through the ensemble; never both these and input_ids.
 TEXT_INPUTS = ("text_input", "apply_chat_template")

@@ -3,8 +3,9 @@
 // torch's CPU SDPA needs each sequence's keys and values contiguous, so the torch backend gathers
 // them from the cache every layer: for a decode batch that copy costs as much as the attention itself,
 // and both are bound by memory. Here each (sequence, KV head, chunk of queries) task walks the
-// sequence's pages, widens each key/value row to float32 once and uses it for every query head that
-// shares that KV head; scores live in a per-task float32 buffer. Work is memory-bound for the few
+// sequence's pages and uses each key/value row for every query head that shares that KV head (widened
+// to float32 once in the generic path; read as bfloat16 in attend_bf16); scores live in a per-task
+// float32 buffer. Work is memory-bound for the few
 // queries per sequence it serves (decode steps; attention/paged_cpu.py says which); longer trees and
 // prefill chunks stay on SDPA, whose blocked kernels do more arithmetic per byte.
 //
