@@ -22,7 +22,7 @@ from ..slo import attains, attains_ttft, tpot_seconds
 from .coalesce import hold_limit_s, must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
-from .protocol import ERROR_OUTPUT, FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
+from .protocol import ACK_INPUT, ERROR_OUTPUT, FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -105,6 +105,8 @@ class TritonEngineLoop:
                 self._send_error(sender, f"request id {request_id!r} is already in flight", self.pb.TritonError.INVALID_ARG)
                 return
             self.active[request_id] = Active(sender, options, slo_class, req.prompt_ids)
+        if ACK_INPUT in tensors and bool(tensors[ACK_INPUT].reshape(-1)[0]):  # queued before any answer
+            self.sends.put((sender, self.pb.InferenceResponse(output_tensors=[]), 0))  # see config.pbtxt
         try:
             self.engine.add_request(req)
         except ValueError as e:

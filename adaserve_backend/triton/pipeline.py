@@ -42,7 +42,7 @@ from collections import deque
 
 import numpy as np
 
-from .protocol import ERROR_OUTPUT, INPUT_NAMES, TEXT_OUTPUT, response_error
+from .protocol import ACK_INPUT, ERROR_OUTPUT, INPUT_NAMES, TEXT_OUTPUT, response_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
 from .serving import SERVER_NOT_READY, SHUTTING_DOWN, ServingWatch
 
@@ -134,7 +134,8 @@ class BLSPipeline:
         try:
             ids = self._preprocess(request)
             inputs = [pb.Tensor("input_ids", ids), pb.Tensor("request_id", np.array([request_id.encode()], dtype=object)),
-                      pb.Tensor("arrival_time_ns", np.array([arrival_ns], dtype=np.int64))]
+                      pb.Tensor("arrival_time_ns", np.array([arrival_ns], dtype=np.int64)),
+                      pb.Tensor(ACK_INPUT, np.array([True]))]  # frees the backend's thread at once (config.pbtxt)
             for name in INPUT_NAMES[1:]:
                 t = pb.get_input_tensor_by_name(request, name)
                 if t is not None:
@@ -149,7 +150,7 @@ class BLSPipeline:
                     return pb.InferenceResponse(error=self._error(*error))
                 tensors = {t.name(): t for t in response.output_tensors()}
                 if not tensors or request_id not in self.active:
-                    continue  # a flags-only final response, or answered already: read on, no BLS
+                    continue  # the acceptance ack, a flags-only final response, or answered already: read on
                 if bool(tensors["is_final"].as_numpy().reshape(-1)[0]):
                     stream = None
                     return self._postprocess(tensors)

@@ -26,8 +26,10 @@ INPUT_NAMES = (
     "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "ttft_slo_ms", "slo_class",
 )
 # Inputs the front model (or a gateway) sets itself rather than forwarding a client's: its own request id,
-# a cancellation by that id, and when the request reached the server (protocol._arrival).
-FRONT_INPUTS = ("request_id", "abort_request_id", "arrival_time_ns")
+# a cancellation by that id, when the request reached the server (protocol._arrival), and whether to be
+# answered at once with an empty response on acceptance (see ACK_INPUT).
+ACK_INPUT = "accept_ack"
+FRONT_INPUTS = ("request_id", "abort_request_id", "arrival_time_ns", ACK_INPUT)
 # A prompt as text, tokenized by the `adaserve` model itself (as Triton's vLLM backend takes it), for
 # clients that call it directly rather than through the ensemble; never both these and input_ids.
 TEXT_INPUTS = ("text_input", "apply_chat_template")

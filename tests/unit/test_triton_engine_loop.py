@@ -61,6 +61,24 @@ def test_streams_and_aggregates_and_every_request_ends_once(loop):
     assert "max_tokens" in response_error(resp)[1] and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
+def test_an_acked_request_is_answered_at_once_with_one_empty_response_then_streams_as_before(loop):
+    """accept_ack (set by the ensemble pipeline): its BLS call holds one of the Python backend's shared
+    threads until the first response, so acceptance is answered before the first token; a request the
+    engine refuses gets its error as the final response after the ack."""
+    target = tiny_checkpoint("llama")
+    (a,) = workload(target, n=1)
+    acked = request(a.prompt_ids, a.max_tokens, stream=[True], min_tokens=[a.min_tokens], accept_ack=[True])
+    bad = request([1, 2], 0, accept_ack=[True])
+    for r in (acked, bad):
+        loop.submit(r)
+    wait(acked, bad)
+    (first, flags), *rest = acked.sender.sent
+    assert first.tensors() == {} and flags == 0
+    assert [int(i) for resp, _ in rest for i in resp.tensors()["output_ids"]] == reference(target, a)
+    (ack, _), (resp, flags) = bad.sender.sent
+    assert ack.tensors() == {} and "max_tokens" in response_error(resp)[1] and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
 def test_a_cancelled_request_ends_cancelled_and_frees_its_blocks(loop):
     r = request([5, 6, 7], 400, stream=[True])
     loop.submit(r)
