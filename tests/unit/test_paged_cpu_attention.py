@@ -27,7 +27,7 @@ def tree(rng: random.Random, n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("block_size", [4, 16, 128])
 def test_kernel_matches_sdpa(dtype, tol, block_size, monkeypatch):
     monkeypatch.setattr(paged_cpu, "SMALL_QUERIES", 32)  # every sequence through the kernel
     rng = random.Random(0)
