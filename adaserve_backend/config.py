@@ -81,12 +81,12 @@ class CacheConfig:
 class StreamingConfig:
     """How streamed tokens leave the server.
 
-    max_hold_ms: a request's new tokens may wait to leave together with the next iteration's, for at
-      most this long after the oldest of them was made and never longer than the request's own TPOT
-      target (so no token leaves later than a request on its target would have made it). The first
-      token and the last always leave at once. Every response costs CPU in the server, the gRPC
-      frontend and the client, which on a 2-core machine comes out of the engine's step. 0 sends each
-      iteration's tokens at once (vLLM's `--stream-interval 1`).
+    max_hold_ms: a request's new tokens may wait to leave together with later iterations', for at
+      most this long after the oldest of them was made. The first token and the last always leave at
+      once, so TTFT and TPOT (the mean over a request) are unchanged; the gaps between responses grow.
+      Every response costs CPU in the server, the gRPC frontend and the client (through the ensemble,
+      twice), which on a 2-core machine comes out of the engine's step (see triton/coalesce.py). 0
+      sends each iteration's tokens at once (vLLM's `--stream-interval 1`).
     """
 
     max_hold_ms: float = 0.0

@@ -248,17 +248,17 @@ class TritonEngineLoop:
         """Coalescing (StreamingConfig.max_hold_ms): never the first visible token nor the last."""
         if not self.max_hold_ms or out.finished or not a.stream.rendered:
             return False
-        return not self._due(a.held_since or out.emit_time, out.tpot_slo_ms, time.monotonic())
+        return not self._due(a.held_since or out.emit_time, time.monotonic())
 
-    def _due(self, held_since: float, tpot_slo_ms: float, now: float) -> bool:
-        return must_send(held_since, now, self.next_step_s or 0.0, hold_limit_s(self.max_hold_ms, tpot_slo_ms))
+    def _due(self, held_since: float, now: float) -> bool:
+        return must_send(held_since, now, self.next_step_s or 0.0, hold_limit_s(self.max_hold_ms))
 
     def _send_due(self, now: float) -> None:
         """Held tokens whose hold would run out before the next step ends leave now, output or not."""
         with self.lock:
             held = [a for a in self.active.values() if a.held_since is not None]
         for a in held:
-            if self._due(a.held_since, a.last.tpot_slo_ms, now):
+            if self._due(a.held_since, now):
                 rendered = a.stream.push(self.tokenizer, [], final=False)
                 if rendered is not None:
                     a.held_since = None
