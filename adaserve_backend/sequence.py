@@ -29,6 +29,7 @@ class Sequence:
     draft_tokens: int = 0
     accepted_drafts: int = 0
     ttft_slo_s: float = math.inf  # inf: no first-token deadline
+    delivery_s: float = 0.0  # planned for the first token to reach the client (first_token_margin_ms)
     admitted_time: float | None = None  # first left the waiting queue
     missed: str | None = None  # why admission gave up its first-token deadline (overload: best_effort)
 
@@ -45,8 +46,9 @@ class Sequence:
 
     @property
     def deadline(self) -> float:
-        """When its first token is due: arrival + TTFT target."""
-        return self.arrival + self.ttft_slo_s
+        """When the scheduler must have made its first token: arrival + TTFT target, less the time
+        planned for it to reach the client."""
+        return self.arrival + self.ttft_slo_s - self.delivery_s
 
     @property
     def slo_missed(self) -> bool:

@@ -61,6 +61,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
+        seq.delivery_s = self.config.first_token_margin_ms / 1e3
         self.waiting.append(seq)
         self.waiting = self.policy.order(self.waiting)
 

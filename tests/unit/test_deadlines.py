@@ -73,6 +73,18 @@ def test_a_request_no_schedule_can_serve_on_time_is_rejected_at_arrival_with_the
     assert sched.overloads == {UNREACHABLE: 1} and sched.running == [ok] and long not in sched.waiting
 
 
+def test_the_first_token_margin_plans_first_tokens_that_much_before_the_ttft_target():
+    """first_token_margin_ms leaves time for the response to reach the client: a first token predicted
+    at 3.1 s meets a 3.12-s target with no margin and is refused with 50 ms kept for delivery."""
+    for margin_ms, rejected in ((0.0, False), (50.0, True)):
+        sched = deadline_scheduler(TableEstimator(ONE_AT_A_TIME, prefill_token_s=0.01), first_token_margin_ms=margin_ms)
+        clock = Clock()
+        seq = arrive(sched, "r", clock, ttft_ms=3120, prompt=300)
+        assert math.isclose(seq.deadline, clock.now + 3.12 - margin_ms / 1e3)
+        outs = step(sched, clock)
+        assert any(o.finish_reason == FinishReason.REJECTED for o in outs) == rejected
+
+
 def test_a_waiting_request_is_rejected_when_its_deadline_becomes_unreachable_never_later():
     sched, clock = deadline_scheduler(), Clock()
     first = arrive(sched, "first", clock, ttft_ms=2000, max_tokens=1000)  # holds the only slot for 50 s
