@@ -128,7 +128,11 @@ class SchedulerConfig:
       admits within their SLOs, where admitting all of them makes every one slow.
     admission_headroom: the predicted time per token with one more request is taken this much larger
       in admission (iteration times on a busy CPU vary by +-15%; without it admitted requests that are
-      just on track fall behind).
+      just on track fall behind). The served engine.json sets 1.0: on_track is about a request's mean
+      time per token, over which the per-iteration noise averages out, and with 1.15 the batch stopped
+      short of what the tightest class allows (2026-11-24, one run each: in-process at 12 rps 0.96 ->
+      1.00 joint attainment, `sarathi` 1.00; served straight to the scheduler 0.73-0.74 -> 0.91 at
+      12 rps and 0.43-0.48 -> 0.69 at 16).
     first_token_margin_ms: the scheduler plans each first token this long before its TTFT deadline,
       for the response to reach the client (admission runs first tokens up to their deadlines, so
       without it the client's TTFT p99 came out just over the target: chat 2.003-2.008 s against 2 s,
