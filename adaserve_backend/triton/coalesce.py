@@ -20,13 +20,9 @@ from ..scheduler.estimator import ema
 STEP_EMA = 0.2
 
 
-def hold_limit_s(max_hold_ms: float) -> float:
-    """How long after its oldest token a held response may still wait."""
-    return max_hold_ms / 1e3
-
-
 def must_send(held_since: float, now: float, next_step_s: float, limit_s: float) -> bool:
-    """Whether held tokens leave now: waiting one more step would keep the oldest past the limit."""
+    """Whether held tokens leave now: waiting one more step would keep the oldest past `limit_s` (the
+    configured hold) after it was made."""
     return now + next_step_s - held_since > limit_s
 
 

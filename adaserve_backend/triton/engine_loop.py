@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from ..engine import Engine
 from ..request import FinishReason, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
-from .coalesce import hold_limit_s, must_send, next_step_estimate
+from .coalesce import must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
-from .protocol import ACK_INPUT, ERROR_OUTPUT, FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
+from .protocol import ERROR_OUTPUT, FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch
 
@@ -105,7 +105,7 @@ class TritonEngineLoop:
                 self._send_error(sender, f"request id {request_id!r} is already in flight", self.pb.TritonError.INVALID_ARG)
                 return
             self.active[request_id] = Active(sender, options, slo_class, req.prompt_ids)
-        if ACK_INPUT in tensors and bool(tensors[ACK_INPUT].reshape(-1)[0]):  # queued before any answer
+        if options.accept_ack:  # queued before any answer
             self.sends.put((sender, self.pb.InferenceResponse(output_tensors=[]), 0))  # see config.pbtxt
         try:
             self.engine.add_request(req)
@@ -251,7 +251,7 @@ class TritonEngineLoop:
         return not self._due(a.held_since or out.emit_time, time.monotonic())
 
     def _due(self, held_since: float, now: float) -> bool:
-        return must_send(held_since, now, self.next_step_s or 0.0, hold_limit_s(self.max_hold_ms))
+        return must_send(held_since, now, self.next_step_s or 0.0, self.max_hold_ms / 1e3)
 
     def _send_due(self, now: float) -> None:
         """Held tokens whose hold would run out before the next step ends leave now, output or not."""

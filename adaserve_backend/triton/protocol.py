@@ -27,7 +27,7 @@ INPUT_NAMES = (
 )
 # Inputs the front model (or a gateway) sets itself rather than forwarding a client's: its own request id,
 # a cancellation by that id, when the request reached the server (protocol._arrival), and whether to be
-# answered at once with an empty response on acceptance (see ACK_INPUT).
+# answered at once with an empty response on acceptance (why: the adaserve model's config.pbtxt).
 ACK_INPUT = "accept_ack"
 FRONT_INPUTS = ("request_id", "abort_request_id", "arrival_time_ns", ACK_INPUT)
 # A prompt as text, tokenized by the `adaserve` model itself (as Triton's vLLM backend takes it), for
@@ -92,6 +92,7 @@ class ResponseOptions:
     return_num_output_tokens: bool = False
     return_finish_reason: bool = False
     return_perf_metrics: bool = False
+    accept_ack: bool = False  # an empty response on acceptance (ACK_INPUT, set by the front model)
 
 
 class _Inputs:
@@ -224,6 +225,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         return_num_output_tokens=x.scalar("return_num_output_tokens", False, bool),
         return_finish_reason=x.scalar("return_finish_reason", False, bool),
         return_perf_metrics=x.scalar("return_perf_metrics", False, bool),
+        accept_ack=x.scalar(ACK_INPUT, False, bool),
     )
     return request, options
 
