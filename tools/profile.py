@@ -7,16 +7,46 @@ rooflines and the budget B they imply. Writes a JSON the engine reads (speculati
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 
 import torch
 
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.cost_model.cost_model import CostModel
-from tools.profiler import measure_forward
+from adaserve_backend.cost_model.step_cost import PROFILE_KEY, EngineStepCost
+from tools.profiler import measure_engine_steps, measure_forward, measure_speculative_steps
 from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
+
+
+def engine_step_cost(cfg: EngineConfig, cost: CostModel, target, draft, batches: list[int], contexts: list[int],
+                     depths: list[int]) -> dict:
+    """The whole-step fit (cost_model/step_cost.py) and the points it was fitted to: decode and prefill
+    from an engine that runs prefill chunks beside decodes (`sarathi`), speculation from fixed chains
+    (`spec:d` for each depth, at the middle context), each engine with room for the largest batch at
+    the longest context."""
+    from adaserve_backend.engine import Engine
+
+    room = max(batches) + 1
+    blocks = lambda cache: (room + 1) * (-(-(max(contexts) + 64) // cache.block_size) + 1)  # noqa: E731  contexts and what they add
+
+    def engine(policy: str) -> Engine:
+        c = dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, policy=policy, max_num_seqs=room),
+                                target_cache=dataclasses.replace(cfg.target_cache, num_blocks=blocks(cfg.target_cache)),
+                                draft_cache=dataclasses.replace(cfg.draft_cache, num_blocks=blocks(cfg.draft_cache)))
+        return Engine(c, target=target, draft=draft)
+
+    points = measure_engine_steps(engine("sarathi"), batches, contexts)
+    step = EngineStepCost.fit(points)
+    spec_points = []
+    if cfg.draft is not None:
+        middle = sorted(contexts)[len(contexts) // 2]
+        for d in depths:
+            spec_points += measure_speculative_steps(engine(f"spec:{d}"), [b for b in batches if b <= 16], middle)
+        step = step.with_speculation(spec_points, cost.draft_ms)
+    return {**step.to_dict(), "points": points, "speculative_points": spec_points}
 
 
 def main() -> None:
@@ -26,6 +56,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-slowdown", type=float, default=1.3, help="B: largest batch within this x flat latency")
+    ap.add_argument("--step-batches", type=int, nargs="*", default=[1, 8, 16, 24, 32],
+                    help="decoding requests for the whole-engine-step fit (none: skip it)")
+    ap.add_argument("--step-contexts", type=int, nargs="+", default=[128, 512, 1024], help="their context lengths")
+    ap.add_argument("--step-depths", type=int, nargs="+", default=[1, 2, 4], help="draft chains for the speculative terms")
     args = ap.parse_args()
     cfg = EngineConfig.from_json(args.config) if args.config else EngineConfig()
     sizes = [2**i for i in range(args.max_tokens.bit_length()) if 2**i <= args.max_tokens]
@@ -44,10 +78,15 @@ def main() -> None:
     for n in sizes:
         print(f"{n:6d} | {verify[n]:9.1f} | {draft[n]:13.1f}")
     print(f"target roofline: {target_line}\ndraft roofline: {draft_line}\nbudget B = {model.budget}")
+    extra = {}
+    if args.step_batches:
+        step = engine_step_cost(cfg, model, target, draft_model, args.step_batches, args.step_contexts, args.step_depths)
+        extra[PROFILE_KEY] = step
+        print(f"engine step: {EngineStepCost(**{k: step[k] for k in EngineStepCost.__dataclass_fields__})}")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     model.save(
         args.out,
-        {"device": device, "dtype": cfg.target.dtype, "threads": torch.get_num_threads()},
+        {"device": device, "dtype": cfg.target.dtype, "threads": torch.get_num_threads(), **extra},
     )
     print(f"wrote {args.out}")
 

@@ -74,3 +74,95 @@ def measure_forward(
     for s in range(num_seqs):
         runner.free(base + s)
     return out
+
+
+
+class _Batch:
+    """Requests of random prompts decoding in `engine`, kept alive for the measurement."""
+
+    def __init__(self, engine, longest_context: int, seed: int) -> None:
+        self.engine, self.rng, self.count = engine, random.Random(seed), 0
+        self.vocab = engine.target.model.spec.vocab_size
+        self.room = engine.max_model_len - longest_context  # output tokens no measurement outlives
+
+    def add(self, tokens: int, decode_for: int | None = None) -> str:
+        from adaserve_backend.request import Request
+
+        self.count += 1
+        rid = f"profile-{self.count}"
+        n = min(self.room if decode_for is None else decode_for, self.engine.max_model_len - tokens)
+        self.engine.add_request(Request(rid, [self.rng.randrange(100, self.vocab) for _ in range(tokens)], max_tokens=n,
+                                        min_tokens=n, ignore_eos=True))
+        return rid
+
+    def fill(self, n: int, context: int) -> None:
+        """`n` requests of `context` tokens, all decoding."""
+        for _ in range(n):
+            self.add(context)
+        sched = self.engine.scheduler
+        while len(sched.running) < n or not all(s.decoding for s in sched.running):
+            self.engine.step()
+
+    def keep(self, n: int) -> None:
+        for seq in self.engine.scheduler.running[n:]:
+            self.engine.abort(seq.request.request_id)
+        self.engine.step()
+
+    def context(self) -> int:
+        return sum(len(s.tokens) for s in self.engine.scheduler.running)
+
+    def clear(self) -> None:
+        self.keep(0)
+        while self.engine.has_work():
+            self.engine.step()
+
+
+def measure_engine_steps(engine, batches: list[int], contexts: list[int], steps: int = 6, prefill: int = 128,
+                         seed: int = 0) -> list[dict]:
+    """Whole engine steps (scheduling, forward, sampling, bookkeeping), timed as a served loop sees
+    them: for each context length, max(batches) requests decode together, then fewer (the others
+    aborted); at each batch size, `steps` decode steps (median) and, with a new prompt of `prefill`
+    tokens arriving, the step that prefills it beside the decodes. `engine` runs a non-speculative
+    policy that prefills beside decodes, with room for max(batches) + 1 requests. Each point:
+    decoding requests `n`, their cached `context` tokens summed, `new_tokens` in the forward, `ms`."""
+    batch, points = _Batch(engine, max(contexts), seed), []
+    bar = tqdm(total=len(contexts) * len(batches), desc="engine steps", leave=False)
+    for ctx in contexts:
+        batch.fill(max(batches), ctx)
+        for n in sorted(batches, reverse=True):
+            batch.keep(n)
+            context = batch.context()
+            points.append({"n": n, "context": context, "new_tokens": n, "ms": timed_ms(engine.step, steps)})
+            times = []
+            for _ in range(3):
+                rid = batch.add(prefill)
+                t = time.perf_counter()
+                engine.step()
+                times.append(time.perf_counter() - t)
+                engine.abort(rid)
+                engine.step()
+            points.append({"n": n, "context": context, "new_tokens": n + prefill, "ms": statistics.median(times) * 1e3})
+            bar.update(1)
+        batch.clear()
+    bar.close()
+    return points
+
+
+def measure_speculative_steps(engine, batches: list[int], context: int, steps: int = 6, seed: int = 0) -> list[dict]:
+    """Speculative engine steps as the engine itself splits them (IterationStats): `engine` runs a
+    speculative policy (a fixed chain, `spec:N`); for each batch size, `steps` steps of requests of
+    `context` tokens. Each point: n, depth, width, verified and prefill tokens, cached `context`,
+    speculation and verification ms."""
+    batch, points = _Batch(engine, context, seed), []
+    for n in tqdm(sorted(batches, reverse=True), desc=f"speculative steps ({engine.policy.name})", leave=False):
+        batch.fill(n, context)
+        engine.step()  # the draft catches up with the prompt here
+        engine.iteration_stats.clear()
+        ctx = batch.context()
+        for _ in range(steps):
+            engine.step()
+        points += [{"n": it.n, "depth": it.depth, "width": it.width, "verified": it.verified_tokens, "prefill": it.prefill_tokens,
+                    "context": ctx, "spec_ms": it.speculation * 1e3, "verify_ms": it.verification * 1e3}
+                   for it in engine.iteration_stats if it.depth]
+        batch.clear()
+    return points

@@ -1,7 +1,10 @@
 """The simulated iteration's duration, from a cost model, and the profile the scheduler is given.
 
 Two kinds: `CpuIterationCost`, this machine as the project profiled it (the profile JSON the engine
-config points at: the engine's own estimate is then exact, as if the profile were perfect), and
+config points at: the draft's steps from its roofline, the target's from the whole-engine-step fit
+`tools.profile` stores beside the rooflines, which prices decoding requests and the context they read;
+the engine's scheduler sees only the rooflines and corrects them with what it measures, as the
+engine does), and
 `GpuIterationCost`, first principles (gpu_cost.py), where the duration also grows with the KV the batch
 reads while the scheduler's profile (fitted like tools.profile) does not know about context: the
 estimator's measured correction has to absorb that, as on real hardware.
@@ -15,6 +18,7 @@ from typing import Protocol
 
 from ..config import EngineConfig
 from ..cost_model.cost_model import CostModel
+from ..cost_model.step_cost import EngineStepCost
 from .gpu_cost import GpuCost
 from .hardware import Gpu, Deployment
 
@@ -51,6 +55,7 @@ class IterationCost(Protocol):
 @dataclass(frozen=True)
 class CpuIterationCost:
     profile_model: CostModel
+    step: EngineStepCost | None = None  # None (a profile without the fit): the target's roofline alone
     name: str = "cpu"
 
     def profile(self) -> CostModel:
@@ -61,13 +66,18 @@ class CpuIterationCost:
         spec = 0.0
         if s.chain_tokens:
             spec = c.draft_step_ms(s.chain_tokens) + max(s.depth - 1, 0) * c.draft_step_ms(s.beam_tokens)
-        return spec / 1e3, c.verify_ms(s.tree_tokens + s.prefill_tokens) / 1e3
+        new_tokens = s.tree_tokens + s.prefill_tokens
+        if not self.step:
+            return spec / 1e3, c.verify_ms(new_tokens) / 1e3
+        trees = s.num_decode if s.depth else 0
+        return self.step.speculation_ms(spec, s.depth) / 1e3, self.step.ms(s.num_decode, s.target_context, new_tokens, trees) / 1e3
 
 
 def cpu_cost(engine_json: str = ENGINE_JSON) -> tuple[CpuIterationCost, EngineConfig]:
     """The served engine config and the profile it points at."""
     config = EngineConfig.from_json(engine_json)
-    return CpuIterationCost(CostModel.load(config.speculation.profile_path)), config
+    path = config.speculation.profile_path
+    return CpuIterationCost(CostModel.load(path), EngineStepCost.from_profile(path)), config
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ def test_llama70b_preset_gives_published_range_acceptance_lengths():
 
 def test_engine_table_matches_recorded_chain_acceptance():
     model = acceptance_model("engine")
-    for cat, recorded in (("coding", 1.39), ("chat", 1.49), ("summary", 1.29)):
+    # results/draft_eval.json: accepted tokens per verification of a depth-4 chain, one request at a
+    # time, on the benchmark's families (networkx-functions, python-faq, python-howto)
+    for cat, recorded in (("coding", 1.73), ("chat", 1.54), ("summary", 1.47)):
         rng, n, total = random.Random(1), 4000, 0
         for _ in range(n):
             p = drafts.propose(rng, model, 4, 1, cat)

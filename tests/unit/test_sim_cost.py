@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from adaserve_backend.cost_model.step_cost import EngineStepCost
 from adaserve_backend.sim.cost import CpuIterationCost, IterationShape, cpu_cost
 from adaserve_backend.sim.gpu_cost import (EFFICIENCY, PUBLISHED_A100_TP8_LLAMA70B, GpuCost, calibrate, forward_s,
                                            published_shape)
@@ -55,8 +56,45 @@ def test_cpu_cost_is_the_engine_configs_profile():
     cost, config = cpu_cost()
     assert config.speculation.profile_path.endswith("profile-cpu.json")
     p = cost.profile()
-    shape = IterationShape(2, 3, 2, 2, 4, 10, 5, 0, 0, 0)
+    assert cost.step == EngineStepCost.from_profile(config.speculation.profile_path) is not None
+    shape = IterationShape(2, 3, 2, 2, 4, 10, 5, 700, 0, 0)
     spec, verify = cost.durations(shape)
-    assert verify * 1e3 == pytest.approx(p.verify_ms(15))
-    assert spec * 1e3 == pytest.approx(p.draft_step_ms(2) + 2 * p.draft_step_ms(4))
+    assert verify * 1e3 == pytest.approx(cost.step.ms(2, 700, 15, trees=2))
+    assert spec * 1e3 == pytest.approx(cost.step.speculation_ms(p.draft_step_ms(2) + 2 * p.draft_step_ms(4), 3))
     assert isinstance(cost, CpuIterationCost)
+    no_fit = CpuIterationCost(p)  # a profile taken without the whole-step fit: the rooflines alone
+    assert [x * 1e3 for x in no_fit.durations(shape)] == pytest.approx([p.draft_step_ms(2) + 2 * p.draft_step_ms(4), p.verify_ms(15)])
+
+
+def test_cpu_steps_cost_more_with_requests_and_context_than_tokens_alone_say():
+    """The point of the whole-step fit: at the batches the CPU serves under load, decode over long
+    contexts costs more than the roofline of 8-token trees over 128-token contexts says."""
+    cost, _ = cpu_cost()
+    decode = lambda n, ctx: cost.durations(IterationShape(n, 0, 1, 0, 0, n, 0, n * ctx, 0, 0))[1]  # noqa: E731
+    assert decode(24, 400) > decode(24, 100) > decode(8, 100)
+    assert decode(24, 400) * 1e3 > cost.profile().verify_ms(24)
+
+
+def test_step_fit_recovers_its_coefficients_and_stays_non_negative():
+    truth = EngineStepCost(15.0, 0.5, 2.0, 0.15)
+    points = [{"n": n, "context": n * c, "new_tokens": n + p, "ms": truth.ms(n, n * c, n + p)}
+              for n in (1, 8, 16, 32) for c in (128, 512, 1024) for p in (0, 128)]
+    fit = EngineStepCost.fit(points)
+    for got, want in zip(fit.to_dict().values(), truth.to_dict().values()):
+        assert got == pytest.approx(want, abs=1e-6)
+    # context that costs nothing but noise (slightly negative) is dropped, not priced below zero
+    noisy = [{**p, "ms": p["ms"] - truth.per_1k_context_ms * p["context"] / 1e3 - 1e-4 * p["context"] / 1e3} for p in points]
+    fit = EngineStepCost.fit(noisy)
+    assert fit.per_1k_context_ms == 0 and min(fit.to_dict().values()) >= 0
+
+
+def test_speculative_terms_are_what_the_draft_roofline_and_the_step_fit_leave_over():
+    step = EngineStepCost(15.0, 0.5, 2.0, 0.15)
+    draft = lambda n, d, w: 1.0 * d + 0.1 * n * d  # noqa: E731  the draft's forwards alone
+    points = [{"n": n, "depth": d, "width": 1, "verified": n * (d + 1), "prefill": 0, "context": n * 500,
+               "spec_ms": draft(n, d, 1) + 2.0 + 1.5 * d, "verify_ms": step.ms(n, n * 500, n * (d + 1)) + 0.4 * n}
+              for n in (1, 4, 8, 16) for d in (1, 2, 4)]
+    fit = step.with_speculation(points, draft)
+    assert (fit.spec_base_ms, fit.spec_per_level_ms, fit.tree_per_request_ms) == pytest.approx((2.0, 1.5, 0.4))
+    assert fit.speculation_ms(3.0, 2) == pytest.approx(3.0 + 2.0 + 3.0) and fit.speculation_ms(0.0, 0) == 0
+    assert fit.ms(8, 4000, 24, trees=8) == pytest.approx(step.ms(8, 4000, 24) + 3.2)

@@ -1,0 +1,83 @@
+"""What one whole engine step costs on a device, as `tools.profile` measures it: a linear fit over the
+decoding requests, the context they read and the new tokens beyond one per request.
+
+Why beside the rooflines: those are fitted to forwards of 8-token trees over 128-token contexts, which
+is what selection and B need. Under load a CPU step is something else, mostly decode over long
+contexts plus the engine's own per-request work (scheduling, sampling, bookkeeping): measured here,
+26 requests over 150-500-token contexts took 40-60 ms a step where the roofline said 24. The serving
+simulator prices its CPU iterations with this fit; the engine itself keeps the rooflines and corrects
+them with what it measures (scheduler/estimator.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+PROFILE_KEY = "engine_step"
+
+
+@dataclass(frozen=True)
+class EngineStepCost:
+    base_ms: float  # a step's fixed cost (the weights read once, the loop's own work)
+    per_request_ms: float  # each decoding request
+    per_1k_context_ms: float  # each 1000 cached tokens the decoding requests read
+    per_extra_token_ms: float  # each new token beyond one per decoding request (prefill chunks, trees)
+    # Speculating steps, beyond the draft's forwards (its roofline) and the tokens verified:
+    spec_base_ms: float = 0.0  # a speculating step's own work
+    spec_per_level_ms: float = 0.0  # each draft level (beam bookkeeping, the next level's inputs)
+    tree_per_request_ms: float = 0.0  # verifying a request's tree rather than one token
+
+    def ms(self, num_decode: int, context_tokens: int, new_tokens: int, trees: int = 0) -> float:
+        """The step without its speculation; `trees`: decoding requests whose drafts are verified."""
+        return (self.base_ms + self.per_request_ms * num_decode + self.per_1k_context_ms * context_tokens / 1e3
+                + self.per_extra_token_ms * max(new_tokens - num_decode, 0) + self.tree_per_request_ms * trees)
+
+    def speculation_ms(self, draft_forward_ms: float, depth: int) -> float:
+        return draft_forward_ms + (self.spec_base_ms + self.spec_per_level_ms * depth if depth else 0.0)
+
+    @classmethod
+    def fit(cls, points: list[dict]) -> EngineStepCost:
+        """Least squares over non-speculative points {n, context, new_tokens, ms}."""
+        rows = [[1.0, p["n"], p["context"] / 1e3, max(p["new_tokens"] - p["n"], 0)] for p in points]
+        return cls(*non_negative_least_squares(rows, [p["ms"] for p in points]))
+
+    def with_speculation(self, points: list[dict], draft_forward_ms: Callable[[int, int, int], float]) -> EngineStepCost:
+        """The speculative terms from points {n, depth, width, verified, prefill, context, spec_ms,
+        verify_ms} (tools.profiler.measure_speculative_steps): what speculation took beyond
+        `draft_forward_ms(n, depth, width)` (the draft roofline's), and what verification took beyond
+        this fit's price of the same tokens."""
+        base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points],
+                                                     [p["spec_ms"] - draft_forward_ms(p["n"], p["depth"], p["width"]) for p in points])
+        (tree,) = non_negative_least_squares([[p["n"]] for p in points],
+                                             [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"]) for p in points])
+        return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=tree)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_profile(cls, path: str) -> EngineStepCost | None:
+        """The fit stored in a profile JSON, or None for a profile taken without it."""
+        with open(path) as f:
+            data = json.load(f).get(PROFILE_KEY)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data}) if data else None
+
+
+def non_negative_least_squares(rows: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares with every coefficient >= 0: any the plain fit makes negative is dropped (set to
+    0) and the rest refitted. Why: a negative cost is noise, and would price some step below nothing."""
+    import numpy as np
+
+    x, target = np.array(rows, dtype=float), np.array(y, dtype=float)
+    free = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        if free:
+            coef[free] = np.linalg.lstsq(x[:, free], target, rcond=None)[0]
+        negative = [i for i in free if coef[i] < 0]
+        if not negative:
+            return [float(c) for c in coef]
+        free.remove(negative[0])

@@ -1,0 +1,28 @@
+"""tools.profile's whole-engine-step measurement, on a tiny engine: it runs, covers the requested
+shapes and yields a usable fit (no timing is asserted)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from adaserve_backend.config import ModelConfig
+from adaserve_backend.cost_model.cost_model import CostModel
+from adaserve_backend.cost_model.roofline import Roofline
+from adaserve_backend.cost_model.step_cost import EngineStepCost
+from tests.engines import small_config
+from tests.model_fixtures import our_model, tiny_checkpoint
+from tools.profile import engine_step_cost
+
+
+def test_engine_step_cost_measures_decode_prefill_and_speculative_steps():
+    path = tiny_checkpoint("llama")
+    cfg = dataclasses.replace(small_config("adaserve"), draft=ModelConfig(path=path))
+    model = our_model(path)
+    cost = CostModel(Roofline(1.0, 4, 0.1), Roofline(0.1, 1, 0.01), 8)
+    out = engine_step_cost(cfg, cost, model, model, batches=[1, 3], contexts=[8, 40], depths=[1, 2])
+    shapes = {(p["n"], p["new_tokens"] > p["n"]) for p in out["points"]}
+    assert shapes == {(1, False), (1, True), (3, False), (3, True)} and len(out["points"]) == 8
+    assert all(p["ms"] > 0 and p["context"] >= p["n"] * 8 for p in out["points"])
+    assert {p["depth"] for p in out["speculative_points"]} == {1, 2}
+    step = EngineStepCost(**{k: out[k] for k in EngineStepCost.__dataclass_fields__})
+    assert min(step.to_dict().values()) >= 0 and step.ms(3, 120, 3) > 0
