@@ -65,7 +65,9 @@ def test_streaming_is_byte_exact_with_multibyte_text(triton_server):
     final = results[-1]
     # Deltas are never empty, except the final response of a request that ended on its end-of-sequence
     # token (which renders no text; seen once the draft accepts several tokens per step).
-    assert len(chunks) > 3 and all(chunks[:-1]), f"deltas, never an empty chunk: {chunks}"
+    # How many: the served engine.json holds streamed tokens up to 250 ms (max_hold_ms), so 40 fast tokens
+    # may come as the first token and two or three batches; the first leaves alone, so at least two.
+    assert len(chunks) >= 2 and all(chunks[:-1]), f"deltas, never an empty chunk: {chunks}"
     assert chunks[-1] or final.as_numpy("finish_reason")[0] == b"stop", chunks
     whole, single = generate(triton_server, CJK_PROMPT, 40, stream=False, chat=True,
                              extra={"exclude_input_in_output": np.array([True])})
