@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("suite", choices=["quick", "full"])
     ap.add_argument("--config", default="model_repository/adaserve/1/engine.json")
     ap.add_argument("--policies", nargs="+", default=POLICIES)
-    ap.add_argument("--rps", nargs="+", type=float, default=[0.25, 0.5, 1.0, 2.0])
+    ap.add_argument("--rps", nargs="+", type=float, default=[4.0, 8.0, 12.0, 16.0])
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per load level")
     ap.add_argument("--time-limit", type=float, default=90.0, help="seconds per run before unfinished requests count as errors")
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
