@@ -150,8 +150,9 @@ def save_draft(model: FeatureDraft, layout: DraftLayout, path: str) -> None:
     save_file(tensors, path, metadata={"layout": layout.to_json()})
 
 
-def load_draft(path: str, config: ModelConfig, target_parts=None) -> FeatureDraft:
-    """Rebuild a shipped draft around the target's shared tensors, on config's device and dtype."""
+def trained_draft(path: str, max_len: int, target_parts=None) -> tuple[FeatureDraft, DraftLayout]:
+    """A draft saved by save_draft, around the target's shared tensors (float32, trainable as loaded):
+    what serving places on its device and what training warm-starts from."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -161,9 +162,15 @@ def load_draft(path: str, config: ModelConfig, target_parts=None) -> FeatureDraf
         raise FileNotFoundError(f"draft weights not found: {path} (train them: python -m tools.draft.train)")
     with safe_open(path, "pt") as f:
         layout = DraftLayout.from_json(f.metadata()["layout"])
-    model = base_draft(layout, config.max_model_len, target_parts)
+    model = base_draft(layout, max_len, target_parts)
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_file(path).items()}, strict=False)
     if unexpected or any(not k.startswith(SHARED) for k in missing):
         raise ValueError(f"{path} does not match its layout: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    return model, layout
+
+
+def load_draft(path: str, config: ModelConfig, target_parts=None) -> FeatureDraft:
+    """Rebuild a shipped draft around the target's shared tensors, on config's device and dtype."""
+    model, _ = trained_draft(path, config.max_model_len, target_parts)
     model.requires_grad_(False)
     return model.place(config.device, TORCH_DTYPES[config.dtype]).eval()

@@ -14,7 +14,8 @@ import torch
 from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
 from adaserve_backend.config import CacheConfig
 from adaserve_backend.model_runner import ModelRunner, SeqInput
-from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, eagle3_taps, load_draft, save_draft, trainable
+from adaserve_backend.models.feature_draft import (SHIPPED, DraftLayout, base_draft, eagle3_taps, load_draft, save_draft, trainable,
+                                                   trained_draft)
 from tools.draft.teacher import dense_hidden, dense_logits, dense_run, shifted
 from tools.draft.ttt import unrolled
 from adaserve_backend.models import load_model
@@ -56,6 +57,21 @@ def test_trained_draft_round_trips_through_its_file(kind, tmp_path):
     assert after.shape[-1] == len(loaded.vocab_ids)
     assert (before - after).abs().max() < 0.05  # matrices are stored in bfloat16
     assert os.path.getsize(out) < sum(p.numel() for p in trainable(draft)) * 2.2  # shared tensors not stored
+
+
+def test_a_saved_draft_warm_starts_training(tmp_path):
+    """tools.draft.train --init: the saved weights and layout come back trainable, and a step moves them."""
+    out, draft, ids, features = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3, kind=LAYOUTS[0])
+    warm, layout = trained_draft(out, max_len=64)
+    assert tuple(layout.feature_layers) == warm.target_layers
+    with torch.no_grad():
+        assert (dense_logits(warm, ids, features) - dense_logits(draft, ids, features)).abs().max() < 0.05
+    params = trainable(warm)
+    before = [p.detach().clone() for p in params]
+    loss = dense_logits(warm, ids, features).logsumexp(-1).mean()
+    loss.backward()
+    torch.optim.SGD(params, lr=0.1).step()
+    assert any((p - b).abs().max() > 0 for p, b in zip(params, before))
 
 
 @pytest.mark.parametrize("kind", LAYOUTS)

@@ -15,6 +15,9 @@ Stages, each cached in DIR so a cut-off run resumes (delete a file to redo its s
 5. training with training-time test; top-1 agreement on the evaluation set after every epoch;
    curves in DIR/curves.json and --plot;
 6. only the draft's own tensors are saved.
+
+`--init PATH` warm-starts from a draft this command saved (e.g. the shipped one): its head vocabulary,
+taps and weights, so a longer schedule continues where a session stopped instead of starting over.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from tqdm import tqdm
 
 from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
 from adaserve_backend.models import load_model, load_tokenizer, locate, read_checkpoint
-from adaserve_backend.models.feature_draft import SHIPPED, DraftLayout, base_draft, eagle3_taps, save_draft, trainable
+from adaserve_backend.models.feature_draft import (SHIPPED, DraftLayout, base_draft, eagle3_taps, save_draft, trainable,
+                                                   trained_draft)
 from client.prompts import BENCHMARK_FAMILIES, benchmark_prompts
 from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
 from tools.draft.generate import shard_path
@@ -159,6 +163,7 @@ def main() -> None:
     ap.add_argument("--teacher-only", action="store_true", help="stop after stage 2 (while shards are still generated)")
     ap.add_argument("--shard", type=int, default=0, help="with --teacher-only: this process takes shards i %% of == shard")
     ap.add_argument("--of", type=int, default=1)
+    ap.add_argument("--init", help="warm start: a draft saved by this command (its head vocabulary and weights)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                     help="bfloat16 autocast for training (AMX; float32 master weights)")
     args = ap.parse_args()
@@ -212,19 +217,29 @@ def main() -> None:
     lap("eval set")
     del target
 
-    # 4: head vocabulary: the target's choices at output positions count twice (what drafts propose)
-    counts = collections.Counter()
-    for _, _, plen, (tid, _, _) in train:
-        counts.update(tid[:, 0].tolist())
-        counts.update(tid[plen - 1 :, 0].tolist())
-    head_vocab = [t for t, _ in counts.most_common(args.vocab)]
-    covered = sum(counts[t] for t in head_vocab) / sum(counts.values())
-    print(f"head vocabulary: {len(head_vocab)} tokens cover {covered:.1%} of the target's choices; "
-          f"{len(train)} sequences, {sum(len(s) for _, s, _, _ in train)} tokens")
+    # 4: head vocabulary: the target's choices at output positions count twice (what drafts propose);
+    # a warm start keeps its own (its head rows are trained for it)
+    max_len = args.max_prompt_tokens + args.max_new_tokens + args.steps + 8
+    if args.init:
+        draft, layout = trained_draft(args.init, max_len, parts)
+        if layout.target_path != args.target or layout.feature_layers != taps:
+            raise SystemExit(f"--init {args.init} drafts for {layout.target_path} from taps {layout.feature_layers}, "
+                             f"not {args.target} from {taps}")
+        head_vocab = layout.head_vocab
+    else:
+        counts = collections.Counter()
+        for _, _, plen, (tid, _, _) in train:
+            counts.update(tid[:, 0].tolist())
+            counts.update(tid[plen - 1 :, 0].tolist())
+        head_vocab = [t for t, _ in counts.most_common(args.vocab)]
+        layout = DraftLayout(args.target, [0], head_vocab, taps)
+        draft = base_draft(layout, max_len=max_len, parts=parts)
+    choices = collections.Counter(t for _, _, plen, (tid, _, _) in train for t in tid[plen - 1 :, 0].tolist())
+    covered = sum(choices[t] for t in set(head_vocab)) / max(sum(choices.values()), 1)
+    print(f"head vocabulary: {len(head_vocab)} tokens cover {covered:.1%} of the target's output choices; "
+          f"{len(train)} sequences, {sum(len(s) for _, s, _, _ in train)} tokens" + (f"; warm start from {args.init}" if args.init else ""))
 
     # 5: train
-    layout = DraftLayout(args.target, [0], head_vocab, taps)
-    draft = base_draft(layout, max_len=args.max_prompt_tokens + args.max_new_tokens + args.steps + 8, parts=parts)
     params = trainable(draft)
     soft = SoftTargets(head_vocab, parts[1].vocab_size)
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
