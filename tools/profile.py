@@ -82,7 +82,7 @@ def main() -> None:
     if args.step_batches:
         step = engine_step_cost(cfg, model, target, draft_model, args.step_batches, args.step_contexts, args.step_depths)
         extra[PROFILE_KEY] = step
-        print(f"engine step: {EngineStepCost(**{k: step[k] for k in EngineStepCost.__dataclass_fields__})}")
+        print(f"engine step: {EngineStepCost.from_dict(step)}")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     model.save(
         args.out,

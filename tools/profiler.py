@@ -76,7 +76,6 @@ def measure_forward(
     return out
 
 
-
 class _Batch:
     """Requests of random prompts decoding in `engine`, kept alive for the measurement."""
 
@@ -85,12 +84,13 @@ class _Batch:
         self.vocab = engine.target.model.spec.vocab_size
         self.room = engine.max_model_len - longest_context  # output tokens no measurement outlives
 
-    def add(self, tokens: int, decode_for: int | None = None) -> str:
+    def add(self, tokens: int) -> str:
+        """A request of `tokens` random prompt tokens that decodes as long as its context allows."""
         from adaserve_backend.request import Request
 
         self.count += 1
         rid = f"profile-{self.count}"
-        n = min(self.room if decode_for is None else decode_for, self.engine.max_model_len - tokens)
+        n = min(self.room, self.engine.max_model_len - tokens)
         self.engine.add_request(Request(rid, [self.rng.randrange(100, self.vocab) for _ in range(tokens)], max_tokens=n,
                                         min_tokens=n, ignore_eos=True))
         return rid

@@ -59,11 +59,17 @@ class EngineStepCost:
         return asdict(self)
 
     @classmethod
+    def from_dict(cls, data: dict) -> EngineStepCost:
+        """The fit from to_dict's keys, ignoring others (the points stored beside it); a profile taken
+        before the speculative terms leaves them at 0."""
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+    @classmethod
     def from_profile(cls, path: str) -> EngineStepCost | None:
         """The fit stored in a profile JSON, or None for a profile taken without it."""
         with open(path) as f:
             data = json.load(f).get(PROFILE_KEY)
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data}) if data else None
+        return cls.from_dict(data) if data else None
 
 
 def non_negative_least_squares(rows: list[list[float]], y: list[float]) -> list[float]:

@@ -24,5 +24,5 @@ def test_engine_step_cost_measures_decode_prefill_and_speculative_steps():
     assert shapes == {(1, False), (1, True), (3, False), (3, True)} and len(out["points"]) == 8
     assert all(p["ms"] > 0 and p["context"] >= p["n"] * 8 for p in out["points"])
     assert {p["depth"] for p in out["speculative_points"]} == {1, 2}
-    step = EngineStepCost(**{k: out[k] for k in EngineStepCost.__dataclass_fields__})
+    step = EngineStepCost.from_dict(out)
     assert min(step.to_dict().values()) >= 0 and step.ms(3, 120, 3) > 0
