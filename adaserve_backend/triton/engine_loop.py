@@ -3,8 +3,9 @@ from Triton's execute) only validates and enqueues; a response thread does the s
 never blocks on a client.
 
 Every accepted request ends with exactly one FINAL response: its last data response, an error, or
-CANCELLED. Cancellation (client cancel or dropped stream) is polled every CANCEL_POLL_S by a watcher
-thread and frees the request's KV blocks at once.
+CANCELLED. Cancellation (client cancel or dropped stream) is polled by a watcher thread, paced by
+serving.cancel_sweep_interval, and frees the request's KV blocks at once. Requests from the ensemble
+pipeline (accept_ack) are not polled: the pipeline watches its client and aborts them by id.
 """
 
 from __future__ import annotations
@@ -24,17 +25,13 @@ from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
 from .protocol import ERROR_OUTPUT, FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
 from .repository import load_engine_config
-from .serving import SHUTTING_DOWN, ServingWatch
+from .serving import SHUTTING_DOWN, ServingWatch, cancel_sweep_interval
 
 log = logging.getLogger("adaserve")
 
 # finalize must return well within Triton's exit timeout (30 s): a step takes at most a few seconds on
 # a CPU, and a send the backend no longer services must not hold the process.
 SHUTDOWN_WAIT_S = 5.0
-# Cancellation is polled this often, on its own thread: each is_cancelled() is a round trip to the
-# server process per request (on the engine thread, 16 requests' polls stalled the loop every 0.1 s).
-# A cancelled request keeps its KV blocks at most this much longer.
-CANCEL_POLL_S = 0.1
 
 
 @dataclass
@@ -47,6 +44,7 @@ class Active:
     output_ids: list[int] = field(default_factory=list)
     held_since: float | None = None  # when the oldest token held back for coalescing was made
     last: RequestOutput | None = None  # the newest output, for a response of held tokens only
+    watched: bool = True  # polled for cancellation (not: the ensemble pipeline aborts it by id)
 
 
 class TritonEngineLoop:
@@ -104,7 +102,7 @@ class TritonEngineLoop:
             if request_id in self.active:
                 self._send_error(sender, f"request id {request_id!r} is already in flight", self.pb.TritonError.INVALID_ARG)
                 return
-            self.active[request_id] = Active(sender, options, slo_class, req.prompt_ids)
+            self.active[request_id] = Active(sender, options, slo_class, req.prompt_ids, watched=not options.accept_ack)
         if options.accept_ack:  # queued before any answer
             self.sends.put((sender, self.pb.InferenceResponse(output_tensors=[]), 0))  # see config.pbtxt
         try:
@@ -179,16 +177,19 @@ class TritonEngineLoop:
                 log.exception("metrics failed")
 
     def _watch_cancellations(self) -> None:
+        # Why on its own thread: on the engine thread, 16 requests' polls stalled the loop every 0.1 s.
+        watched = 0
         while not self.stopping:
-            time.sleep(CANCEL_POLL_S)
+            time.sleep(cancel_sweep_interval(watched))
             try:
-                self._poll_cancellations()
+                watched = self._poll_cancellations()
             except Exception:  # never ends the watcher
                 log.exception("cancellation polling failed")
 
-    def _poll_cancellations(self) -> None:
+    def _poll_cancellations(self) -> int:
+        """Aborts the watched requests whose client cancelled; returns how many it asked about."""
         with self.lock:
-            ids = list(self.active)
+            ids = [request_id for request_id, a in self.active.items() if a.watched]
         for request_id in ids:
             # Asked under the lock, only while the request is active: once _deliver removed it, its final
             # response may be sent, Triton frees the sender's response factory, and is_cancelled() on a
@@ -198,6 +199,7 @@ class TritonEngineLoop:
                 cancelled = a is not None and a.sender.is_cancelled()
             if cancelled:
                 self.engine.abort(request_id)
+        return len(ids)
 
     def _deliver(self, out: RequestOutput) -> None:
         with self.lock:

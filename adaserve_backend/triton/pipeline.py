@@ -44,7 +44,7 @@ import numpy as np
 
 from .protocol import ACK_INPUT, ERROR_OUTPUT, INPUT_NAMES, TEXT_OUTPUT, response_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
-from .serving import SERVER_NOT_READY, SHUTTING_DOWN, ServingWatch
+from .serving import CANCEL_POLL_S, SERVER_NOT_READY, SHUTTING_DOWN, ServingWatch, cancel_sweep_interval
 
 log = logging.getLogger("adaserve")
 # How long finalize waits for request threads still reading the scheduler model's stream (Triton's own
@@ -57,9 +57,6 @@ ANSWER_AFTER_S = 5.0
 # it follows its final response by milliseconds.
 RETIRE_S = 2.0
 DETOKENIZERS = ("scheduler", "postprocessing")
-# Clients' cancellations are polled this often (as the scheduler model polls its own, engine_loop.py);
-# the scheduler is asked to abort within a poll, so a cancelled stream keeps its KV blocks this much longer.
-CANCEL_POLL_S = 0.1
 
 class BLSPipeline:
     def __init__(self, pb, model_name: str = "ensemble", detokenizer: str = "scheduler") -> None:
@@ -245,7 +242,7 @@ class BLSPipeline:
     # ---- cancellation ---------------------------------------------------------------------------
     def _watch_cancellations(self) -> None:
         aborted: set[str] = set()
-        stopped_at = None
+        stopped_at, next_sweep = None, 0.0
         while not self.stopping:
             time.sleep(CANCEL_POLL_S)
             self._release_retired()
@@ -256,8 +253,11 @@ class BLSPipeline:
                 if time.monotonic() - stopped_at > ANSWER_AFTER_S:
                     self._answer_all()
                 continue
+            if time.monotonic() < next_sweep:
+                continue
             with self.lock:
                 live = set(self.active)
+            next_sweep = time.monotonic() + cancel_sweep_interval(len(live - aborted))
             for request_id in live - aborted:
                 # One request at a time under the lock (see _finish), never the whole sweep: every response
                 # this pipeline forwards takes the lock too, and each is_cancelled() is a round trip to the

@@ -10,6 +10,7 @@ import pytest
 
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.protocol import response_error
+from adaserve_backend.triton.serving import CANCEL_CHECKS_PER_S, CANCEL_POLL_MAX_S, CANCEL_POLL_S, cancel_sweep_interval
 from tests import fake_pb
 from tests.model_fixtures import tiny_checkpoint
 from tests.engines import make_engine, reference, workload
@@ -95,6 +96,26 @@ def test_a_cancelled_request_ends_cancelled_and_frees_its_blocks(loop):
     while blocks.num_free_blocks != blocks.num_blocks:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_pipeline_requests_are_not_polled_for_cancellation_and_end_cancelled_when_aborted_by_id(loop):
+    """accept_ack marks the ensemble pipeline's requests: it watches its own client and aborts by id, so
+    asking the server whether its BLS stream was cancelled would only be round trips on busy cores."""
+    acked = request([5, 6, 7], 400, stream=[True], accept_ack=[True], request_id=np.asarray([b"p1"], dtype=object))
+    asked = []
+    acked.sender.is_cancelled = lambda: asked.append(1) or True
+    loop.submit(acked)
+    time.sleep(0.35)  # several sweeps
+    assert not asked and not acked.sender.finished.is_set()
+    loop.submit(fake_pb.Request(abort_request_id=np.asarray([b"p1"], dtype=object)))
+    wait(acked)
+    assert response_error(acked.sender.sent[-1][0])[0] == "CANCELLED"
+
+
+def test_cancellation_sweeps_are_paced_by_how_many_requests_they_ask_about():
+    assert cancel_sweep_interval(0) == CANCEL_POLL_S and cancel_sweep_interval(1) == CANCEL_POLL_S
+    assert cancel_sweep_interval(CANCEL_CHECKS_PER_S // 2) == pytest.approx(0.5)
+    assert cancel_sweep_interval(10_000) == CANCEL_POLL_MAX_S
 
 
 def test_shutdown_ends_requests_in_flight_with_a_final_response_at_once(loop):
