@@ -137,8 +137,10 @@ class SchedulerConfig:
       for the response to reach the client (admission runs first tokens up to their deadlines, so
       without it the client's TTFT p99 came out just over the target: chat 2.003-2.008 s against 2 s,
       served straight to the scheduler at 16 rps, the first token to client leg p99 36-57 ms there,
-      `benchmarks.ttft_path`). 0 (the default) for in-process use; the served engine.json sets 100
-      (with 50, TTFT p99 through the ensemble came out 8-17 ms over two class targets at 12-16 rps).
+      `benchmarks.ttft_path`). 0 (the default) for in-process use; the served engine.json sets 200
+      (with 50, TTFT p99 through the ensemble came out 8-17 ms over two class targets at 12-16 rps;
+      with 100, 19-27 ms over chat's and coding's and 205 ms over summary's at 20 rps: a long prompt's
+      prefill chunks run later than predicted under overload).
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers.
     overload: what SLO-aware admission does with a request whose first-token deadline (arrival + TTFT
       target) no admissible schedule meets, predicted at arrival or while it waits: "reject" ends it at
