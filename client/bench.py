@@ -35,6 +35,7 @@ from .slo_targets import add_slo_arguments, slo_targets_from_args
 from .workload import DEFAULT_MIX, build_workload, builtin_prompts, fluctuating_arrivals, poisson_arrivals
 
 POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:2", "spec:4"]
+PROBE_TOKENS = [1, 16]  # the speed probe's forwards, as tools.profile times its target roofline points
 
 
 class InProcess:
@@ -76,6 +77,17 @@ class InProcess:
         return 1e3 * statistics.mean(tpots)
 
 
+def speed_probe(engine: Engine) -> dict[str, float]:
+    """How fast this machine runs the target right now: ms of the forwards tools.profile times for its
+    roofline (8-token trees over 128 cached tokens), at PROBE_TOKENS. Why: these machines are shared
+    and drift 20-40% between runs, so a simulation of a run (sim.validate) is priced for the speed the
+    run saw, not the profile's day. About a second."""
+    from tools.profiler import measure_forward
+
+    out = measure_forward(engine.target, PROBE_TOKENS, per_seq=8, repeats=7, desc="speed probe")
+    return {str(n): ms for n, ms in out.items()}
+
+
 def score(records, wall, engine=None, timeline_s=None) -> dict:
     row = summarize(records, wall)
     if timeline_s:
@@ -100,8 +112,11 @@ def run_level(args, runner, policies, items, label: dict) -> list[dict]:
             row = score(records, wall, timeline_s=timeline_s)
         else:
             engine = runner.engine(policy)
+            before = speed_probe(engine)
             records, wall = run_inprocess(engine, runner.encode, items, args.time_limit, desc=f"{policy} {label}")
             row = score(records, wall, engine, timeline_s)
+            after = speed_probe(engine)  # the run's speed: the mean of the probes either side of it
+            row["speed_probe_ms"] = {n: (before[n] + after[n]) / 2 for n in before}
         rows.append({**label, "policy": policy, **row})
         print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f} (TPOT only {row['tpot_slo_attainment']:.2f}), "
               f"goodput {row['goodput_tok_s']:.1f} tok/s, violations {row['violations']}, TTFT p50 {fmt_ms(row['ttft_ms_p50'])}, "

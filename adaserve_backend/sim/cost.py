@@ -57,6 +57,10 @@ class CpuIterationCost:
     profile_model: CostModel
     step: EngineStepCost | None = None  # None (a profile without the fit): the target's roofline alone
     name: str = "cpu"
+    # The machine's speed during the run simulated, as a factor on every duration (a measured run's
+    # speed probe over the profile's same forwards: client.bench.speed_probe, sim.validate). The
+    # scheduler's rooflines stay the profile's, as the engine's do; its estimator learns the rest.
+    speed: float = 1.0
 
     def profile(self) -> CostModel:
         return self.profile_model
@@ -68,16 +72,18 @@ class CpuIterationCost:
             spec = c.draft_step_ms(s.chain_tokens) + max(s.depth - 1, 0) * c.draft_step_ms(s.beam_tokens)
         new_tokens = s.tree_tokens + s.prefill_tokens
         if not self.step:
-            return spec / 1e3, c.verify_ms(new_tokens) / 1e3
-        trees = s.num_decode if s.depth else 0
-        return self.step.speculation_ms(spec, s.depth) / 1e3, self.step.ms(s.num_decode, s.target_context, new_tokens, trees) / 1e3
+            spec_ms, verify_ms = spec, c.verify_ms(new_tokens)
+        else:
+            trees = s.num_decode if s.depth else 0
+            spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth), self.step.ms(s.num_decode, s.target_context, new_tokens, trees)
+        return spec_ms * self.speed / 1e3, verify_ms * self.speed / 1e3
 
 
-def cpu_cost(engine_json: str = ENGINE_JSON) -> tuple[CpuIterationCost, EngineConfig]:
-    """The served engine config and the profile it points at."""
+def cpu_cost(engine_json: str = ENGINE_JSON, speed: float = 1.0) -> tuple[CpuIterationCost, EngineConfig]:
+    """The served engine config and the profile it points at; `speed`: see CpuIterationCost."""
     config = EngineConfig.from_json(engine_json)
     path = config.speculation.profile_path
-    return CpuIterationCost(CostModel.load(path), EngineStepCost.from_profile(path)), config
+    return CpuIterationCost(CostModel.load(path), EngineStepCost.from_profile(path), speed=speed), config
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,13 @@ class Scenario:
 
 def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", acceptance: str | None = None,
              max_slowdown: float = 1.3, slo_mode: str = "absolute", engine_json: str = ENGINE_JSON,
-             **scheduler_overrides) -> Scenario:
+             cpu_speed: float = 1.0, **scheduler_overrides) -> Scenario:
     """`max_slowdown` sets B on GPUs as `tools.profile --max-slowdown` does (the CPU keeps its profile's);
     `slo_mode`: the paper's TPOT targets as stated or in proportion to the baseline (workload.paper_slos);
-    `engine_json`: the CPU's engine config (its scheduler settings and the profile it points at)."""
+    `engine_json`: the CPU's engine config (its scheduler settings and the profile it points at);
+    `cpu_speed`: this machine's speed during a measured run, relative to its profile (cost.CpuIterationCost)."""
     if hardware == "cpu":
-        return _cpu(policy, acceptance, engine_json, scheduler_overrides)
+        return _cpu(policy, acceptance, engine_json, cpu_speed, scheduler_overrides)
     gpu, count = parse_hardware(hardware)
     dep = deployment(model, count)
     cost = GpuIterationCost(gpu, dep, max_slowdown=max_slowdown)
@@ -54,8 +55,8 @@ def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", a
                     paper_slos(baseline, mode=slo_mode), "paper", baseline)
 
 
-def _cpu(policy: str, acceptance: str | None, engine_json: str, overrides: dict) -> Scenario:
-    cost, config = cpu_cost(engine_json)
+def _cpu(policy: str, acceptance: str | None, engine_json: str, speed: float, overrides: dict) -> Scenario:
+    cost, config = cpu_cost(engine_json, speed)
     sched = dataclasses.replace(config.scheduler, policy=policy, **overrides)
     cache = config.target_cache
     per_block = bytes_per_block(*CPU_TARGET_KV, cache.block_size, _bf16())

@@ -9,8 +9,10 @@ client.workload.build_workload with the benchmark's prompts, seed and output sca
 and SLO-scale sweeps' mixes and targets), and each prompt is encoded with the served tokenizer as
 client.bench.InProcess does, so prompt lengths are the measured run's. The bench JSON does not record
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
-Iteration times come from the profile the bench run's engine config points at, acceptance from
-`--acceptance` (default: the engine's recorded table). The issue's bar: attainment within 0.05 and
+Iteration times come from the profile the bench run's engine config points at, scaled by the speed the
+machine had during each measured run (its `speed_probe_ms`: the profile's own forwards timed either side
+of the run, client.bench.speed_probe; `--no-speed` prices every run at the profile's speed), acceptance
+from `--acceptance` (default: the engine's recorded table). The issue's bar: attainment within 0.05 and
 TPOT p50 within 10% at every level. Writes <out>.json and <out>.png.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 from dataclasses import asdict, dataclass
@@ -25,6 +28,7 @@ from dataclasses import asdict, dataclass
 from client.workload import build_workload, builtin_prompts, poisson_arrivals
 from client.slo_targets import SloTargets
 
+from ..cost_model.cost_model import CostModel
 from .plots import plot_panels
 from .report import save
 from .runs import RunSpec, run_all
@@ -79,6 +83,14 @@ def sim_requests(items, encode) -> list[SimRequest]:
             for it in items]
 
 
+def run_speed(row: dict, profile: CostModel) -> float:
+    """The measured run's speed relative to the profile: the geometric mean of its probe forwards over
+    the profile's time for the same token counts (1.0 for a run recorded without a probe)."""
+    probe = row.get("speed_probe_ms") or {}
+    ratios = [ms / profile.verify_ms(int(n)) for n, ms in probe.items()]
+    return math.prod(ratios) ** (1 / len(ratios)) if ratios else 1.0
+
+
 def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
     out = []
     for m in measured:
@@ -96,6 +108,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--output-scale", type=float, default=0.5, help="the bench run's --output-scale")
     ap.add_argument("--time-limit", type=float, default=90.0, help="the bench run's --time-limit (s)")
     ap.add_argument("--acceptance", default="engine", help="acceptance model (sim/acceptance.py)")
+    ap.add_argument("--no-speed", action="store_true", help="ignore the runs' speed probes (price them at the profile's speed)")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default results/sim/validate-<bench name>)")
     return ap.parse_args(argv)
@@ -124,8 +137,15 @@ def main(argv=None) -> None:
         if r.get("requests") not in (None, len(s.requests)):
             raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, the rebuilt workload has "
                              f"{len(s.requests)}: pass the run's --seed / duration")
-    deploy = lambda policy: scenario("cpu", policy=policy, acceptance=args.acceptance, engine_json=config_path)  # noqa: E731
-    predicted = run_all(specs, deploy, args.seed, "cpu vs bench", drain_s=max(0.0, args.time_limit - bench["duration_s"]))
+    profile = CostModel.load(EngineConfig.from_json(config_path).speculation.profile_path)
+    speeds = [1.0 if args.no_speed else run_speed(r, profile) for r in measured]
+    print("machine speed per run (x profile):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}" for r, v in zip(measured, speeds)))
+    predicted = []
+    for spec, speed in zip(specs, speeds):  # one run each: each is priced for its own speed
+        deploy = lambda policy, speed=speed: scenario("cpu", policy=policy, acceptance=args.acceptance, engine_json=config_path, cpu_speed=speed)  # noqa: E731
+        predicted += run_all([spec], deploy, args.seed, "cpu vs bench", drain_s=max(0.0, args.time_limit - bench["duration_s"]), leave=False)
+    for row, speed in zip(predicted, speeds):
+        row["machine_speed"] = speed
     checks = compare(measured, predicted)
     stem = args.out or os.path.join("results", "sim", "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
     save(stem, {"bench_json": args.bench_json, "args": vars(args)}, predicted,

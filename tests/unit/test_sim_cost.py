@@ -66,6 +66,13 @@ def test_cpu_cost_is_the_engine_configs_profile():
     assert [x * 1e3 for x in no_fit.durations(shape)] == pytest.approx([p.draft_step_ms(2) + 2 * p.draft_step_ms(4), p.verify_ms(15)])
 
 
+def test_a_measured_runs_speed_scales_every_cpu_duration_but_not_the_schedulers_profile():
+    (cost, _), (slow, _) = cpu_cost(), cpu_cost(speed=1.25)
+    shape = IterationShape(4, 2, 2, 4, 8, 20, 16, 1200, 300, 0)
+    assert slow.durations(shape) == pytest.approx([1.25 * x for x in cost.durations(shape)])
+    assert slow.profile() == cost.profile()
+
+
 def test_cpu_steps_cost_more_with_requests_and_context_than_tokens_alone_say():
     """The point of the whole-step fit: at the batches the CPU serves under load, decode over long
     contexts costs more than the roofline of 8-token trees over 128-token contexts says."""

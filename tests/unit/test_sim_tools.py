@@ -107,6 +107,23 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     checks = json.load(open(tmp_path / "v.json"))["checks"]
     assert [c["policy"] for c in checks] == ["adaserve", "continuous"]
     assert all(c["predicted_joint"] is not None and c["predicted_tpot_p50_ms"] > 0 for c in checks)
+    # the same runs, recorded on a machine running at half the profile's speed: priced for it
+    profile = validate.CostModel.load("model_repository/adaserve/1/profile-cpu.json")
+    for r in rows:
+        r["speed_probe_ms"] = {str(n): 2 * profile.verify_ms(n) for n in (1, 16)}
+    path.write_text(json.dumps({**bench, "rows": rows}))
+    validate.main([str(path), "--out", str(tmp_path / "slow")])
+    slow = json.load(open(tmp_path / "slow.json"))
+    assert [r["machine_speed"] for r in slow["rows"]] == pytest.approx([2.0, 2.0])
+    for fast_check, slow_check in zip(checks, slow["checks"]):
+        assert slow_check["predicted_tpot_p50_ms"] > 1.5 * fast_check["predicted_tpot_p50_ms"]
+
+
+def test_run_speed_is_the_geometric_mean_of_the_probes_over_the_profile():
+    profile = validate.CostModel.load("model_repository/adaserve/1/profile-cpu.json")
+    probe = {"1": 1.21 * profile.verify_ms(1), "16": profile.verify_ms(16)}
+    assert validate.run_speed({"speed_probe_ms": probe}, profile) == pytest.approx(1.1)
+    assert validate.run_speed({}, profile) == 1.0
 
 
 def test_scheduler_settings_reach_every_replica():
