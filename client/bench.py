@@ -35,7 +35,6 @@ from .slo_targets import add_slo_arguments, slo_targets_from_args
 from .workload import DEFAULT_MIX, build_workload, builtin_prompts, fluctuating_arrivals, poisson_arrivals
 
 POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:2", "spec:4"]
-PROBE_TOKENS = [1, 16]  # the speed probe's forwards, as tools.profile times its target roofline points
 
 
 class InProcess:
@@ -78,14 +77,12 @@ class InProcess:
 
 
 def speed_probe(engine: Engine) -> dict[str, float]:
-    """How fast this machine runs the target right now: ms of the forwards tools.profile times for its
-    roofline (8-token trees over 128 cached tokens), at PROBE_TOKENS. Why: these machines are shared
-    and drift 20-40% between runs, so a simulation of a run (sim.validate) is priced for the speed the
-    run saw, not the profile's day. About a second."""
-    from tools.profiler import measure_forward
+    """The machine's speed now (tools.profiler.probe_ms on the engine's target). Why: these machines
+    are shared and drift 20-40% between runs, so a simulation of a run (sim.validate) is priced for
+    the speed the run saw, not the profile's day."""
+    from tools.profiler import probe_ms
 
-    out = measure_forward(engine.target, PROBE_TOKENS, per_seq=8, repeats=7, desc="speed probe")
-    return {str(n): ms for n, ms in out.items()}
+    return probe_ms(engine.target)
 
 
 def score(records, wall, engine=None, timeline_s=None) -> dict:

@@ -76,6 +76,17 @@ def measure_forward(
     return out
 
 
+PROBE_TOKENS = (1, 16)
+
+
+def probe_ms(runner: ModelRunner) -> dict[str, float]:
+    """How fast this machine runs the target right now: the verification forwards the profile's
+    roofline is made of (8-token trees over 128 cached tokens) at PROBE_TOKENS, in ms. About a second;
+    CostModel.relative_speed compares it with the profile."""
+    out = measure_forward(runner, list(PROBE_TOKENS), per_seq=8, repeats=7, desc="speed probe")
+    return {str(n): ms for n, ms in out.items()}
+
+
 class _Batch:
     """Requests of random prompts decoding in `engine`, kept alive for the measurement."""
 
@@ -117,14 +128,15 @@ class _Batch:
             self.engine.step()
 
 
-def measure_engine_steps(engine, batches: list[int], contexts: list[int], steps: int = 6, prefill: int = 128,
-                         seed: int = 0) -> list[dict]:
+def measure_engine_steps(engine, batches: list[int], contexts: list[int], steps: int = 6,
+                         prefills: tuple[int, ...] = (16, 128), seed: int = 0) -> list[dict]:
     """Whole engine steps (scheduling, forward, sampling, bookkeeping), timed as a served loop sees
     them: for each context length, max(batches) requests decode together, then fewer (the others
-    aborted); at each batch size, `steps` decode steps (median) and, with a new prompt of `prefill`
-    tokens arriving, the step that prefills it beside the decodes. `engine` runs a non-speculative
-    policy that prefills beside decodes, with room for max(batches) + 1 requests. Each point:
-    decoding requests `n`, their cached `context` tokens summed, `new_tokens` in the forward, `ms`."""
+    aborted); at each batch size, `steps` decode steps (median) and, for each size in `prefills`, the
+    step that prefills a new prompt of that many tokens beside the decodes (two sizes: what a prefilling
+    request costs apart from its tokens). `engine` runs a non-speculative policy that prefills beside
+    decodes, with room for max(batches) + 1 requests. Each point: decoding requests `n`, their cached
+    `context` tokens summed, `new_tokens` in the forward, `prefills` (requests prefilling), `ms`."""
     batch, points = _Batch(engine, max(contexts), seed), []
     bar = tqdm(total=len(contexts) * len(batches), desc="engine steps", leave=False)
     for ctx in contexts:
@@ -132,16 +144,18 @@ def measure_engine_steps(engine, batches: list[int], contexts: list[int], steps:
         for n in sorted(batches, reverse=True):
             batch.keep(n)
             context = batch.context()
-            points.append({"n": n, "context": context, "new_tokens": n, "ms": timed_ms(engine.step, steps)})
-            times = []
-            for _ in range(3):
-                rid = batch.add(prefill)
-                t = time.perf_counter()
-                engine.step()
-                times.append(time.perf_counter() - t)
-                engine.abort(rid)
-                engine.step()
-            points.append({"n": n, "context": context, "new_tokens": n + prefill, "ms": statistics.median(times) * 1e3})
+            points.append({"n": n, "context": context, "new_tokens": n, "prefills": 0, "ms": timed_ms(engine.step, steps)})
+            for prefill in prefills:
+                times = []
+                for _ in range(3):
+                    rid = batch.add(prefill)
+                    t = time.perf_counter()
+                    engine.step()
+                    times.append(time.perf_counter() - t)
+                    engine.abort(rid)
+                    engine.step()
+                points.append({"n": n, "context": context, "new_tokens": n + prefill, "prefills": 1,
+                               "ms": statistics.median(times) * 1e3})
             bar.update(1)
         batch.clear()
     bar.close()
@@ -166,3 +180,4 @@ def measure_speculative_steps(engine, batches: list[int], context: int, steps: i
                    for it in engine.iteration_stats if it.depth]
         batch.clear()
     return points
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 
@@ -41,6 +42,13 @@ class CostModel:
         join the verification forward, and the draft's first step reads as many."""
         target = self.verify_ms(verify_tokens + chunk) - self.verify_ms(verify_tokens)
         return target + self.draft_step_ms(num_requests + chunk) - self.draft_step_ms(num_requests)
+
+    def relative_speed(self, probe_ms: dict) -> float:
+        """How much slower than when profiled this machine ran a set of target forwards, timed as the
+        profile times them ({tokens: ms}, tools.profiler.probe_ms): the geometric mean of the ratios;
+        1.0 for no probe. Shared machines drift 20-40% between runs."""
+        ratios = [ms / self.verify_ms(int(n)) for n, ms in probe_ms.items()]
+        return math.prod(ratios) ** (1 / len(ratios)) if ratios else 1.0
 
     def save(self, path: str, extra: dict | None = None) -> None:
         data = {"target": self.target.to_dict(), "draft": self.draft.to_dict(), "budget": self.budget, **(extra or {})}

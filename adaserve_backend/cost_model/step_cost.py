@@ -25,23 +25,29 @@ class EngineStepCost:
     per_request_ms: float  # each decoding request
     per_1k_context_ms: float  # each 1000 cached tokens the decoding requests read
     per_extra_token_ms: float  # each new token beyond one per decoding request (prefill chunks, trees)
+    # each request prefilling in the step, whatever its chunk: its own attention call per layer, the
+    # gathers for it, its first token's sampling (measured 2026-11-24: a 16-token chunk beside 20
+    # decodes added 8 ms, a 128-token one 25 ms; per token alone priced the small chunk at 3 ms)
+    per_prefill_ms: float = 0.0
     # Speculating steps, beyond the draft's forwards (its roofline) and the tokens verified:
     spec_base_ms: float = 0.0  # a speculating step's own work
     spec_per_level_ms: float = 0.0  # each draft level (beam bookkeeping, the next level's inputs)
     tree_per_request_ms: float = 0.0  # verifying a request's tree rather than one token
 
-    def ms(self, num_decode: int, context_tokens: int, new_tokens: int, trees: int = 0) -> float:
-        """The step without its speculation; `trees`: decoding requests whose drafts are verified."""
+    def ms(self, num_decode: int, context_tokens: int, new_tokens: int, trees: int = 0, prefills: int = 0) -> float:
+        """The step without its speculation; `trees`: decoding requests whose drafts are verified;
+        `prefills`: requests with a prefill chunk in it."""
         return (self.base_ms + self.per_request_ms * num_decode + self.per_1k_context_ms * context_tokens / 1e3
-                + self.per_extra_token_ms * max(new_tokens - num_decode, 0) + self.tree_per_request_ms * trees)
+                + self.per_extra_token_ms * max(new_tokens - num_decode, 0) + self.tree_per_request_ms * trees
+                + self.per_prefill_ms * prefills)
 
     def speculation_ms(self, draft_forward_ms: float, depth: int) -> float:
         return draft_forward_ms + (self.spec_base_ms + self.spec_per_level_ms * depth if depth else 0.0)
 
     @classmethod
     def fit(cls, points: list[dict]) -> EngineStepCost:
-        """Least squares over non-speculative points {n, context, new_tokens, ms}."""
-        rows = [[1.0, p["n"], p["context"] / 1e3, max(p["new_tokens"] - p["n"], 0)] for p in points]
+        """Least squares over non-speculative points {n, context, new_tokens, ms, prefills (default 0)}."""
+        rows = [[1.0, p["n"], p["context"] / 1e3, max(p["new_tokens"] - p["n"], 0), p.get("prefills", 0)] for p in points]
         return cls(*non_negative_least_squares(rows, [p["ms"] for p in points]))
 
     def with_speculation(self, points: list[dict], draft_forward_ms: Callable[[int, int, int], float]) -> EngineStepCost:
@@ -52,7 +58,8 @@ class EngineStepCost:
         base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points],
                                                      [p["spec_ms"] - draft_forward_ms(p["n"], p["depth"], p["width"]) for p in points])
         (tree,) = non_negative_least_squares([[p["n"]] for p in points],
-                                             [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"]) for p in points])
+                                             [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"], prefills=int(p["prefill"] > 0))
+                                              for p in points])
         return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=tree)
 
     def to_dict(self) -> dict:

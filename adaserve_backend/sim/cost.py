@@ -41,6 +41,7 @@ class IterationShape:
     target_context: int
     draft_context: int
     attended: int
+    num_prefill: int = 0  # requests with a prefill chunk in it
 
 
 class IterationCost(Protocol):
@@ -75,7 +76,7 @@ class CpuIterationCost:
             spec_ms, verify_ms = spec, c.verify_ms(new_tokens)
         else:
             trees = s.num_decode if s.depth else 0
-            spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth), self.step.ms(s.num_decode, s.target_context, new_tokens, trees)
+            spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth), self.step.ms(s.num_decode, s.target_context, new_tokens, trees, s.num_prefill)
         return spec_ms * self.speed / 1e3, verify_ms * self.speed / 1e3
 
 

@@ -127,7 +127,8 @@ class Replica:
             self.target_blocks.commit_all(seq.seq_id)
             prefilled.append(Prefilled(seq, n, drafts.TOKEN if ends_prompt(seq, n) else None))
         shape = IterationShape(len(plan.decode), plan.depth, plan.width, chain_tokens, len(plan.decode) * plan.width,
-                               sum(len(t.tokens) for t in trees), plan.prefill_tokens, target_ctx, draft_ctx, attended)
+                               sum(len(t.tokens) for t in trees), plan.prefill_tokens, target_ctx, draft_ctx, attended,
+                               len(plan.prefill))
         t_spec, t_verify = self.cost.durations(shape)
         end = plan.start + t_spec + t_verify
         result = IterationResult(end, decoded, prefilled, speculation=t_spec, verification=t_verify)

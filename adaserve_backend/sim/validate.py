@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 from dataclasses import asdict, dataclass
@@ -83,14 +82,6 @@ def sim_requests(items, encode) -> list[SimRequest]:
             for it in items]
 
 
-def run_speed(row: dict, profile: CostModel) -> float:
-    """The measured run's speed relative to the profile: the geometric mean of its probe forwards over
-    the profile's time for the same token counts (1.0 for a run recorded without a probe)."""
-    probe = row.get("speed_probe_ms") or {}
-    ratios = [ms / profile.verify_ms(int(n)) for n, ms in probe.items()]
-    return math.prod(ratios) ** (1 / len(ratios)) if ratios else 1.0
-
-
 def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
     out = []
     for m in measured:
@@ -138,7 +129,7 @@ def main(argv=None) -> None:
             raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, the rebuilt workload has "
                              f"{len(s.requests)}: pass the run's --seed / duration")
     profile = CostModel.load(EngineConfig.from_json(config_path).speculation.profile_path)
-    speeds = [1.0 if args.no_speed else run_speed(r, profile) for r in measured]
+    speeds = [1.0 if args.no_speed else profile.relative_speed(r.get("speed_probe_ms") or {}) for r in measured]
     print("machine speed per run (x profile):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}" for r, v in zip(measured, speeds)))
     predicted = []
     for spec, speed in zip(specs, speeds):  # one run each: each is priced for its own speed

@@ -20,8 +20,9 @@ def test_engine_step_cost_measures_decode_prefill_and_speculative_steps():
     model = our_model(path)
     cost = CostModel(Roofline(1.0, 4, 0.1), Roofline(0.1, 1, 0.01), 8)
     out = engine_step_cost(cfg, cost, model, model, batches=[1, 3], contexts=[8, 40], depths=[1, 2])
-    shapes = {(p["n"], p["new_tokens"] > p["n"]) for p in out["points"]}
-    assert shapes == {(1, False), (1, True), (3, False), (3, True)} and len(out["points"]) == 8
+    shapes = {(p["n"], p["new_tokens"] - p["n"], p["prefills"]) for p in out["points"]}
+    assert shapes == {(n, prefill, int(prefill > 0)) for n in (1, 3) for prefill in (0, 16, 128)}  # two chunk sizes
+    assert len(out["points"]) == 12
     assert all(p["ms"] > 0 and p["context"] >= p["n"] * 8 for p in out["points"])
     assert {p["depth"] for p in out["speculative_points"]} == {1, 2}
     step = EngineStepCost.from_dict(out)

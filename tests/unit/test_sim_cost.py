@@ -73,6 +73,13 @@ def test_a_measured_runs_speed_scales_every_cpu_duration_but_not_the_schedulers_
     assert slow.profile() == cost.profile()
 
 
+def test_a_prefilling_request_costs_its_own_share_beside_its_tokens():
+    cost, _ = cpu_cost()
+    alone = IterationShape(8, 0, 1, 0, 0, 8, 16, 2000, 0, 0)
+    with_one = IterationShape(8, 0, 1, 0, 0, 8, 16, 2000, 0, 0, num_prefill=1)
+    assert (cost.durations(with_one)[1] - cost.durations(alone)[1]) * 1e3 == pytest.approx(cost.step.per_prefill_ms)
+
+
 def test_cpu_steps_cost_more_with_requests_and_context_than_tokens_alone_say():
     """The point of the whole-step fit: at the batches the CPU serves under load, decode over long
     contexts costs more than the roofline of 8-token trees over 128-token contexts says."""
@@ -83,9 +90,9 @@ def test_cpu_steps_cost_more_with_requests_and_context_than_tokens_alone_say():
 
 
 def test_step_fit_recovers_its_coefficients_and_stays_non_negative():
-    truth = EngineStepCost(15.0, 0.5, 2.0, 0.15)
-    points = [{"n": n, "context": n * c, "new_tokens": n + p, "ms": truth.ms(n, n * c, n + p)}
-              for n in (1, 8, 16, 32) for c in (128, 512, 1024) for p in (0, 128)]
+    truth = EngineStepCost(15.0, 0.5, 2.0, 0.15, 5.0)  # a prefilling request: 5 ms beside its tokens
+    points = [{"n": n, "context": n * c, "new_tokens": n + p, "prefills": int(p > 0), "ms": truth.ms(n, n * c, n + p, prefills=int(p > 0))}
+              for n in (1, 8, 16, 32) for c in (128, 512, 1024) for p in (0, 16, 128)]
     fit = EngineStepCost.fit(points)
     for got, want in zip(fit.to_dict().values(), truth.to_dict().values()):
         assert got == pytest.approx(want, abs=1e-6)

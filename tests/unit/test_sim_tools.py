@@ -119,11 +119,11 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
         assert slow_check["predicted_tpot_p50_ms"] > 1.5 * fast_check["predicted_tpot_p50_ms"]
 
 
-def test_run_speed_is_the_geometric_mean_of_the_probes_over_the_profile():
+def test_relative_speed_is_the_geometric_mean_of_the_probes_over_the_profile():
     profile = validate.CostModel.load("model_repository/adaserve/1/profile-cpu.json")
     probe = {"1": 1.21 * profile.verify_ms(1), "16": profile.verify_ms(16)}
-    assert validate.run_speed({"speed_probe_ms": probe}, profile) == pytest.approx(1.1)
-    assert validate.run_speed({}, profile) == 1.0
+    assert profile.relative_speed(probe) == pytest.approx(1.1)
+    assert profile.relative_speed({}) == 1.0
 
 
 def test_scheduler_settings_reach_every_replica():
