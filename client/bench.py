@@ -28,6 +28,7 @@ import torch
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.models import load_model, load_tokenizer, locate
+from tools.profiler import probe_ms
 
 from .metrics import attainment_timeline, fmt_ms, summarize
 from .runners import run_inprocess, run_openai, run_triton
@@ -76,15 +77,6 @@ class InProcess:
         return 1e3 * statistics.mean(tpots)
 
 
-def speed_probe(engine: Engine) -> dict[str, float]:
-    """The machine's speed now (tools.profiler.probe_ms on the engine's target). Why: these machines
-    are shared and drift 20-40% between runs, so a simulation of a run (sim.validate) is priced for
-    the speed the run saw, not the profile's day."""
-    from tools.profiler import probe_ms
-
-    return probe_ms(engine.target)
-
-
 def score(records, wall, engine=None, timeline_s=None) -> dict:
     row = summarize(records, wall)
     if timeline_s:
@@ -109,10 +101,12 @@ def run_level(args, runner, policies, items, label: dict) -> list[dict]:
             row = score(records, wall, timeline_s=timeline_s)
         else:
             engine = runner.engine(policy)
-            before = speed_probe(engine)
+            # The machine's speed either side of the run: shared machines drift 20-40% between runs, so
+            # a simulation of this run (sim.validate) is priced for the speed it saw.
+            before = probe_ms(engine.target)
             records, wall = run_inprocess(engine, runner.encode, items, args.time_limit, desc=f"{policy} {label}")
             row = score(records, wall, engine, timeline_s)
-            after = speed_probe(engine)  # the run's speed: the mean of the probes either side of it
+            after = probe_ms(engine.target)
             row["speed_probe_ms"] = {n: (before[n] + after[n]) / 2 for n in before}
         rows.append({**label, "policy": policy, **row})
         print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f} (TPOT only {row['tpot_slo_attainment']:.2f}), "

@@ -59,7 +59,7 @@ class CpuIterationCost:
     step: EngineStepCost | None = None  # None (a profile without the fit): the target's roofline alone
     name: str = "cpu"
     # The machine's speed during the run simulated, as a factor on every duration (a measured run's
-    # speed probe over the profile's same forwards: client.bench.speed_probe, sim.validate). The
+    # speed probe over the profile's same forwards: tools.profiler.probe_ms, sim.validate). The
     # scheduler's rooflines stay the profile's, as the engine's do; its estimator learns the rest.
     speed: float = 1.0
 

@@ -11,7 +11,7 @@ client.bench.InProcess does, so prompt lengths are the measured run's. The bench
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
 Iteration times come from the profile the bench run's engine config points at, scaled by the speed the
 machine had during each measured run (its `speed_probe_ms`: the profile's own forwards timed either side
-of the run, client.bench.speed_probe; `--no-speed` prices every run at the profile's speed), acceptance
+of the run, tools.profiler.probe_ms in client.bench; `--no-speed` prices every run at the profile's speed), acceptance
 from `--acceptance` (default: the engine's recorded table). The issue's bar: attainment within 0.05 and
 TPOT p50 within 10% at every level. Writes <out>.json and <out>.png.
 """
@@ -115,7 +115,8 @@ def main(argv=None) -> None:
     from client.bench import InProcess
 
     config_path = bench.get("config", "model_repository/adaserve/1/engine.json")
-    encode = InProcess(EngineConfig.from_json(config_path)).encode  # the tokenizer only, no model
+    config = EngineConfig.from_json(config_path)
+    encode = InProcess(config).encode  # the tokenizer only, no model
     slos = SloTargets(**bench["slo_targets"])
     keep = set(filter(None, args.policies.split(",")))
     measured = [r for r in bench["rows"] if not keep or r["policy"] in keep]
@@ -128,15 +129,14 @@ def main(argv=None) -> None:
         if r.get("requests") not in (None, len(s.requests)):
             raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, the rebuilt workload has "
                              f"{len(s.requests)}: pass the run's --seed / duration")
-    profile = CostModel.load(EngineConfig.from_json(config_path).speculation.profile_path)
+    profile = CostModel.load(config.speculation.profile_path)
     speeds = [1.0 if args.no_speed else profile.relative_speed(r.get("speed_probe_ms") or {}) for r in measured]
     print("machine speed per run (x profile):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}" for r, v in zip(measured, speeds)))
     predicted = []
     for spec, speed in zip(specs, speeds):  # one run each: each is priced for its own speed
         deploy = lambda policy, speed=speed: scenario("cpu", policy=policy, acceptance=args.acceptance, engine_json=config_path, cpu_speed=speed)  # noqa: E731
-        predicted += run_all([spec], deploy, args.seed, "cpu vs bench", drain_s=max(0.0, args.time_limit - bench["duration_s"]), leave=False)
-    for row, speed in zip(predicted, speeds):
-        row["machine_speed"] = speed
+        (row,) = run_all([spec], deploy, args.seed, "cpu vs bench", drain_s=max(0.0, args.time_limit - bench["duration_s"]), leave=False)
+        predicted.append({**row, "machine_speed": speed})
     checks = compare(measured, predicted)
     stem = args.out or os.path.join("results", "sim", "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
     save(stem, {"bench_json": args.bench_json, "args": vars(args)}, predicted,
