@@ -35,6 +35,19 @@ from .speculation.tree_choice import choose_trees
 from .verification.verify import target_inputs, verify
 
 
+def release_blocks(target: ModelRunner, draft: DraftWorker | None):
+    """The scheduler's callback freeing a finished sequence's KV blocks. It holds the runners, not the
+    engine: a bound method would make engine -> scheduler -> engine a cycle, and an engine a tool
+    drops would keep its KV cache until a full garbage collection (2 GB per engine in tools.draft.generate)."""
+
+    def release(seq: Sequence) -> None:
+        target.free(seq.seq_id)
+        if draft is not None:
+            draft.release(seq)
+
+    return release
+
+
 class Engine:
     def __init__(
         self, config: EngineConfig, target: LlamaModel | None = None, draft: LlamaModel | None = None,
@@ -53,7 +66,8 @@ class Engine:
         self.budget = self.cost.budget if self.cost else config.speculation.budget
         self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
         self.scheduler = Scheduler(config.scheduler, config.speculation, self.policy, self.estimator, self.target.blocks,
-                                   self.draft.runner.blocks if self.draft else None, self._release, tokenizer)
+                                   self.draft.runner.blocks if self.draft else None,
+                                   release_blocks(self.target, self.draft), tokenizer)
         self._inbox = Inbox()
         self._seq_ids = itertools.count()
 
@@ -113,11 +127,6 @@ class Engine:
             else:
                 outputs += self.scheduler.abort(item, time.monotonic())
         return outputs
-
-    def _release(self, seq: Sequence) -> None:
-        self.target.free(seq.seq_id)
-        if self.draft is not None:
-            self.draft.release(seq)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or not self._inbox.empty()

@@ -126,3 +126,24 @@ def test_hundreds_of_requests_with_cancellations_and_preemptions_leak_nothing():
     assert engine.num_preemptions > 0
     for runner in (engine.target, engine.draft.runner):
         assert runner.blocks.num_free_blocks == runner.blocks.num_blocks
+
+
+@pytest.mark.parametrize("policy", ["adaserve", "continuous"])
+def test_an_engine_nobody_holds_is_freed_at_once(policy):
+    """No reference cycle through the engine: tools that build one engine after another (draft data
+    generation, evaluation) get each one's KV cache back when they drop it, not at some later full
+    garbage collection (generation ran out of memory at 2 GB per dropped engine)."""
+    import gc
+    import weakref
+
+    path = tiny_checkpoint("llama")
+    engine = engine_for(path, path, policy)
+    engine.add_request(Request("a", PROMPT, max_tokens=4))
+    list(engine.drain())
+    gone = weakref.ref(engine)
+    gc.disable()
+    try:
+        del engine
+        assert gone() is None
+    finally:
+        gc.enable()
