@@ -87,11 +87,13 @@ bench-load-tool: setup vllm-env  # `vllm bench serve`, unchanged, against our Op
 
 # The shipped draft (EAGLE-3 recipe, tools/draft): the target's continuations in two processes, then
 # teacher data and training. Every stage is cached in DRAFT_CACHE, so an interrupted run resumes.
+# DRAFT_TRAIN_ARGS passes options on, e.g. "--init FILE --epochs 4" to continue a saved draft's training.
 DRAFT_CACHE ?= .cache/draft
-DRAFT_PROMPTS ?= 3000
+DRAFT_PROMPTS ?= 5000
+DRAFT_TRAIN_ARGS ?=
 draft: setup
 	for k in 0 1; do HF_HUB_OFFLINE=1 $(PY) -m tools.draft.generate --cache $(DRAFT_CACHE) --prompts $(DRAFT_PROMPTS) --shard $$k --of 2 --threads 1 & done; wait
-	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.train --cache $(DRAFT_CACHE) --threads 2
+	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.train --cache $(DRAFT_CACHE) --threads 2 $(DRAFT_TRAIN_ARGS)
 
 draft-eval: setup  # the shipped draft on held-out and benchmark families (agreement, acceptance, one-request TPOT)
 	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.evaluate --out results/draft_eval.json

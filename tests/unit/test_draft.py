@@ -148,6 +148,23 @@ def test_training_time_test_computes_what_serving_computes_at_every_depth(tmp_pa
             state, parent = out.features_of(0), parent + 1
 
 
+def test_training_time_test_from_a_later_row_computes_the_same_rows(tmp_path):
+    """Deeper steps started at a later row (training skips prompt rows there) give those rows exactly
+    what the full unroll gives them."""
+    target = our_model(tiny_checkpoint("llama"))
+    _, draft, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3)
+    target.feature_layers = draft.target_layers
+    ids = torch.randint(3, 300, (2, 11), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        taps = shifted(dense_features(target, ids))
+        full = unrolled(draft, ids, taps, 3)
+        cropped = unrolled(draft, ids, taps, 3, start=5)
+    assert torch.equal(cropped[0], full[0])
+    for j in (1, 2):
+        assert cropped[j].shape[1] == 6
+        assert torch.allclose(cropped[j], full[j][:, 5:], atol=1e-5), j
+
+
 def test_a_draft_file_for_another_layout_is_rejected(tmp_path):
     out, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path)
     from safetensors.torch import load_file, save_file

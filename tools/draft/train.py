@@ -84,7 +84,8 @@ def training_batches(lengths: list[int], batch_tokens: int, rng: random.Random) 
 
 def collate(items, soft: SoftTargets, prompt_weight: float):
     """items: (seq, prompt_len, (top_ids, top_logp, taps)). Returns ids [B, T], taps shifted so row i
-    holds position i-1's, head rows and probabilities [B, T, k] of position i, weights [B, T]."""
+    holds position i-1's, head rows and probabilities [B, T, k] of position i, weights [B, T], and the
+    shortest prompt's length."""
     ids, _ = padded_batch([s for s, _, _ in items])
     b, t = ids.shape
     k, width = items[0][2][0].shape[1], items[0][2][2].shape[1]
@@ -99,7 +100,7 @@ def collate(items, soft: SoftTargets, prompt_weight: float):
         weight[row, :n] = prompt_weight
         weight[row, plen - 1 : n] = 1.0  # positions whose next token is an output token
     rows, p = soft(top_ids, top_logp)
-    return ids, taps, rows, p, weight
+    return ids, taps, rows, p, weight, min(plen for _, plen, _ in items)
 
 
 def shift_targets(x: torch.Tensor, j: int) -> torch.Tensor:
@@ -110,12 +111,16 @@ def shift_targets(x: torch.Tensor, j: int) -> torch.Tensor:
 
 
 def run_batch(draft, batch, steps: int, decay: float):
-    ids, taps, rows, p, weight = batch
-    outs = unrolled(draft, ids, taps, steps)
+    """Depth-weighted loss and (hits, count) per step. Steps past the first start at the first row whose
+    chain can reach an output position (rows before it only score prompt text)."""
+    ids, taps, rows, p, weight, min_prompt = batch
+    start = max(0, min_prompt - steps)
+    outs = unrolled(draft, ids, taps, steps, start)
     loss, stats = 0.0, []
     for j, hidden in enumerate(outs):
-        w = shift_targets(weight, j)
-        lj, hits, count = step_loss(draft, hidden, shift_targets(rows, j), shift_targets(p, j), w)
+        first = 0 if j == 0 else start
+        w = shift_targets(weight, j)[:, first:]
+        lj, hits, count = step_loss(draft, hidden, shift_targets(rows, j)[:, first:], shift_targets(p, j)[:, first:], w)
         loss = loss + decay**j * lj
         stats.append((hits.item(), count.item()))
     return loss, stats

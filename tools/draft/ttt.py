@@ -6,6 +6,10 @@ at position i+j, and as feature the draft's step-(j-1) output at row i (step 0 r
 taps at i-1). It attends to what the node attends to when serving: the chain (step 0's keys at rows
 <= i, which the draft cache holds) and its own ancestors (the keys of steps 1..j at row i). Its output
 predicts token i+j+1, scored against the target's distribution at position i+j.
+
+Deeper steps may start at a row `start`: only rows whose chains reach the outputs are trained there
+(serving drafts deep nodes after the prompt's last token, never inside it), which skips most of a
+long prompt's rows at every step but the first (the first keeps them all: they are the chain's keys).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ def shifted_ids(ids: torch.Tensor, j: int) -> torch.Tensor:
     return torch.cat([ids[:, j:], ids.new_zeros(ids.shape[0], j)], dim=1)
 
 
-def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """Final-norm outputs [B, T, H] of steps 0..steps-1. ids [B, T]; taps [B, T, k*H] with row i the
-    target's taps at position i-1 (zeros at row 0)."""
+def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+    """Final-norm outputs of steps 0..steps-1: [B, T, H] for step 0, [B, T - start, H] (rows start..T-1)
+    for the others. ids [B, T]; taps [B, T, k*H] with row i the target's taps at position i-1 (zeros
+    at row 0)."""
     assert draft.target_layers and len(draft.layers) == 1, "training-time test is for the EAGLE-3 layout"
     layer, s = draft.layers[0], draft.spec
     b, t = ids.shape
@@ -35,22 +40,26 @@ def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: 
     keys, values, outs = [], [], []
     x = draft.fuse(taps, draft.embed_tokens.weight.dtype)
     for j in range(steps):
-        emb = draft.embed_tokens(shifted_ids(ids, j))
-        positions = (torch.arange(t, device=ids.device) + j).clamp(max=draft.max_len - 1).repeat(b)
+        first = 0 if j == 0 else start
+        if j == 1:
+            x = x[:, start:]
+        rows = t - first
+        emb = draft.embed_tokens(shifted_ids(ids, j)[:, first:])
+        positions = (torch.arange(first, t, device=ids.device) + j).clamp(max=draft.max_len - 1).repeat(b)
         cos, sin = draft.rope(positions, emb.dtype)
         q, k, v = layer.qkv(layer.fused_inputs(emb, x).flatten(0, 1), cos, sin)
-        q = q.view(b, t, s.num_heads, s.head_dim).transpose(1, 2)  # [B, heads, T, D]
-        k = k.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
-        v = v.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
+        q = q.view(b, rows, s.num_heads, s.head_dim).transpose(1, 2)  # [B, heads, rows, D]
+        k = k.view(b, rows, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
+        v = v.view(b, rows, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
         keys.append(k)
         values.append(v)
-        chain = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, h, T, T]
+        chain = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal[first:], float("-inf"))  # [B, h, rows, T]
         own = [(q * km).sum(-1, keepdim=True) * scale for km in keys[1:]]  # ancestors and itself
         probs = torch.softmax(torch.cat([chain, *own], dim=-1).float(), dim=-1).to(q.dtype)
         att = probs[..., :t] @ values[0]
         for m, vm in enumerate(values[1:]):
             att = att + probs[..., t + m : t + m + 1] * vm
-        att = att.transpose(1, 2).reshape(b, t, -1)
+        att = att.transpose(1, 2).reshape(b, rows, -1)
         x = x + layer.o_proj(att)
         x = x + layer.mlp(x)
         outs.append(draft.norm(x))
