@@ -42,7 +42,7 @@ from client.prompts import BENCHMARK_FAMILIES, benchmark_prompts
 from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
 from tools.draft.generate import shard_path
 from tools.draft.teacher import continuations, padded_batch, teacher_data
-from tools.draft.ttt import SoftTargets, step_loss, unrolled
+from tools.draft.ttt import SoftTargets, shifted_rows, step_loss, unrolled
 
 
 def cached(path: str, make):
@@ -103,13 +103,6 @@ def collate(items, soft: SoftTargets, prompt_weight: float):
     return ids, taps, rows, p, weight, min(plen for _, plen, _ in items)
 
 
-def shift_targets(x: torch.Tensor, j: int) -> torch.Tensor:
-    """x[:, i + j] at row i, zeros past the end: step j's targets."""
-    if j == 0:
-        return x
-    return torch.cat([x[:, j:], torch.zeros_like(x[:, :j])], dim=1)
-
-
 def run_batch(draft, batch, steps: int, decay: float):
     """Depth-weighted loss and (hits, count) per step. Steps past the first start at the first row whose
     chain can reach an output position (rows before it only score prompt text)."""
@@ -119,8 +112,7 @@ def run_batch(draft, batch, steps: int, decay: float):
     loss, stats = 0.0, []
     for j, hidden in enumerate(outs):
         first = 0 if j == 0 else start
-        w = shift_targets(weight, j)[:, first:]
-        lj, hits, count = step_loss(draft, hidden, shift_targets(rows, j)[:, first:], shift_targets(p, j)[:, first:], w)
+        lj, hits, count = step_loss(draft, hidden, *(shifted_rows(x, j, first) for x in (rows, p, weight)))
         loss = loss + decay**j * lj
         stats.append((hits.item(), count.item()))
     return loss, stats

@@ -20,11 +20,12 @@ import torch.nn.functional as F
 from adaserve_backend.models.feature_draft import FeatureDraft
 
 
-def shifted_ids(ids: torch.Tensor, j: int) -> torch.Tensor:
-    """ids[:, i + j] at row i (zeros past the end)."""
-    if j == 0:
-        return ids
-    return torch.cat([ids[:, j:], ids.new_zeros(ids.shape[0], j)], dim=1)
+def shifted_rows(x: torch.Tensor, j: int, first: int = 0) -> torch.Tensor:
+    """x[:, i + j] at row i, for rows first..T-1 (zeros past the end): step j's inputs (ids) or
+    targets (head rows, probabilities, weights) of the rows it computes."""
+    out = x[:, first + j :]
+    pad = x.shape[1] - first - out.shape[1]
+    return torch.cat([out, x.new_zeros(x.shape[0], pad, *x.shape[2:])], dim=1) if pad else out
 
 
 def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
@@ -44,7 +45,7 @@ def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: 
         if j == 1:
             x = x[:, start:]
         rows = t - first
-        emb = draft.embed_tokens(shifted_ids(ids, j)[:, first:])
+        emb = draft.embed_tokens(shifted_rows(ids, j, first))
         positions = (torch.arange(first, t, device=ids.device) + j).clamp(max=draft.max_len - 1).repeat(b)
         cos, sin = draft.rope(positions, emb.dtype)
         q, k, v = layer.qkv(layer.fused_inputs(emb, x).flatten(0, 1), cos, sin)
