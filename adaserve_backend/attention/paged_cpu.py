@@ -1,14 +1,13 @@
-"""CPU attention that reads the paged cache in place for sequences with few new tokens.
+"""CPU attention that reads the paged cache in place (the C++ kernel of csrc/paged_attention.cpp).
 
-Under load a CPU forward is mostly decode steps over long contexts. The torch backend gathers every
-sequence's keys and values into padded copies before SDPA, and on this machine that gather costs as
-much as the attention (10 decode sequences, contexts 150-510, bf16: 7.6 ms of gathers and 7.7 ms of
-SDPA per forward, one run). The kernel in csrc/paged_attention.cpp walks the pages instead.
-Sequences with more new tokens than SMALL_QUERIES keep torch's SDPA, whose blocked kernels do more
-arithmetic per byte than this kernel's loops: in one run (bf16, 10 sequences, contexts 150-510, whole
-forward) the kernel took a decode batch from 46.7 to 39.2 ms, a decode batch beside a 33-token chunk
-from 63.4 to 56.4, ten 2-token trees from 52.1 to 48.3, but ten 4-token trees from 60.3 to 64.2 and
-ten 8-token trees from 74.0 to 90.0 ms.
+torch's SDPA needs each sequence's keys and values contiguous, so the torch backend gathers them into
+padded copies every layer; on this machine that gather cost as much as the attention for a decode
+batch (10 sequences, contexts 150-510, bf16: 7.6 ms of gathers and 7.7 ms of SDPA per forward). The
+kernel walks the pages instead, for every kind of sequence: decode steps, token trees and prefill
+chunks. Until its bfloat16 loops kept their accumulators in registers (bf16_tiles.h), trees of more than
+2 tokens went to SDPA; measured after (whole target forward, bf16, one run each, SDPA -> kernel): one
+9-token tree over 300 keys 22.8 -> 19.1 ms, ten 16-token trees over 800 keys 231 -> 177 ms, a
+256-token prefill chunk over 600 keys 334 -> 297 ms, over 100 keys 237 -> 239 ms (a tie).
 """
 
 from __future__ import annotations
@@ -19,55 +18,40 @@ import torch
 
 from ..kv_cache.kv_cache import KVCache
 from .metadata import AttentionMetadata
-from .torch_sdpa import TorchSDPABackend
-
-SMALL_QUERIES = 2
 
 
 class PagedCPUBackend:
     def __init__(self, kv_cache: KVCache, num_heads: int, op) -> None:
         self.op = op
-        self.sdpa = TorchSDPABackend(kv_cache, num_heads)
-        self.page = kv_cache.block_size
+        self.cache = kv_cache
         self.scale = 1.0 / math.sqrt(kv_cache.data.shape[-1])
-        self.args: tuple | None = None  # the kernel's per-forward arguments, None: no small sequence
+        self.meta: AttentionMetadata | None = None
+        self.args: tuple = ()  # the kernel's per-forward arguments
 
     def plan(self, meta: AttentionMetadata) -> None:
-        small = [i for i, n in enumerate(meta.q_lens) if n <= SMALL_QUERIES]
-        self.sdpa.plan(meta, [i for i, n in enumerate(meta.q_lens) if n > SMALL_QUERIES])
-        self.args = self._kernel_args(meta, small) if small else None
-
-    def _kernel_args(self, meta: AttentionMetadata, small: list[int]) -> tuple:
-        device = meta.kv_indices.device
-        members = set(small)
-        starts, tails, mask_starts, offset, mask_start = [], [], [], 0, 0
-        for i, n in enumerate(meta.q_lens):
-            if i in members:
-                starts.append(offset)
-                tails.append(meta.masks[i][:, meta.prefix_lens[i] :].reshape(-1))
-                mask_starts.append(mask_start)
-                mask_start += tails[-1].numel()
-            offset += n
-        i64 = dict(dtype=torch.long, device=device)
-        indptr = meta.kv_indptr.tolist()
-        return (
-            torch.tensor(starts, **i64),
-            torch.tensor([meta.q_lens[i] for i in small], **i64),
-            torch.tensor([indptr[i] for i in small], **i64),
+        i64 = dict(dtype=torch.long, device=meta.kv_indices.device)
+        tails = [m[:, p:].reshape(-1) for m, p in zip(meta.masks, meta.prefix_lens)]  # what the uncommitted tokens see
+        q_starts, mask_starts = [0], [0]
+        for n, tail in zip(meta.q_lens, tails):
+            q_starts.append(q_starts[-1] + n)
+            mask_starts.append(mask_starts[-1] + tail.numel())
+        self.meta = meta
+        self.args = (
+            torch.tensor(q_starts[:-1], **i64),
+            torch.tensor(meta.q_lens, **i64),
+            meta.kv_indptr[:-1].to(torch.long),
             meta.kv_indices,
-            torch.tensor([meta.kv_lens[i] for i in small], **i64),
-            torch.tensor([meta.prefix_lens[i] for i in small], **i64),
-            torch.tensor(mask_starts, **i64),
+            torch.tensor(meta.kv_lens, **i64),
+            torch.tensor(meta.prefix_lens, **i64),
+            torch.tensor(mask_starts[:-1], **i64),
             torch.cat(tails),
-            self.page,
+            self.cache.block_size,
             self.scale,
         )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.args is None:
-            return self.sdpa.forward(layer, q, k, v)
-        k_flat, v_flat = self.sdpa.write(layer, k, v)
+        assert self.meta is not None, "plan() must run before forward()"
+        k_flat, v_flat = self.cache.write(layer, self.meta.slot_mapping, k, v)
         out = torch.empty_like(q)
         self.op(out, q.contiguous(), k_flat, v_flat, *self.args)
-        return self.sdpa.attend_into(out, q, k_flat, v_flat)
-
+        return out

@@ -121,35 +121,23 @@ class TorchSDPABackend:
         self.meta: AttentionMetadata | None = None
         self.groups: list[PaddedGroup] = []
 
-    def plan(self, meta: AttentionMetadata, members: list[int] | None = None) -> None:
-        """members: the sequences this backend attends for (default all; see paged_cpu.py)."""
+    def plan(self, meta: AttentionMetadata) -> None:
         starts = [0]
         for q_len in meta.q_lens:
             starts.append(starts[-1] + q_len)
-        members = list(range(len(meta.q_lens))) if members is None else members
-        partition = group_sequences([meta.q_lens[i] for i in members], [meta.kv_lens[i] for i in members], GROUP_OVERHEAD_PAIRS)
-        whole = len(partition) == 1 and len(members) == len(meta.q_lens)
+        partition = group_sequences(meta.q_lens, meta.kv_lens, GROUP_OVERHEAD_PAIRS)
+        whole = len(partition) == 1
         dtype = self.cache.data.dtype
         fold = 1 if dtype == torch.float32 else self.heads_per_kv_head
         self.meta = meta
-        self.groups = [plan_group(meta, [members[j] for j in g], starts, whole, fold, dtype) for g in partition]
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this forward's keys and values; returns the layer's flat cache views."""
-        assert self.meta is not None, "plan() must run before forward()"
-        k_flat, v_flat = self.cache.layer_flat(layer)
-        k_flat.index_copy_(0, self.meta.slot_mapping, k)
-        v_flat.index_copy_(0, self.meta.slot_mapping, v)
-        return k_flat, v_flat
+        self.groups = [plan_group(meta, g, starts, whole, fold, dtype) for g in partition]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_flat, v_flat = self.write(layer, k, v)
+        assert self.meta is not None, "plan() must run before forward()"
+        k_flat, v_flat = self.cache.write(layer, self.meta.slot_mapping, k, v)
         if len(self.groups) == 1 and self.groups[0].tokens is None:
             return self._attend(self.groups[0], q, k_flat, v_flat)
-        return self.attend_into(torch.empty_like(q), q, k_flat, v_flat)
-
-    def attend_into(self, out: torch.Tensor, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor) -> torch.Tensor:
-        """Fill the planned groups' rows of out."""
+        out = torch.empty_like(q)
         for g in self.groups:
             out.index_copy_(0, g.tokens, self._attend(g, q.index_select(0, g.tokens), k_flat, v_flat))
         return out

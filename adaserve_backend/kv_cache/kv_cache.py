@@ -40,6 +40,13 @@ class KVCache:
         """[slots, kv_heads, head_dim] views of one layer's keys and values."""
         return self._flat[index, 0], self._flat[index, 1]
 
+    def write(self, index: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store keys and values [T, kv_heads, head_dim] at `slots` of one layer; returns its flat views."""
+        k_flat, v_flat = self.layer_flat(index)
+        k_flat.index_copy_(0, slots, k)
+        v_flat.index_copy_(0, slots, v)
+        return k_flat, v_flat
+
     def move(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Copy the KV entries of slots `src` to slots `dst` in every layer (gather first, so order
         within the call does not matter)."""

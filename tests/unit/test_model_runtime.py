@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from adaserve_backend.attention import paged_cpu, torch_sdpa
+from adaserve_backend.attention import torch_sdpa
 from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT
 from adaserve_backend.kv_cache import KVCacheFull
 from adaserve_backend.model_runner import ModelRunner, SeqInput
@@ -104,12 +104,10 @@ def test_batched_tree_verification_then_commit_and_decode(kind, grouping, monkey
     each tree node's logits equal transformers' on the node's root-to-node path. After committing one
     accepted path per sequence, the next decode step matches again. "apart": attention splits the
     batch into several padded groups (free extra SDPA calls), "cost": as served (here one group),
-    "paged_cpu": the C++ kernel reading the cache in place for the trees and decode steps (float32
+    "paged_cpu": the C++ kernel reading the cache in place for every sequence, trees and chunk alike (float32
     here, so its arithmetic is checked to the oracle's tolerance; served in bfloat16)."""
     if grouping == "apart":
         monkeypatch.setattr(torch_sdpa, "GROUP_OVERHEAD_PAIRS", -10**9)
-    if grouping == "paged_cpu":
-        monkeypatch.setattr(paged_cpu, "SMALL_QUERIES", 10)  # the 13-node tree goes to SDPA, 9 nodes span two query chunks
     path = checkpoint(kind)
     runner = runner_for(path, attention="paged_cpu" if grouping == "paged_cpu" else "auto")
     rng = random.Random(3)

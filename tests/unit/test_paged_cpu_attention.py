@@ -1,6 +1,6 @@
 """The C++ kernel that reads the paged cache in place (attention/paged_cpu.py) against torch's SDPA
 backend on the same cache and metadata: decode steps, token trees spanning several query chunks, a
-causal chunk, blocks of 4 and 16 slots; float32 to rounding, bfloat16 to its precision. The kernel is
+causal chunk, blocks of 4 to 128 slots, head dims 32 to 128; float32 to rounding, bfloat16 to its precision. The kernel is
 also checked end to end against transformers in test_model_runtime.py."""
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ def tree(rng: random.Random, n: int) -> list[int]:
     return [-1] + [rng.randrange(max(0, i - 3), i) for i in range(1, n)]
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("dtype,tol,dim", [(torch.float32, 1e-5, DIM), (torch.bfloat16, 2e-2, 32), (torch.bfloat16, 2e-2, DIM),
+                                           (torch.bfloat16, 2e-2, 96), (torch.bfloat16, 2e-2, 128)])
 @pytest.mark.parametrize("block_size", [4, 16, 128])
-def test_kernel_matches_sdpa(dtype, tol, block_size, monkeypatch):
-    monkeypatch.setattr(paged_cpu, "SMALL_QUERIES", 32)  # every sequence through the kernel
+def test_kernel_matches_sdpa(dtype, tol, dim, block_size):
     rng = random.Random(0)
     torch.manual_seed(0)
     blocks = BlockManager(512, block_size)
-    cache = KVCache(2, KV_HEADS, DIM, 512, block_size, dtype, "cpu")
+    cache = KVCache(2, KV_HEADS, dim, 512, block_size, dtype, "cpu")
     cache.data.normal_()
     contexts = [1, 37, 150, 16, 90]
     new = [1, 13, 1, 20, 5]  # decode, a tree over two query chunks, decode, a causal chunk, a tree
@@ -42,8 +42,8 @@ def test_kernel_matches_sdpa(dtype, tol, block_size, monkeypatch):
         blocks.commit_all(s)
         blocks.append(s, [-1] + list(range(n - 1)) if s == 3 else tree(rng, n) if n > 1 else [-1])
     meta = build_metadata(blocks, list(enumerate(new)), "cpu")
-    q = torch.randn(sum(new), HEADS, DIM).to(dtype)
-    k, v = torch.randn(sum(new), KV_HEADS, DIM).to(dtype), torch.randn(sum(new), KV_HEADS, DIM).to(dtype)
+    q = torch.randn(sum(new), HEADS, dim).to(dtype)
+    k, v = torch.randn(sum(new), KV_HEADS, dim).to(dtype), torch.randn(sum(new), KV_HEADS, dim).to(dtype)
     ours, ref = paged_cpu.PagedCPUBackend(cache, HEADS, paged_attention_op()), TorchSDPABackend(cache, HEADS)
     ours.plan(meta)
     ref.plan(meta)

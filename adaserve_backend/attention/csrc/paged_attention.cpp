@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 
 #include "attention_tiles.h"
+#include "bf16_tiles.h"
 #include "cpu_math.h"
 
 #include <algorithm>
@@ -160,74 +161,54 @@ void attend(const Paged<T>& a) {
 }
 
 #if defined(__AVX512BF16__)
-// The bfloat16 path (dim a multiple of 32, at most 128). Keys and values stay bfloat16: q.k by
-// VDPBF16PS (bf16 pairs multiplied exactly, summed in float32) straight from the cache rows, and p.V
-// with each value row widened once into registers for a block of query rows. The generic loops widen
-// every row into a buffer and reread it per query row, about three times the instructions. Measured
-// (2 threads, decode batch of 32 over 1024-token contexts, one run): with one layer's cache reused
-// (L3-resident) 1.98 -> 1.35 ms per layer; over 30 layers' caches (DRAM) 92 -> 76 ms in all. Tried
-// and slower: a task taking every KV head of its sequence so slots are read contiguously (83 ms), and
-// prefetching 8 to 128 rows ahead (no change): reading the cache, it is latency- rather than
-// bandwidth-bound. Probabilities stay float32 (GPU flash kernels round them to bf16), normalised at the end.
-constexpr int64_t kRowBlock = 6;  // query rows whose p.V accumulators (up to 8 registers each) stay in registers
+// The bfloat16 path (dim a multiple of 32, at most 128; loops in bf16_tiles.h). Keys and values stay
+// bfloat16: each 16 keys are transposed once into bf16 pairs so a query row takes one VDPBF16PS per pair
+// for all 16 scores (bf16 products exact, summed in float32), and p.V widens each value row once into
+// registers for a block of query rows. Probabilities stay float32 (GPU flash kernels round them to
+// bf16), normalised at the end. Measured (2 threads, decode batch of 32 over 1024-token contexts, one
+// run) before the transposed tiles: with one layer's cache reused (L3-resident) 1.98 -> 1.35 ms per layer
+// against the generic loops; over 30 layers' caches (DRAM) 92 -> 76 ms in all. Tried and slower: a task
+// taking every KV head of its sequence so slots are read contiguously (83 ms), and prefetching 8 to 128
+// rows ahead (no change): reading the cache, it is latency- rather than bandwidth-bound.
+constexpr int64_t kScoreRows = 4;  // query rows sharing one transposed key tile per pass
 
-inline __m512bh load32_bf16(const c10::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
-
+template <int H>
 void attend_bf16(const Paged<c10::BFloat16>& a) {
   using T = c10::BFloat16;
-  const int64_t dim = a.dim, group = a.group, halves = dim / 32, chunks = dim / 16;
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
+  constexpr int C = 2 * H, kValueRows = 24 / C;  // p.V: kValueRows x C accumulators stay in 32 registers
+  const int64_t group = a.group, row_bytes = a.dim * static_cast<int64_t>(sizeof(T));
   at::parallel_for(0, a.num_tasks(), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, sums;
+    std::vector<float> scores, sums, inv;
     std::vector<const T*> krow, vrow, qrow;
+    std::vector<T*> orow;
+    alignas(64) uint32_t kt[16 * 16 * H];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t s = a.task_seq[t / a.kv_heads], q0 = a.task_q0[t / a.kv_heads], h = t % a.kv_heads;
       const int64_t nq = std::min(kQueryChunk, a.q_lens[s] - q0), rows = nq * group, kv_len = a.kv_lens[s];
       qrow.resize(rows);
-      for (int64_t r = 0; r < rows; ++r) qrow[r] = a.q + a.row_offset(s, q0, r / group, h, r % group);
+      orow.resize(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        qrow[r] = a.q + a.row_offset(s, q0, r / group, h, r % group);
+        orow[r] = a.out + a.row_offset(s, q0, r / group, h, r % group);
+      }
       a.rows(s, h, krow, vrow);
       scores.resize(rows * kv_len);
       for (int64_t p0 = 0; p0 < kv_len; p0 += 16) {
         const int64_t n = std::min<int64_t>(16, kv_len - p0);
         prefetch_rows(krow, p0 + kPrefetchAhead, 16, row_bytes);
-        const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
-        for (int64_t r = 0; r < rows; ++r) {
-          __m512 acc[16];
-          for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-          for (int64_t c = 0; c < halves; ++c) {
-            const __m512bh qv = load32_bf16(qrow[r] + 32 * c);
-            for (int64_t j = 0; j < n; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], qv, load32_bf16(krow[p0 + j] + 32 * c));
-          }
-          _mm512_mask_storeu_ps(scores.data() + r * kv_len + p0, keep, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(a.scale)));
-        }
+        transpose_keys<H>(krow.data() + p0, n, kt);
+        for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows)
+          tile_scores_upto<H, kScoreRows>(std::min(kScoreRows, rows - r0), qrow.data() + r0, kt, n, a.scale,
+                                          scores.data() + r0 * kv_len + p0, kv_len);
       }
       sums.resize(rows);
       const int64_t prefix = a.prefix_lens[s];
       softmax_numerators(scores.data(), nq, group, kv_len, prefix, a.mask + a.mask_starts[s] + q0 * (kv_len - prefix), sums.data());
-      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        const int64_t nr = std::min(kRowBlock, rows - r0);
-        __m512 acc[kRowBlock][8];
-        for (int64_t r = 0; r < nr; ++r)
-          for (int64_t c = 0; c < chunks; ++c) acc[r][c] = _mm512_setzero_ps();
-        for (int64_t pos = 0; pos < kv_len; ++pos) {
-          if ((pos & 15) == 0) prefetch_rows(vrow, pos + kPrefetchAhead, 16, row_bytes);
-          __m512 val[8];
-          for (int64_t c = 0; c < chunks; ++c) val[c] = load16(vrow[pos] + 16 * c);
-          for (int64_t r = 0; r < nr; ++r) {
-            const __m512 w = _mm512_set1_ps(scores[(r0 + r) * kv_len + pos]);
-            for (int64_t c = 0; c < chunks; ++c) acc[r][c] = _mm512_fmadd_ps(w, val[c], acc[r][c]);
-          }
-        }
-        for (int64_t r = 0; r < nr; ++r) {
-          T* dst = a.out + a.row_offset(s, q0, (r0 + r) / group, h, (r0 + r) % group);
-          const __m512 inv = _mm512_set1_ps(1.f / sums[r0 + r]);
-          alignas(64) float tmp[16];
-          for (int64_t c = 0; c < chunks; ++c) {
-            _mm512_store_ps(tmp, _mm512_mul_ps(acc[r][c], inv));
-            for (int d = 0; d < 16; ++d) dst[16 * c + d] = static_cast<T>(tmp[d]);
-          }
-        }
-      }
+      inv.resize(rows);
+      for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / sums[r];
+      for (int64_t r0 = 0; r0 < rows; r0 += kValueRows)
+        rows_times_values_upto<C, kValueRows>(std::min<int64_t>(kValueRows, rows - r0), scores.data() + r0 * kv_len, kv_len,
+                                              vrow.data(), kv_len, inv.data() + r0, orow.data() + r0);
     }
   });
 }
@@ -251,7 +232,12 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
                           mask_starts, tail_mask, page, scale)
   if (q.scalar_type() == at::kBFloat16) {
 #if defined(__AVX512BF16__)
-    if (q.size(2) % 32 == 0 && q.size(2) <= 128) return attend_bf16(PAGED(c10::BFloat16));
+    switch (q.size(2)) {
+      case 32: return attend_bf16<1>(PAGED(c10::BFloat16));
+      case 64: return attend_bf16<2>(PAGED(c10::BFloat16));
+      case 96: return attend_bf16<3>(PAGED(c10::BFloat16));
+      case 128: return attend_bf16<4>(PAGED(c10::BFloat16));
+    }
 #endif
     attend(PAGED(c10::BFloat16));
   } else if (q.scalar_type() == at::kFloat) {
