@@ -24,12 +24,18 @@ def prepacking_available(weight: torch.Tensor) -> bool:
     )
 
 
+# Bumped by every prepack: what caches built over packed weights (fused_layer.fused_stack) check.
+pack_generation = 0
+
+
 class Linear(nn.Linear):
     _packed: torch.Tensor | None = None
     _packed_version = -1
 
     def prepack(self) -> None:
         """Pack the current weight for inference; a no-op where prepacking does not apply."""
+        global pack_generation
+        pack_generation += 1
         self._packed = None
         if prepacking_available(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention.backend import AttentionBackend
-from .fused_layer import decoder_layer_ops, packs_current, run_layers
+from .fused_layer import decoder_layer_ops, fused_stack, run_layers
 from .linear import Linear, prepack_all
 
 
@@ -220,8 +220,8 @@ class LlamaModel(nn.Module):
         concatenated (an EAGLE-3 draft), or the final hidden states when there are none."""
         x = self.embed(input_ids, features)
         cos, sin = self.rope(positions, x.dtype)
-        if self.layer_ops is not None and packs_current(self):
-            return run_layers(self, self.layer_ops, x, cos, sin, attn)
+        if self.layer_ops is not None and (stack := fused_stack(self)) is not None:
+            return run_layers(self, self.layer_ops, stack, x, cos, sin, attn)
         taps = []
         for i, layer in enumerate(self.layers):
             if i in self.feature_layers:

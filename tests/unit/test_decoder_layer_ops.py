@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from adaserve_backend.config import CacheConfig
 from adaserve_backend.cpu_extension import load_extension
 from adaserve_backend.model_runner import ModelRunner, SeqInput
-from adaserve_backend.models.fused_layer import SOURCE, packs_current
+from adaserve_backend.models import linear
+from adaserve_backend.models.fused_layer import SOURCE, fused_stack
 from adaserve_backend.models.llama import RMSNorm, apply_rope
 from tests.model_fixtures import our_model, tiny_checkpoint
 
@@ -96,6 +97,12 @@ def test_float32_and_training_keep_the_python_layers():
     assert our_model(tiny_checkpoint("llama"), "float32").layer_ops is None  # the exact oracle
     model = our_model(tiny_checkpoint("llama"), "bfloat16")
     with torch.enable_grad():
-        assert not packs_current(model)
+        assert fused_stack(model) is None
     with torch.inference_mode():
-        assert packs_current(model)
+        assert fused_stack(model) is not None
+    with torch.no_grad():  # an optimizer step after packing: the packed copy is stale
+        model.layers[0].down_proj.weight.mul_(2)
+    with torch.inference_mode():
+        assert fused_stack(model) is None
+        linear.prepack_all(model)  # packed again: the stack is gathered anew
+        assert fused_stack(model) is not None
