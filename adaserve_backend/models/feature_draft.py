@@ -29,6 +29,7 @@ from torch import nn
 from ..config import EMBEDDED_DRAFT, ModelConfig
 from .linear import Linear
 from ..attention.backend import AttentionBackend
+from .fused_layer import fused_stack
 from .llama import DecoderLayer, LlamaModel, RMSNorm
 from .loader import TORCH_DTYPES, read_checkpoint
 
@@ -76,9 +77,13 @@ class FusedInputLayer(DecoderLayer):
     def fused_inputs(self, emb: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.input_layernorm(emb), self.hidden_norm(feature)], dim=-1)
 
-    def forward_fused(self, layer: int, emb, feature, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+    def attention(self, layer: int, emb, feature, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+        """The attention output [T, heads * dim], before the output projection."""
         q, k, v = self.qkv(self.fused_inputs(emb, feature), cos, sin)
-        x = feature + self.o_proj(attn.forward(layer, q, k, v).reshape(feature.shape[0], -1))
+        return attn.forward(layer, q, k, v).reshape(feature.shape[0], -1)
+
+    def forward_fused(self, layer: int, emb, feature, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+        x = feature + self.o_proj(self.attention(layer, emb, feature, cos, sin, attn))
         return x + self.mlp(x)
 
 
@@ -112,9 +117,22 @@ class FeatureDraft(LlamaModel):
         emb = self.embed_tokens(input_ids)
         x = self.fuse(features, emb.dtype)
         cos, sin = self.rope(positions, emb.dtype)
+        if self.layer_ops is not None and (stack := fused_stack(self)) is not None:
+            return self._run_fused(stack, emb, x, cos, sin, attn)
         for i, layer in enumerate(self.layers):
             x = layer.forward_fused(i, emb, x, cos, sin, attn)
         return self.norm(x), x
+
+    def _run_fused(self, stack, emb, x, cos, sin, attn: AttentionBackend):
+        """run's layers with everything after attention in one C++ call per layer (fused_layer.py):
+        the Python path's ~14 ATen calls cost more than the arithmetic of a draft step."""
+        eps, residual, mlp = self.spec.rms_norm_eps, x, None
+        for i, layer in enumerate(self.layers):
+            residual = residual.clone() if mlp is None else residual + mlp  # a fresh stream: the ops update it in place
+            out = layer.attention(i, emb, residual, cos, sin, attn).contiguous()
+            mlp = self.layer_ops.post_attention(out, residual, *stack.post[i], eps)
+        hidden = self.layer_ops.add_rms_norm(mlp, residual, self.norm.weight, eps)
+        return hidden, residual
 
 
 def base_draft(layout: DraftLayout, max_len: int, parts=None) -> FeatureDraft:

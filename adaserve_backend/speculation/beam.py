@@ -44,7 +44,7 @@ def beam_search(
     out = draft.forward([SeqInput(r.seq_id, r.chain, features=r.features) for r in requests] + list(extra))
     logp = torch.log_softmax(out.logits[: len(requests)], dim=-1)  # [n, V]
     hidden = [out.features_of(i)[-1:] for i in range(len(requests))]  # the root's output
-    vocab_ids = draft.model.vocab_ids.tolist() if draft.model.vocab_ids is not None else None
+    vocab_ids = draft.model.vocab_ids  # a tensor: listing all 8,192 ids cost 0.17 ms a search
     beams, slots = _extend(trees, [[0] for _ in requests], logp.unsqueeze(1), width, vocab_ids)
     for step in range(1, depth):
         inputs = []
@@ -64,17 +64,19 @@ def beam_search(
 
 def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: int, vocab_ids):
     """Add, per tree, the `width` best children of its current beam nodes. Returns the new beams and,
-    per tree, the position in the old beam of each new node's parent. `vocab_ids` maps a draft head
-    row to its token id (a head over part of the vocabulary)."""
+    per tree, the position in the old beam of each new node's parent. `vocab_ids` (a tensor, or None)
+    maps a draft head row to its token id (a head over part of the vocabulary)."""
     new_beams, new_slots = [], []
     for tree, beam, logp in zip(trees, beams, logps):
         parent_log = torch.tensor([math.log(tree.scores[j]) for j in beam], dtype=logp.dtype)
         total = (logp + parent_log[:, None]).reshape(-1)  # [len(beam) * V]
         top = torch.topk(total, min(width, total.numel()))
         vocab = logp.shape[-1]
+        rows = top.indices % vocab
+        ids = (rows if vocab_ids is None else vocab_ids[rows]).tolist()
         level, slots = [], []
-        for score, flat in zip(top.values.tolist(), top.indices.tolist()):
-            tree.tokens.append(vocab_ids[flat % vocab] if vocab_ids else flat % vocab)
+        for score, flat, token in zip(top.values.tolist(), top.indices.tolist(), ids):
+            tree.tokens.append(token)
             tree.parents.append(beam[flat // vocab])
             tree.scores.append(math.exp(score))
             tree.draft_region.append(-1)

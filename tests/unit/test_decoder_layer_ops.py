@@ -93,6 +93,39 @@ def test_fused_forward_matches_the_python_layers(kind):
     torch.testing.assert_close(fused_taps.float(), python_taps.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_eagle3_draft_fused_forward_matches_its_python_layers():
+    """The draft's layer after attention through post_attention, against its Python layer: a chain read
+    with the target's taps, then a tree fed its own output states (as beam search feeds it)."""
+    from adaserve_backend.models.feature_draft import DraftLayout, base_draft
+
+    path = tiny_checkpoint("llama")
+    draft = base_draft(DraftLayout(path, layers=[1], head_vocab=list(range(100)), feature_layers=[0, 1, 2]), max_len=256)
+    with torch.no_grad():
+        for p in draft.parameters():  # an untrained fusion is zero: make every input matter
+            p.add_(torch.randn_like(p) * 0.02)
+    draft = draft.place("cpu", torch.bfloat16).eval()
+    with torch.inference_mode():
+        assert draft.layer_ops is not None and fused_stack(draft) is not None
+    rng, h = random.Random(0), draft.spec.hidden_size
+    chain, tree = [rng.randrange(100) for _ in range(9)], [rng.randrange(100) for _ in range(4)]
+    taps = torch.randn(len(chain), 3 * h)
+    results, ops_ = [], draft.layer_ops
+    try:
+        for layer_ops in (ops_, None):
+            draft.layer_ops = layer_ops
+            runner = ModelRunner(draft, CacheConfig(block_size=4, memory_mb=8))
+            with torch.inference_mode():
+                first = runner.forward([SeqInput(0, chain, num_logits=1, features=taps)])
+                own = first.features[-1:].repeat(len(tree), 1)
+                second = runner.forward([SeqInput(0, tree, [-1, -1, 0, 1], len(tree), own)])
+            results.append((torch.cat([first.logits, second.logits]), torch.cat([first.features, second.features])))
+    finally:
+        draft.layer_ops = ops_
+    (fused, fused_states), (python, python_states) = results
+    torch.testing.assert_close(fused, python, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fused_states.float(), python_states.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_float32_and_training_keep_the_python_layers():
     assert our_model(tiny_checkpoint("llama"), "float32").layer_ops is None  # the exact oracle
     model = our_model(tiny_checkpoint("llama"), "bfloat16")
