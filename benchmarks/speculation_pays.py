@@ -6,13 +6,16 @@ unpaying speculation on (the served behaviour) and off (the paper's depth from l
     python -m benchmarks.speculation_pays --out results/speculation_pays
 
 Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per verification, the share of
-iterations that speculated) and OUT.png.
+iterations that speculated) and OUT.png. With --rounds R every row is measured R times, the rows
+interleaved round by round (every other round in reverse order), and reported by its median: this machine drifts over the minutes a round
+takes (one sequential round put the useless draft at 1.25x where interleaved rounds measured 1.07x).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 from tqdm import tqdm
@@ -39,10 +42,17 @@ def row(name: str, engine, prompts, tokens: int) -> dict:
             "speculating_share": speculated / max(len(stats), 1)}
 
 
+def median_row(measured: list[dict]) -> dict:
+    """A row's rounds: TPOT and the rest by their median, each round's TPOT kept."""
+    out = {k: statistics.median(m[k] for m in measured) for k in ("tpot_ms", "accepted_per_verify", "speculating_share")}
+    return {"name": measured[0]["name"], **out, "tpot_ms_rounds": [m["tpot_ms"] for m in measured]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each row reports its median")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="results/speculation_pays", help="writes OUT.json and OUT.png")
     args = ap.parse_args()
@@ -50,21 +60,28 @@ def main() -> None:
     variants = [("continuous", "continuous", False, True), ("adaserve", "adaserve", False, True),
                 ("adaserve, untrimmed", "adaserve", False, False), ("adaserve, useless draft", "adaserve", True, True),
                 ("adaserve, useless draft, untrimmed", "adaserve", True, False)]
-    rows = []
-    for name, policy, useless, trims in tqdm(variants, desc="one request at a time"):
-        engine = served_engine(policy, args.dtype)
-        if useless:
-            randomize_draft(engine)
-        engine.estimator.trims = engine.estimator.trims and trims
-        rows.append(row(name, engine, prompts, args.tokens))
-        del engine
+    rounds: list[list[dict]] = []
+    with tqdm(total=args.rounds * len(variants), desc="one request at a time") as bar:
+        for k in range(args.rounds):
+            rounds.append({})
+            order = range(len(variants)) if k % 2 == 0 else reversed(range(len(variants)))  # drift within a round evens out
+            for i in order:
+                name, policy, useless, trims = variants[i]
+                engine = served_engine(policy, args.dtype)
+                if useless:
+                    randomize_draft(engine)
+                engine.estimator.trims = engine.estimator.trims and trims
+                rounds[-1][i] = row(name, engine, prompts, args.tokens)
+                del engine
+                bar.update()
+    rows = [median_row([r[i] for r in rounds]) for i in range(len(variants))]
     base = rows[0]["tpot_ms"]
     for r in rows:
         r["ratio_to_continuous"] = r["tpot_ms"] / base
         print(f"{r['name']:36s} TPOT {r['tpot_ms']:6.1f} ms  x{r['ratio_to_continuous']:.2f}  "
               f"tokens/verify {r['accepted_per_verify']:.2f}  speculating {r['speculating_share']:.0%}")
     with open(args.out + ".json", "w") as f:
-        json.dump({"dtype": args.dtype, "prompts": args.prompts, "tokens": args.tokens, "rows": rows}, f, indent=2)
+        json.dump({"dtype": args.dtype, "prompts": args.prompts, "tokens": args.tokens, "rounds": args.rounds, "rows": rows}, f, indent=2)
     plot(rows, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
 
@@ -83,7 +100,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_xlim(0, max(r["tpot_ms"] for r in rows) * 1.15)  # room for the ratio labels
     ax.invert_yaxis()
     ax.set_xlabel("TPOT of a lone request (ms), lower is better; x = ratio to continuous")
-    ax.set_title("Speculation trimmed to what pays (one run, held-out prompts)")
+    ax.set_title("Speculation trimmed to what pays (one run, interleaved rounds, held-out prompts)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -131,17 +131,19 @@ def test_a_draft_that_does_not_pay_runs_only_when_exploring_and_greedy_stays_exa
     target = tiny_checkpoint("llama")
     engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", profile_path=steep_profile(tmp_path))
     draft, ran, lazy = engine.draft, [], []
-    forward, propose = draft.runner.forward, draft.propose
+    forward, schedule = draft.runner.forward, engine.scheduler.schedule
     draft.runner.forward = lambda inputs: ran.append(True) or forward(inputs)
 
-    def watched(plan, max_model_len):
-        ran.clear()
-        cands = propose(plan, max_model_len)
-        if plan.decode and not plan.depth:
+    def watched(now):
+        if watched.plain:  # the previous plan decoded without speculating: did the draft run for it?
             lazy.append(bool(ran))
-        return cands
+        ran.clear()
+        plan = schedule(now)
+        watched.plain = bool(plan.decode) and not plan.depth
+        return plan
 
-    draft.propose = watched
+    watched.plain = False
+    engine.scheduler.schedule = watched
     reqs = [dataclasses.replace(r, max_tokens=40, min_tokens=40) for r in workload(target, n=12, seed=7)]
     got: dict[str, list[int]] = {}
     for step in range(10_000):  # one arrival every 6 iterations: most prefill beside plain decoding
