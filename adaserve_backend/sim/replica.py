@@ -107,7 +107,8 @@ class Replica:
     # ---- the simulated model runner ----------------------------------------------------------------
     def _run(self, plan: IterationPlan) -> InFlight:
         spec = self.config.speculation
-        props, chain_tokens, draft_ctx = self._propose(plan) if self.draft_blocks is not None else ([], 0, 0)
+        drafting = self.draft_blocks is not None and plan.runs_draft
+        props, chain_tokens, draft_ctx = self._propose(plan) if drafting else ([], 0, 0)
         cands = [p.tree for p in props]
         trees = tree_choice.choose_trees(plan, cands, self.policy, self.estimator, spec)
         decoded, target_ctx, attended = [], 0, 0
