@@ -89,9 +89,7 @@ inline void rows_times_values(const float* p, int64_t stride, const c10::BFloat1
   UNROLLED for (int r = 0; r < R; ++r)
     UNROLLED for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t p0 = 0; p0 < kv_len; p0 += 16) {
-    // value rows ahead of use (a row is 32 * C bytes of a page)
-    for (int64_t i = p0 + kPrefetchAhead; i < std::min(p0 + kPrefetchAhead + 16, kv_len); ++i)
-      UNROLLED for (int b = 0; b < 32 * C; b += 64) _mm_prefetch(reinterpret_cast<const char*>(values[i]) + b, _MM_HINT_T0);
+    prefetch_rows(values, kv_len, p0 + kPrefetchAhead, 16, 32 * C);  // a value row is 32 * C bytes of a page
     const int64_t end = std::min(p0 + 16, kv_len);
     for (int64_t pos = p0; pos < end; ++pos) {
       __m512 val[C];

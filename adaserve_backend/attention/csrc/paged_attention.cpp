@@ -5,9 +5,8 @@
 // and both are bound by memory. Here each (sequence, KV head, chunk of queries) task walks the
 // sequence's pages and uses each key/value row for every query head that shares that KV head (widened
 // to float32 once in the generic path; read as bfloat16 in attend_bf16); scores live in a per-task
-// float32 buffer. Work is memory-bound for the few
-// queries per sequence it serves (decode steps; attention/paged_cpu.py says which); longer trees and
-// prefill chunks stay on SDPA, whose blocked kernels do more arithmetic per byte.
+// float32 buffer. It serves every sequence of a forward: decode steps, token trees and prefill chunks
+// (attention/paged_cpu.py says how each compared with SDPA).
 //
 // Visibility: keys [0, prefix) are seen by every query of the sequence (the committed prefix); key
 // prefix + j is seen by query i iff tail_mask[i, j] (the uncommitted region: causal chain or tree).
