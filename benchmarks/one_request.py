@@ -31,13 +31,17 @@ def prompt_texts(tokenizer, prompts: list[tuple[str, bool]]) -> list[str]:
     return [chat_text(tokenizer, p) if chat else p for p, chat in prompts]
 
 
-def served_engine(policy: str, dtype: str):
-    """An in-process engine from the served engine.json, with `policy` and the target in `dtype`."""
+def served_engine(policy: str, dtype: str, head_rows: int | None = None):
+    """An in-process engine from the served engine.json, with `policy`, the target in `dtype` and, if
+    given, the draft's head over `head_rows` rows instead of engine.json's."""
     from adaserve_backend.engine import Engine
 
     cfg = EngineConfig.from_json(str(ENGINE_JSON))
-    return Engine.from_config(dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, dtype=dtype),
-                                                  scheduler=dataclasses.replace(cfg.scheduler, policy=policy)))
+    cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, dtype=dtype),
+                              scheduler=dataclasses.replace(cfg.scheduler, policy=policy))
+    if head_rows is not None and cfg.draft is not None:
+        cfg = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, head_rows=head_rows))
+    return Engine.from_config(cfg)
 
 
 def torch_only(runner):

@@ -5,7 +5,8 @@ unpaying speculation on (the served behaviour) and off (the paper's depth from l
 
     python -m benchmarks.speculation_pays --out results/speculation_pays
 
-Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per verification, the share of
+With --head-rows N [N ...], `adaserve` also runs with the draft's head cut to N rows (ModelConfig.head_rows;
+the plain `adaserve` rows keep engine.json's). Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per verification, the share of
 iterations that speculated) and OUT.png. With --rounds R every row is measured R times, the rows
 interleaved round by round (every other round in reverse order), and reported by its median: this machine drifts over the minutes a round
 takes (one sequential round put the useless draft at 1.25x where interleaved rounds measured 1.07x).
@@ -20,8 +21,9 @@ import statistics
 import torch
 from tqdm import tqdm
 
+from adaserve_backend.config import EngineConfig
 from adaserve_backend.models.linear import prepack_all
-from benchmarks.one_request import engine_tpot_ms, held_out_prompts, served_engine
+from benchmarks.one_request import ENGINE_JSON, engine_tpot_ms, held_out_prompts, served_engine
 
 
 def randomize_draft(engine, seed: int = 0) -> None:
@@ -32,6 +34,12 @@ def randomize_draft(engine, seed: int = 0) -> None:
         for p in model.parameters():
             p.copy_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
     prepack_all(model)  # the packed copies would otherwise still hold the trained weights' speed path
+
+
+def served_head_rows() -> int | None:
+    """engine.json's draft head rows (None: the whole head), what the plain `adaserve` rows run."""
+    draft = EngineConfig.from_json(str(ENGINE_JSON)).draft
+    return draft and draft.head_rows
 
 
 def row(name: str, engine, prompts, tokens: int) -> dict:
@@ -55,19 +63,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each row reports its median")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="results/speculation_pays", help="writes OUT.json and OUT.png")
+    ap.add_argument("--head-rows", type=int, nargs="*", default=[],
+                    help="also `adaserve` with the draft's head over these many rows (engine.json's draft.head_rows otherwise)")
     args = ap.parse_args()
     prompts = held_out_prompts(args.prompts)
-    variants = [("continuous", "continuous", False, True), ("adaserve", "adaserve", False, True),
-                ("adaserve, untrimmed", "adaserve", False, False), ("adaserve, useless draft", "adaserve", True, True),
-                ("adaserve, useless draft, untrimmed", "adaserve", True, False)]
+    # (name, policy, useless draft, trimming on, draft head rows or None for engine.json's)
+    variants = [("continuous", "continuous", False, True, None), ("adaserve", "adaserve", False, True, None),
+                *[(f"adaserve, head {n} rows", "adaserve", False, True, n) for n in args.head_rows],
+                ("adaserve, untrimmed", "adaserve", False, False, None), ("adaserve, useless draft", "adaserve", True, True, None),
+                ("adaserve, useless draft, untrimmed", "adaserve", True, False, None)]
     rounds: list[list[dict]] = []
     with tqdm(total=args.rounds * len(variants), desc="one request at a time") as bar:
         for k in range(args.rounds):
             rounds.append({})
             order = range(len(variants)) if k % 2 == 0 else reversed(range(len(variants)))  # drift within a round evens out
             for i in order:
-                name, policy, useless, trims = variants[i]
-                engine = served_engine(policy, args.dtype)
+                name, policy, useless, trims, head_rows = variants[i]
+                engine = served_engine(policy, args.dtype, head_rows)
                 if useless:
                     randomize_draft(engine)
                 engine.estimator.trims = engine.estimator.trims and trims
@@ -81,7 +93,7 @@ def main() -> None:
         print(f"{r['name']:36s} TPOT {r['tpot_ms']:6.1f} ms  x{r['ratio_to_continuous']:.2f}  "
               f"tokens/verify {r['accepted_per_verify']:.2f}  speculating {r['speculating_share']:.0%}")
     with open(args.out + ".json", "w") as f:
-        json.dump({"dtype": args.dtype, "prompts": args.prompts, "tokens": args.tokens, "rounds": args.rounds, "rows": rows}, f, indent=2)
+        json.dump({"dtype": args.dtype, "draft_head_rows": served_head_rows(), "prompts": args.prompts, "tokens": args.tokens, "rounds": args.rounds, "rows": rows}, f, indent=2)
     plot(rows, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
 
@@ -92,7 +104,7 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = plt.subplots(figsize=(8, 2 + 0.3 * len(rows)))
     names = [r["name"] for r in rows]
     bars = ax.barh(names, [r["tpot_ms"] for r in rows], color=["grey"] + ["tab:blue"] * (len(rows) - 1))
     for b, r in zip(bars, rows):
@@ -100,7 +112,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_xlim(0, max(r["tpot_ms"] for r in rows) * 1.15)  # room for the ratio labels
     ax.invert_yaxis()
     ax.set_xlabel("TPOT of a lone request (ms), lower is better; x = ratio to continuous")
-    ax.set_title("Speculation trimmed to what pays (one run, interleaved rounds, held-out prompts)")
+    ax.set_title("Speculation trimmed to what pays\n(one run, interleaved rounds, held-out prompts)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

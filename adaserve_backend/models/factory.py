@@ -18,6 +18,8 @@ def load_model(config: ModelConfig, checkpoint=None) -> LlamaModel:
     saves reading the files again."""
     if is_trained_draft(config.path):
         return load_draft(config.path, config)
+    if config.head_rows is not None:
+        raise ValueError(f"head_rows applies to this project's trained draft only, not to {config.path}")
     hf_config, spec, state_dict = checkpoint or read_checkpoint(config.path)
     # Sequences never outgrow a sliding window here, so full attention is exact for Mistral too.
     limits = [config.max_model_len, spec.max_position_embeddings, spec.sliding_window or config.max_model_len]

@@ -168,9 +168,10 @@ def save_draft(model: FeatureDraft, layout: DraftLayout, path: str) -> None:
     save_file(tensors, path, metadata={"layout": layout.to_json()})
 
 
-def trained_draft(path: str, max_len: int, target_parts=None) -> tuple[FeatureDraft, DraftLayout]:
+def trained_draft(path: str, max_len: int, target_parts=None, head_rows: int | None = None) -> tuple[FeatureDraft, DraftLayout]:
     """A draft saved by save_draft, around the target's shared tensors (float32, trainable as loaded):
-    what serving places on its device and what training warm-starts from."""
+    what serving places on its device and what training warm-starts from. `head_rows` keeps the head's
+    first rows only (ModelConfig.head_rows); the head is shared, so the saved tensors fit either way."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -180,6 +181,10 @@ def trained_draft(path: str, max_len: int, target_parts=None) -> tuple[FeatureDr
         raise FileNotFoundError(f"draft weights not found: {path} (train them: python -m tools.draft.train)")
     with safe_open(path, "pt") as f:
         layout = DraftLayout.from_json(f.metadata()["layout"])
+    if head_rows is not None:
+        if head_rows > len(layout.head_vocab):
+            raise ValueError(f"head_rows {head_rows} exceeds the {len(layout.head_vocab)} rows of {path}'s head")
+        layout = dataclasses.replace(layout, head_vocab=layout.head_vocab[:head_rows])
     model = base_draft(layout, max_len, target_parts)
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_file(path).items()}, strict=False)
     if unexpected or any(not k.startswith(SHARED) for k in missing):
@@ -189,6 +194,6 @@ def trained_draft(path: str, max_len: int, target_parts=None) -> tuple[FeatureDr
 
 def load_draft(path: str, config: ModelConfig, target_parts=None) -> FeatureDraft:
     """Rebuild a shipped draft around the target's shared tensors, on config's device and dtype."""
-    model, _ = trained_draft(path, config.max_model_len, target_parts)
+    model, _ = trained_draft(path, config.max_model_len, target_parts, config.head_rows)
     model.requires_grad_(False)
     return model.place(config.device, TORCH_DTYPES[config.dtype]).eval()

@@ -59,6 +59,23 @@ def test_trained_draft_round_trips_through_its_file(kind, tmp_path):
     assert os.path.getsize(out) < sum(p.numel() for p in trainable(draft)) * 2.2  # shared tensors not stored
 
 
+def test_head_rows_keeps_the_most_frequent_rows_of_the_head(tmp_path):
+    """ModelConfig.head_rows: the same draft proposing only from its head's first rows (the most frequent
+    tokens): those rows' logits are unchanged, nothing else is proposed, and bad values fail loudly."""
+    out, _, ids, features = tiny_draft(tiny_checkpoint("llama"), tmp_path)
+    whole = load_draft(out, ModelConfig(path=out, max_model_len=64))
+    part = load_draft(out, ModelConfig(path=out, max_model_len=64, head_rows=50))
+    assert part.vocab_ids.tolist() == whole.vocab_ids[:50].tolist()
+    with torch.no_grad():
+        assert torch.equal(dense_logits(part, ids, features), dense_logits(whole, ids, features)[..., :50])
+    with pytest.raises(ValueError, match="exceeds"):
+        load_draft(out, ModelConfig(path=out, max_model_len=64, head_rows=len(whole.vocab_ids) + 1))
+    with pytest.raises(ValueError, match="head_rows must be >= 1"):
+        ModelConfig(path=out, head_rows=0)
+    with pytest.raises(ValueError, match="trained draft only"):
+        load_model(ModelConfig(path=tiny_checkpoint("llama"), head_rows=50))
+
+
 def test_a_saved_draft_warm_starts_training(tmp_path):
     """tools.draft.train --init: the saved weights and layout come back trainable, and a step moves them."""
     out, draft, ids, features = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3, kind=LAYOUTS[0])
