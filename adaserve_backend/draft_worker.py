@@ -34,6 +34,7 @@ class DraftWorker:
         # seq_id -> (the target's features of positions start.., start): those the draft
         # has not read yet; the draft's token i reads the feature of position i-1.
         self._features: dict[int, tuple[torch.Tensor, int]] = {}
+        self.chain_tokens = 0  # tokens the last propose() read in its first draft step (IterationStats)
 
     @classmethod
     def for_target(cls, target: ModelRunner, config: EngineConfig, draft: LlamaModel | None = None) -> DraftWorker:
@@ -61,6 +62,8 @@ class DraftWorker:
             elif n := draft_reads(len(chain), decoding, plan.depth, bool(plan.decode)):
                 extra.append(SeqInput(s.seq_id, chain[:n], num_logits=0, features=self._chain_features(s, n)))
                 catching_up.append(s.seq_id)
+        # what the first draft step reads besides one root per request: chains that caught up, prefill chunks
+        self.chain_tokens = sum(len(b.chain) for b in drafting.values()) + sum(len(x.token_ids) for x in extra)
         trees = iter(beam_search(self.runner, list(drafting.values()), plan.depth, plan.width, extra))
         for seq_id in catching_up:
             self.runner.commit_all(seq_id)

@@ -99,7 +99,9 @@ class Engine:
         outputs = self._take_inbox()
         plan = self.scheduler.schedule(time.monotonic())
         result = self._run(plan) if not plan.empty else IterationResult(time.monotonic())
-        return self._inbox.settle(outputs + self.scheduler.update(plan, result))
+        outputs += self.scheduler.update(plan, result)
+        self.scheduler.stamp_step(plan, time.monotonic() - plan.start)
+        return self._inbox.settle(outputs)
 
     def _run(self, plan: IterationPlan) -> IterationResult:
         cands = self.draft.propose(plan, self.max_model_len) if self.draft and plan.runs_draft else []
@@ -109,6 +111,7 @@ class Engine:
         out = self.target.forward(target_inputs(plan, trees))
         result = verify(plan, trees, cands, out, self.target, self.draft, time.monotonic())
         result.speculation, result.selection = t_spec - plan.start, t_select - t_spec
+        result.draft_chain_tokens = self.draft.chain_tokens if self.draft and plan.runs_draft else 0
         result.verification = time.monotonic() - t_select
         return result
 

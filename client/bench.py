@@ -26,6 +26,7 @@ import time
 import torch
 
 from adaserve_backend.config import EngineConfig
+from adaserve_backend.cost_model.step_cost import iteration_record
 from adaserve_backend.engine import Engine
 from adaserve_backend.models import load_model, load_tokenizer, locate
 from tools.profiler import probe_ms
@@ -87,6 +88,7 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
         row["mean_accepted_per_verify"] = engine.mean_accepted()
         total = sum(it.latency for it in its) or 1.0
         row["latency_breakdown"] = {k: sum(getattr(it, k) for it in its) / total for k in ("speculation", "selection", "verification")}
+        row["iterations"] = [iteration_record(it) for it in its]  # what sim.validate fits its step cost to
     return row
 
 
@@ -188,7 +190,7 @@ def main() -> None:
 def write_csv(path: str, rows: list[dict]) -> None:
     flat = []
     for r in rows:
-        f = {k: v for k, v in r.items() if not isinstance(v, dict)}
+        f = {k: v for k, v in r.items() if not isinstance(v, (dict, list))}  # the iteration log and timelines stay in the JSON
         for cat, s in r.get("per_category", {}).items():
             f[f"{cat}_slo_attainment"] = s["slo_attainment"]
         for k, v in r.get("latency_breakdown", {}).items():

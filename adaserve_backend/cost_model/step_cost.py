@@ -50,17 +50,40 @@ class EngineStepCost:
         rows = [[1.0, p["n"], p["context"] / 1e3, max(p["new_tokens"] - p["n"], 0), p.get("prefills", 0)] for p in points]
         return cls(*non_negative_least_squares(rows, [p["ms"] for p in points]))
 
-    def with_speculation(self, points: list[dict], draft_forward_ms: Callable[[int, int, int], float]) -> EngineStepCost:
+    def with_speculation(self, points: list[dict], draft_forward_ms: Callable[[int, int, int], float] | None) -> EngineStepCost:
         """The speculative terms from points {n, depth, width, verified, prefill, context, spec_ms,
         verify_ms} (tools.profiler.measure_speculative_steps): what speculation took beyond
-        `draft_forward_ms(n, depth, width)` (the draft roofline's), and what verification took beyond
-        this fit's price of the same tokens."""
-        base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points],
-                                                     [p["spec_ms"] - draft_forward_ms(p["n"], p["depth"], p["width"]) for p in points])
+        `draft_forward_ms(n, depth, width)` (the draft roofline's; a point's own `draft_ms` instead if it
+        has one), and what verification took beyond this fit's price of the same tokens."""
+        draft = lambda p: p["draft_ms"] if "draft_ms" in p else draft_forward_ms(p["n"], p["depth"], p["width"])  # noqa: E731
+        base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points], [p["spec_ms"] - draft(p) for p in points])
         (tree,) = non_negative_least_squares([[p["n"]] for p in points],
-                                             [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"], prefills=int(p["prefill"] > 0))
+                                             [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"],
+                                                                       prefills=p.get("prefills", int(p["prefill"] > 0)))
                                               for p in points])
         return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=tree)
+
+    @classmethod
+    def from_iterations(cls, records: list[dict], draft_step_ms: Callable[[int], float],
+                        fallback: EngineStepCost | None = None, min_speculative: int = 20) -> EngineStepCost:
+        """The fit from a served run's own iterations (`iteration_record`s, each step's time divided by the
+        run's speed if known) instead of tools.profile's synthetic sweep: under a benchmark's load, steps
+        took 10-16% longer than the sweep's fit at the same machine speed (mixed contexts, churned pages,
+        SLO bookkeeping). The speculative terms come from the speculating steps when there are at least
+        `min_speculative`, else from `fallback` (the profile's); their draft forwards are priced as the
+        simulator prices them (sim/cost.py): `draft_step_ms` (the draft's roofline) over the tokens the
+        first step read, then over the beams of each later level."""
+        timed = [r for r in records if r["step_ms"] > 0]
+        fit = cls.fit([{"n": r["n"], "context": r["context"], "new_tokens": r["verified"] + r["prefill"],
+                        "prefills": r["prefills"], "ms": r["step_ms"]} for r in timed if not r["depth"]])
+        speculative = [r for r in timed if r["depth"]]
+        if len(speculative) >= min_speculative:
+            # the step beyond the draft's part, so both fits price whole steps
+            points = [{**r, "verify_ms": r["step_ms"] - r["spec_ms"],
+                       "draft_ms": draft_step_ms(r["chain"]) + (r["depth"] - 1) * draft_step_ms(r["n"] * r["width"])} for r in speculative]
+            return fit.with_speculation(points, None)
+        keep = ("spec_base_ms", "spec_per_level_ms", "tree_per_request_ms")
+        return dataclasses.replace(fit, **{k: getattr(fallback, k) for k in keep}) if fallback else fit
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,3 +117,10 @@ def non_negative_least_squares(rows: list[list[float]], y: list[float]) -> list[
         if not negative:
             return [float(c) for c in coef]
         free.remove(negative[0])
+
+
+def iteration_record(stats) -> dict:
+    """One served iteration (scheduler.plan.IterationStats) as from_iterations reads it, times in ms."""
+    return {"n": stats.n, "depth": stats.depth, "width": stats.width, "verified": stats.verified_tokens,
+            "prefill": stats.prefill_tokens, "prefills": stats.prefills, "context": stats.context_tokens,
+            "chain": stats.draft_chain_tokens, "spec_ms": 1e3 * (stats.speculation + stats.selection), "step_ms": 1e3 * stats.step}

@@ -22,6 +22,9 @@ class IterationPlan:
     width: int = 0
     failed: list[tuple[Sequence, str]] = field(default_factory=list)
     rejected: list[tuple[Sequence, str]] = field(default_factory=list)  # first-token deadline unmeetable (overload: reject)
+    # Cached tokens the target's forward reads: each decoding request's committed context, each prefilling
+    # request's committed context plus its chunk. Set by the scheduler; what the cost models call context.
+    context_tokens: int = 0
 
     @property
     def empty(self) -> bool:
@@ -69,6 +72,7 @@ class IterationResult:
     speculation: float = 0.0
     selection: float = 0.0
     verification: float = 0.0  # the target's forward, acceptance and commits
+    draft_chain_tokens: int = 0  # what the draft's first step read: drafting chains, catching up, prefill chunks
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,9 @@ class IterationStats:
     selection: float
     verification: float  # with acceptance and commit
     accepted_drafts: tuple[int, ...] = ()  # per decoding request: draft tokens accepted (bonus excluded)
+    context_tokens: int = 0  # IterationPlan.context_tokens
+    draft_chain_tokens: int = 0  # IterationResult.draft_chain_tokens
+    prefills: int = 0  # requests with a prefill chunk in the iteration
+    # The whole engine step, as tools.profile's step fit times it: scheduling, the forwards, applying the
+    # results (Engine.step stamps it once the step is over; 0 where nothing did).
+    step: float = 0.0

@@ -10,6 +10,7 @@ fake clock, fake estimates and hand-built results.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -97,6 +98,8 @@ class Scheduler:
         chunks = self._prefill_chunks(prefill, decode, depth, width, now)
         plan.decode, plan.depth, plan.width = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
+        committed = lambda s: self.target_blocks.seq(s.seq_id).num_committed if self.target_blocks.has(s.seq_id) else 0  # noqa: E731
+        plan.context_tokens = sum(map(committed, plan.decode)) + sum(committed(s) + n for s, n in plan.prefill.items())
         return plan
 
     def update(self, plan: IterationPlan, result: IterationResult) -> list[RequestOutput]:
@@ -131,6 +134,11 @@ class Scheduler:
             self._drop(seq)
         return make_output(seq, new, now, reason)
 
+    def stamp_step(self, plan: IterationPlan, seconds: float) -> None:
+        """The whole step's time, known once update() is over, onto its record (if it decoded)."""
+        if plan.decode and self.iteration_stats:
+            self.iteration_stats[-1] = dataclasses.replace(self.iteration_stats[-1], step=seconds)
+
     def _record(self, plan: IterationPlan, result: IterationResult) -> None:
         stats = IterationStats(
             n=len(plan.decode), depth=plan.depth, width=plan.width,
@@ -139,6 +147,7 @@ class Scheduler:
             latency=result.speculation + result.selection + result.verification,
             speculation=result.speculation, selection=result.selection, verification=result.verification,
             accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
+            context_tokens=plan.context_tokens, prefills=len(plan.prefill), draft_chain_tokens=result.draft_chain_tokens,
         )
         self.estimator.record(stats)
         self.iteration_stats.append(stats)

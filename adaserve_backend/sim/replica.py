@@ -111,10 +111,10 @@ class Replica:
         props, chain_tokens, draft_ctx = self._propose(plan) if drafting else ([], 0, 0)
         cands = [p.tree for p in props]
         trees = tree_choice.choose_trees(plan, cands, self.policy, self.estimator, spec)
-        decoded, target_ctx, attended = [], 0, 0
+        decoded, attended = [], 0
         for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
             ctx = self._committed(self.target_blocks, seq)
-            target_ctx, attended = target_ctx + ctx, attended + len(tree.tokens) * (ctx + len(tree.tokens))
+            attended += len(tree.tokens) * (ctx + len(tree.tokens))
             accepted = drafts.accept(props[i], tree) if props else 0
             path = drafts.accepted_path(tree, props[i], accepted) if props else [0]
             self.target_blocks.append(seq.seq_id, tree.parents)  # ModelRunner.forward, then commit
@@ -123,16 +123,16 @@ class Replica:
         prefilled = []
         for seq, n in plan.prefill.items():
             ctx = self._committed(self.target_blocks, seq)
-            target_ctx, attended = target_ctx + ctx + n, attended + n * (ctx + (n + 1) // 2)
+            attended += n * (ctx + (n + 1) // 2)
             self.target_blocks.append(seq.seq_id, chain_parents(0, n))
             self.target_blocks.commit_all(seq.seq_id)
             prefilled.append(Prefilled(seq, n, drafts.TOKEN if ends_prompt(seq, n) else None))
         shape = IterationShape(len(plan.decode), plan.depth, plan.width, chain_tokens, len(plan.decode) * plan.width,
-                               sum(len(t.tokens) for t in trees), plan.prefill_tokens, target_ctx, draft_ctx, attended,
+                               sum(len(t.tokens) for t in trees), plan.prefill_tokens, plan.context_tokens, draft_ctx, attended,
                                len(plan.prefill))
         t_spec, t_verify = self.cost.durations(shape)
         end = plan.start + t_spec + t_verify
-        result = IterationResult(end, decoded, prefilled, speculation=t_spec, verification=t_verify)
+        result = IterationResult(end, decoded, prefilled, speculation=t_spec, verification=t_verify, draft_chain_tokens=chain_tokens)
         return InFlight(plan, result, end)
 
     def _propose(self, plan: IterationPlan) -> tuple[list[drafts.Proposal], int, int]:

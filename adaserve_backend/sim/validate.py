@@ -9,7 +9,9 @@ client.workload.build_workload with the benchmark's prompts, seed and output sca
 and SLO-scale sweeps' mixes and targets), and each prompt is encoded with the served tokenizer as
 client.bench.InProcess does, so prompt lengths are the measured run's. The bench JSON does not record
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
-Iteration times come from the profile the bench run's engine config points at, scaled by the speed the
+Target steps are priced by a fit to the bench's own iterations, every run's but the one predicted
+(`--step-cost in-run`, the default when every run recorded its iterations, as client.bench does now), or by the profile's
+synthetic sweep (`--step-cost profile`); the draft's forwards by the profile's roofline. Times are scaled by the speed the
 machine had during each measured run (its `speed_probe_ms`: the profile's own forwards timed either side
 of the run, tools.profiler.probe_ms in client.bench; `--no-speed` prices every run at the profile's speed), acceptance
 from `--acceptance` (default: the engine's recorded table). The issue's bar: attainment within 0.05 and
@@ -19,6 +21,7 @@ TPOT p50 within 10% at every level. Writes <out>.json and <out>.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -28,6 +31,7 @@ from client.workload import build_workload, builtin_prompts, poisson_arrivals
 from client.slo_targets import SloTargets
 
 from ..cost_model.cost_model import CostModel
+from ..cost_model.step_cost import EngineStepCost
 from .plots import plot_panels
 from .report import save
 from .runs import RunSpec, run_all
@@ -82,6 +86,18 @@ def sim_requests(items, encode) -> list[SimRequest]:
             for it in items]
 
 
+def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
+    """The step cost fitted to every measured run's iterations but run i's own (each run's times divided by
+    its machine speed), so no run is priced by what it measured itself; the draft's forwards keep the
+    profile's roofline (EngineStepCost.from_iterations)."""
+    records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s}
+               for j, (row, s) in enumerate(zip(measured, speeds)) if j != i for r in row.get("iterations", [])]
+    if not records:
+        raise SystemExit("--step-cost in-run needs a bench run that recorded its iterations (a client.bench row's "
+                         "`iterations`) in more than one run; pass --step-cost profile for older results")
+    return EngineStepCost.from_iterations(records, profile.draft_step_ms, fallback)
+
+
 def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
     out = []
     for m in measured:
@@ -100,6 +116,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--time-limit", type=float, default=90.0, help="the bench run's --time-limit (s)")
     ap.add_argument("--acceptance", default="engine", help="acceptance model (sim/acceptance.py)")
     ap.add_argument("--no-speed", action="store_true", help="ignore the runs' speed probes (price them at the profile's speed)")
+    ap.add_argument("--step-cost", choices=["auto", "in-run", "profile"], default="auto",
+                    help="price target steps with a fit to the bench's other runs' iterations or the profile's sweep; "
+                         "auto: in-run if every run recorded its iterations")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default results/sim/validate-<bench name>)")
     return ap.parse_args(argv)
@@ -132,14 +151,21 @@ def main(argv=None) -> None:
     profile = CostModel.load(config.speculation.profile_path)
     speeds = [1.0 if args.no_speed else profile.relative_speed(r.get("speed_probe_ms") or {}) for r in measured]
     print("machine speed per run (x profile):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}" for r, v in zip(measured, speeds)))
+    fallback = EngineStepCost.from_profile(config.speculation.profile_path)
+    in_run = args.step_cost == "in-run" or (args.step_cost == "auto" and len(measured) > 1 and all(r.get("iterations") for r in measured))
+    print("target steps priced by", "a fit to the other runs' iterations" if in_run else "the profile's step fit")
     predicted = []
-    for spec, speed in zip(specs, speeds):  # one run each: each is priced for its own speed
-        deploy = lambda policy, speed=speed: scenario("cpu", policy=policy, acceptance=args.acceptance, engine_json=config_path, cpu_speed=speed)  # noqa: E731
+    for i, (spec, speed) in enumerate(zip(specs, speeds)):  # one run each: each is priced for its own speed
+        step = held_out_step(measured, speeds, i, profile, fallback) if in_run else None
+
+        def deploy(policy, speed=speed, step=step):
+            sc = scenario("cpu", policy=policy, acceptance=args.acceptance, engine_json=config_path, cpu_speed=speed)
+            return sc if step is None else dataclasses.replace(sc, cost=dataclasses.replace(sc.cost, step=step))
         (row,) = run_all([spec], deploy, args.seed, "cpu vs bench", drain_s=max(0.0, args.time_limit - bench["duration_s"]), leave=False)
         predicted.append({**row, "machine_speed": speed})
     checks = compare(measured, predicted)
     stem = args.out or os.path.join("results", "sim", "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
-    save(stem, {"bench_json": args.bench_json, "args": vars(args)}, predicted,
+    save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": "in-run" if in_run else "profile"}, predicted,
          checks=[{**asdict(c), "tpot_p50_error": c.tpot_p50_error, "within": c.within} for c in checks])
     x_key = next((k for k in SWEEP_KEYS if k in measured[0]), "rps")
     both = [{**r, "policy": f"{r['policy']} sim"} for r in predicted] + [{**r, "policy": f"{r['policy']} bench"} for r in measured]

@@ -159,3 +159,30 @@ def test_a_draft_that_does_not_pay_runs_only_when_exploring_and_greedy_stays_exa
     assert_all_blocks_free(engine)
     assert len(lazy) > 20 and not any(lazy)  # many iterations did not speculate, none of them ran the draft
     assert any(it.depth for it in list(engine.scheduler.iteration_stats)[-20:])  # explorations go on
+
+
+@pytest.mark.parametrize("policy", ["continuous", "adaserve"])
+def test_iteration_records_carry_context_prefills_and_the_whole_step(policy):
+    """What sim.validate fits step costs to: each plan's cached context (decoding requests' committed
+    tokens, prefilling ones' plus their chunk), its prefilling requests, and the whole step's time."""
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, tiny_checkpoint("llama", seed=1), policy)
+    schedule, plans = engine.scheduler.schedule, []
+
+    def recording(now):
+        plan = schedule(now)
+        expected = sum(len(s.tokens) - 1 for s in plan.decode) + sum(s.prefilled + n for s, n in plan.prefill.items())
+        plans.append((plan, expected))
+        return plan
+
+    engine.scheduler.schedule = recording
+    run_staggered(engine, workload(target))
+    assert all(plan.context_tokens == expected for plan, expected in plans)
+    decoding = [plan for plan, _ in plans if plan.decode]
+    stats = list(engine.iteration_stats)
+    assert len(stats) == len(decoding) and any(s.prefills for s in stats) != engine.policy.prefill_first  # chunks ride along unless prefill goes first
+    assert [(s.context_tokens, s.prefills) for s in stats] == [(p.context_tokens, len(p.prefill)) for p in decoding]
+    assert all(s.step >= s.latency > 0 for s in stats)
+    # the draft's first step reads at least each drafting request's root; plain steps run no draft
+    assert all(s.draft_chain_tokens >= s.n if s.depth else s.draft_chain_tokens == 0 for s in stats)
+    assert any(s.depth for s in stats) == (policy == "adaserve")

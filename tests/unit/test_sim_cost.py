@@ -112,3 +112,43 @@ def test_speculative_terms_are_what_the_draft_roofline_and_the_step_fit_leave_ov
     assert (fit.spec_base_ms, fit.spec_per_level_ms, fit.tree_per_request_ms) == pytest.approx((2.0, 1.5, 0.4))
     assert fit.speculation_ms(3.0, 2) == pytest.approx(3.0 + 2.0 + 3.0) and fit.speculation_ms(0.0, 0) == 0
     assert fit.ms(8, 4000, 24, trees=8) == pytest.approx(step.ms(8, 4000, 24) + 3.2)
+
+
+def test_a_served_runs_iterations_give_the_step_fit_whole_steps_included():
+    """EngineStepCost.from_iterations (sim.validate's in-run pricing): plain steps give the base fit, the
+    speculating ones what the draft and the tree add to a whole step; too few speculating steps keep the
+    fallback's speculative terms."""
+    truth = EngineStepCost(15.0, 0.5, 2.0, 0.15, 5.0, spec_base_ms=2.0, spec_per_level_ms=1.5, tree_per_request_ms=0.4)
+    draft_step = lambda tokens: 1.0 + 0.1 * tokens  # noqa: E731  the draft's roofline
+    records = []
+    for n in (1, 4, 8, 16, 24):
+        for c in (128, 512):
+            for p, k in ((0, 0), (16, 1), (128, 1), (256, 2)):
+                for d in (0, 1, 2, 3):
+                    chain = 2 * n + p  # caught-up chains and the prefill chunk ride along the first step
+                    spec = truth.speculation_ms(draft_step(chain) + (d - 1) * draft_step(n), d) if d else 0.0
+                    verify = truth.ms(n, n * c, n * (d + 1) + p, trees=n if d else 0, prefills=k)
+                    records.append({"n": n, "depth": d, "width": 1, "verified": n * (d + 1), "prefill": p, "prefills": k,
+                                    "context": n * c, "chain": chain, "spec_ms": spec, "step_ms": spec + verify})
+    fit = EngineStepCost.from_iterations(records, draft_step)
+    for got, want in zip(fit.to_dict().values(), truth.to_dict().values()):
+        assert got == pytest.approx(want, abs=1e-6)
+    fallback = EngineStepCost(0, 0, 0, 0, spec_base_ms=9.0, spec_per_level_ms=8.0, tree_per_request_ms=7.0)
+    plain = EngineStepCost.from_iterations([r for r in records if not r["depth"]] + records[1:3], draft_step, fallback)
+    assert (plain.base_ms, plain.spec_base_ms, plain.tree_per_request_ms) == pytest.approx((15.0, 9.0, 7.0))
+    assert EngineStepCost.from_iterations([{**r, "step_ms": 0.0} for r in records[:5]] + records, draft_step) == fit  # untimed: skipped
+
+
+def test_validation_never_prices_a_run_with_its_own_iterations():
+    from adaserve_backend.cost_model.cost_model import CostModel
+    from adaserve_backend.sim.validate import held_out_step
+
+    _, config = cpu_cost()
+    profile = CostModel.load(config.speculation.profile_path)
+    row = lambda ms: {"iterations": [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0,  # noqa: E731
+                                      "context": 100 * n, "chain": 0, "spec_ms": 0.0, "step_ms": ms + n} for n in range(1, 20)]}
+    runs = [row(10.0), row(10.0), row(1000.0)]
+    assert held_out_step(runs, [1.0, 1.0, 1.0], 2, profile, None).base_ms == pytest.approx(10.0)
+    assert held_out_step(runs, [1.0, 1.0, 1.0], 0, profile, None).base_ms > 100  # run 2 priced run 0
+    # each run's times are taken at the profile's speed before fitting
+    assert held_out_step([row(20.0), row(10.0)], [2.0, 1.0], 1, profile, None).base_ms == pytest.approx(10.0)

@@ -117,6 +117,17 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     assert [r["machine_speed"] for r in slow["rows"]] == pytest.approx([2.0, 2.0])
     for fast_check, slow_check in zip(checks, slow["checks"]):
         assert slow_check["predicted_tpot_p50_ms"] > 1.5 * fast_check["predicted_tpot_p50_ms"]
+    # runs that recorded their iterations are priced by a fit to the other runs' (here: 100 ms steps)
+    for r in rows:
+        r.pop("speed_probe_ms")
+        r["iterations"] = [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0, "context": 60 * n,
+                            "chain": 0, "spec_ms": 0.0, "step_ms": 100.0} for n in range(1, 11)]
+    path.write_text(json.dumps({**bench, "rows": rows}))
+    validate.main([str(path), "--out", str(tmp_path / "in-run")])
+    in_run = json.load(open(tmp_path / "in-run.json"))
+    assert in_run["meta"]["step_cost"] == "in-run"
+    for fast_check, slow_check in zip(checks, in_run["checks"]):  # 100 ms steps, of 1.8 tokens where speculating
+        assert slow_check["predicted_tpot_p50_ms"] > 2 * fast_check["predicted_tpot_p50_ms"]
 
 
 def test_relative_speed_is_the_geometric_mean_of_the_probes_over_the_profile():
