@@ -62,7 +62,7 @@ class DraftWorker:
             elif n := draft_reads(len(chain), decoding, plan.depth, bool(plan.decode)):
                 extra.append(SeqInput(s.seq_id, chain[:n], num_logits=0, features=self._chain_features(s, n)))
                 catching_up.append(s.seq_id)
-        # what the first draft step reads besides one root per request: chains that caught up, prefill chunks
+        # all the first draft step reads: drafting chains (roots included), chains catching up, prefill chunks
         self.chain_tokens = sum(len(b.chain) for b in drafting.values()) + sum(len(x.token_ids) for x in extra)
         trees = iter(beam_search(self.runner, list(drafting.values()), plan.depth, plan.width, extra))
         for seq_id in catching_up:

@@ -69,7 +69,7 @@ class EngineStepCost:
         """The fit from a served run's own iterations (`iteration_record`s, each step's time divided by the
         run's speed if known) instead of tools.profile's synthetic sweep: under a benchmark's load, steps
         took 10-16% longer than the sweep's fit at the same machine speed (mixed contexts, churned pages,
-        SLO bookkeeping). The speculative terms come from the speculating steps when there are at least
+        SLO bookkeeping), and about twice as long on a machine without AMX whose probe matched the profile. The speculative terms come from the speculating steps when there are at least
         `min_speculative`, else from `fallback` (the profile's); their draft forwards are priced as the
         simulator prices them (sim/cost.py): `draft_step_ms` (the draft's roofline) over the tokens the
         first step read, then over the beams of each later level."""
