@@ -104,14 +104,15 @@ class Engine:
         return self._inbox.settle(outputs)
 
     def _run(self, plan: IterationPlan) -> IterationResult:
-        cands = self.draft.propose(plan, self.max_model_len) if self.draft and plan.runs_draft else []
+        drafting = self.draft is not None and plan.runs_draft
+        cands = self.draft.propose(plan, self.max_model_len) if drafting else []
         t_spec = time.monotonic()
         trees = choose_trees(plan, cands, self.policy, self.estimator, self.config.speculation)
         t_select = time.monotonic()
         out = self.target.forward(target_inputs(plan, trees))
         result = verify(plan, trees, cands, out, self.target, self.draft, time.monotonic())
         result.speculation, result.selection = t_spec - plan.start, t_select - t_spec
-        result.draft_chain_tokens = self.draft.chain_tokens if self.draft and plan.runs_draft else 0
+        result.draft_chain_tokens = self.draft.chain_tokens if drafting else 0
         result.verification = time.monotonic() - t_select
         return result
 

@@ -78,7 +78,7 @@ class ModelRunner:
         return len(self.blocks.seq(seq_id).region_parents) if self.blocks.has(seq_id) else 0
 
     def num_committed(self, seq_id: int) -> int:
-        return self.blocks.seq(seq_id).num_committed if self.blocks.has(seq_id) else 0
+        return self.blocks.num_committed(seq_id)
 
     def can_forward(self, inputs: Sequence[SeqInput]) -> bool:
         need = sum(self.blocks.extra_blocks_needed(x.seq_id, len(x.token_ids)) for x in inputs)

@@ -72,7 +72,7 @@ def main() -> None:
                 *[(f"adaserve, head {n} rows", "adaserve", False, True, n) for n in args.head_rows],
                 ("adaserve, untrimmed", "adaserve", False, False, None), ("adaserve, useless draft", "adaserve", True, True, None),
                 ("adaserve, useless draft, untrimmed", "adaserve", True, False, None)]
-    rounds: list[list[dict]] = []
+    rounds: list[dict[int, dict]] = []  # per round: variant index -> its row
     with tqdm(total=args.rounds * len(variants), desc="one request at a time") as bar:
         for k in range(args.rounds):
             rounds.append({})

@@ -50,9 +50,10 @@ def engine_step_cost(cfg: EngineConfig, cost: CostModel, target, draft, batches:
     if cfg.draft is not None:
         middle = sorted(contexts)[len(contexts) // 2]
         for d in depths:
-            spec_points += [{**p, "spec_ms": p["spec_ms"] / speed, "verify_ms": p["verify_ms"] / speed}
+            spec_points += [{**p, "spec_ms": p["spec_ms"] / speed, "verify_ms": p["verify_ms"] / speed,
+                             "draft_ms": cost.draft_ms(p["n"], p["depth"], p["width"])}
                             for p in measure_speculative_steps(engine(f"spec:{d}"), [b for b in batches if b <= 16], middle)]
-        step = step.with_speculation(spec_points, cost.draft_ms)
+        step = step.with_speculation(spec_points)
     return {**step.to_dict(), "speed": speed, "points": points, "speculative_points": spec_points}
 
 

@@ -50,13 +50,12 @@ class EngineStepCost:
         rows = [[1.0, p["n"], p["context"] / 1e3, max(p["new_tokens"] - p["n"], 0), p.get("prefills", 0)] for p in points]
         return cls(*non_negative_least_squares(rows, [p["ms"] for p in points]))
 
-    def with_speculation(self, points: list[dict], draft_forward_ms: Callable[[int, int, int], float] | None) -> EngineStepCost:
+    def with_speculation(self, points: list[dict]) -> EngineStepCost:
         """The speculative terms from points {n, depth, width, verified, prefill, context, spec_ms,
-        verify_ms} (tools.profiler.measure_speculative_steps): what speculation took beyond
-        `draft_forward_ms(n, depth, width)` (the draft roofline's; a point's own `draft_ms` instead if it
-        has one), and what verification took beyond this fit's price of the same tokens."""
-        draft = lambda p: p["draft_ms"] if "draft_ms" in p else draft_forward_ms(p["n"], p["depth"], p["width"])  # noqa: E731
-        base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points], [p["spec_ms"] - draft(p) for p in points])
+        verify_ms, draft_ms} (tools.profiler.measure_speculative_steps, or a served run's iterations):
+        what speculation took beyond `draft_ms` (its draft forwards as the draft's roofline prices them),
+        and what verification took beyond this fit's price of the same tokens."""
+        base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points], [p["spec_ms"] - p["draft_ms"] for p in points])
         (tree,) = non_negative_least_squares([[p["n"]] for p in points],
                                              [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"],
                                                                        prefills=p.get("prefills", int(p["prefill"] > 0)))
@@ -81,7 +80,7 @@ class EngineStepCost:
             # the step beyond the draft's part, so both fits price whole steps
             points = [{**r, "verify_ms": r["step_ms"] - r["spec_ms"],
                        "draft_ms": draft_step_ms(r["chain"]) + (r["depth"] - 1) * draft_step_ms(r["n"] * r["width"])} for r in speculative]
-            return fit.with_speculation(points, None)
+            return fit.with_speculation(points)
         keep = ("spec_base_ms", "spec_per_level_ms", "tree_per_request_ms")
         return dataclasses.replace(fit, **{k: getattr(fallback, k) for k in keep}) if fallback else fit
 

@@ -58,6 +58,11 @@ class BlockManager:
     def seq(self, seq_id: int) -> SequenceSlots:
         return self._seqs[seq_id]
 
+    def num_committed(self, seq_id: int) -> int:
+        """Tokens committed for the sequence; 0 for one the cache does not hold (yet)."""
+        s = self._seqs.get(seq_id)
+        return s.num_committed if s else 0
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

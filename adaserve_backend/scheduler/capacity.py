@@ -28,12 +28,8 @@ def iteration_fits(target: BlockManager, draft: BlockManager | None, decode: lis
 
 def draft_chain_len(target: BlockManager, draft: BlockManager, seq: Sequence) -> int:
     """How many tokens the draft reads before drafting (see sequence.draft_chain_span)."""
-    start, end = draft_chain_span(seq, _committed(target, seq), _committed(draft, seq))
+    start, end = draft_chain_span(seq, target.num_committed(seq.seq_id), draft.num_committed(seq.seq_id))
     return max(end - start, 0)
-
-
-def _committed(blocks: BlockManager, seq: Sequence) -> int:
-    return blocks.seq(seq.seq_id).num_committed if blocks.has(seq.seq_id) else 0
 
 
 def _fits(blocks: BlockManager, new_tokens: dict[Sequence, int]) -> bool:

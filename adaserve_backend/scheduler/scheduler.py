@@ -98,8 +98,8 @@ class Scheduler:
         chunks = self._prefill_chunks(prefill, decode, depth, width, now)
         plan.decode, plan.depth, plan.width = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
-        committed = lambda s: self.target_blocks.seq(s.seq_id).num_committed if self.target_blocks.has(s.seq_id) else 0  # noqa: E731
-        plan.context_tokens = sum(map(committed, plan.decode)) + sum(committed(s) + n for s, n in plan.prefill.items())
+        committed = self.target_blocks.num_committed
+        plan.context_tokens = sum(committed(s.seq_id) for s in plan.decode) + sum(committed(s.seq_id) + n for s, n in plan.prefill.items())
         return plan
 
     def update(self, plan: IterationPlan, result: IterationResult) -> list[RequestOutput]:

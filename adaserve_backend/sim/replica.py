@@ -113,7 +113,7 @@ class Replica:
         trees = tree_choice.choose_trees(plan, cands, self.policy, self.estimator, spec)
         decoded, attended = [], 0
         for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
-            ctx = self._committed(self.target_blocks, seq)
+            ctx = self.target_blocks.num_committed(seq.seq_id)
             attended += len(tree.tokens) * (ctx + len(tree.tokens))
             accepted = drafts.accept(props[i], tree) if props else 0
             path = drafts.accepted_path(tree, props[i], accepted) if props else [0]
@@ -122,7 +122,7 @@ class Replica:
             decoded.append(Verified(seq, [drafts.TOKEN] * (accepted + 1), len(tree.tokens) - 1, accepted))
         prefilled = []
         for seq, n in plan.prefill.items():
-            ctx = self._committed(self.target_blocks, seq)
+            ctx = self.target_blocks.num_committed(seq.seq_id)
             attended += n * (ctx + (n + 1) // 2)
             self.target_blocks.append(seq.seq_id, chain_parents(0, n))
             self.target_blocks.commit_all(seq.seq_id)
@@ -142,7 +142,7 @@ class Replica:
         for seq, decoding in [(s, False) for s in plan.prefill] + [(s, True) for s in plan.decode]:
             n = chains[seq.seq_id]  # what the draft reads in its first step: sequence.draft_reads
             if not drafts_now(n, decoding, plan.depth) and (read := draft_reads(n, decoding, plan.depth, bool(plan.decode))):
-                ctx += self._committed(blocks, seq)
+                ctx += blocks.num_committed(seq.seq_id)
                 blocks.append(seq.seq_id, chain_parents(0, read))
                 blocks.commit_all(seq.seq_id)
                 chain_tokens += read
@@ -152,7 +152,7 @@ class Replica:
             drafting = drafts_now(n, True, plan.depth)
             p = drafts.propose(self.rng, self.acceptance, plan.depth if drafting else 0, plan.width, seq.request.slo_class)
             if drafting:  # beam_search: the chain, then d-1 levels of w beams, then only the chain stays
-                ctx += self._committed(blocks, seq) + n
+                ctx += blocks.num_committed(seq.seq_id) + n
                 blocks.append(seq.seq_id, chain_parents(0, n) + [n - 1] * (plan.depth - 1) * plan.width)
                 blocks.commit(seq.seq_id, list(range(n)))
                 chain_tokens += n
@@ -162,12 +162,8 @@ class Replica:
         return props, chain_tokens, ctx
 
     def _chain_len(self, seq: Sequence) -> int:
-        start, end = draft_chain_span(seq, self._committed(self.target_blocks, seq), self._committed(self.draft_blocks, seq))
+        start, end = draft_chain_span(seq, self.target_blocks.num_committed(seq.seq_id), self.draft_blocks.num_committed(seq.seq_id))
         return max(end - start, 0)
-
-    @staticmethod
-    def _committed(blocks: BlockManager, seq: Sequence) -> int:
-        return blocks.seq(seq.seq_id).num_committed if blocks.has(seq.seq_id) else 0
 
     def _release(self, seq: Sequence) -> None:
         for b in (self.target_blocks, self.draft_blocks):

@@ -106,9 +106,9 @@ def test_speculative_terms_are_what_the_draft_roofline_and_the_step_fit_leave_ov
     step = EngineStepCost(15.0, 0.5, 2.0, 0.15)
     draft = lambda n, d, w: 1.0 * d + 0.1 * n * d  # noqa: E731  the draft's forwards alone
     points = [{"n": n, "depth": d, "width": 1, "verified": n * (d + 1), "prefill": 0, "context": n * 500,
-               "spec_ms": draft(n, d, 1) + 2.0 + 1.5 * d, "verify_ms": step.ms(n, n * 500, n * (d + 1)) + 0.4 * n}
+               "spec_ms": draft(n, d, 1) + 2.0 + 1.5 * d, "verify_ms": step.ms(n, n * 500, n * (d + 1)) + 0.4 * n, "draft_ms": draft(n, d, 1)}
               for n in (1, 4, 8, 16) for d in (1, 2, 4)]
-    fit = step.with_speculation(points, draft)
+    fit = step.with_speculation(points)
     assert (fit.spec_base_ms, fit.spec_per_level_ms, fit.tree_per_request_ms) == pytest.approx((2.0, 1.5, 0.4))
     assert fit.speculation_ms(3.0, 2) == pytest.approx(3.0 + 2.0 + 3.0) and fit.speculation_ms(0.0, 0) == 0
     assert fit.ms(8, 4000, 24, trees=8) == pytest.approx(step.ms(8, 4000, 24) + 3.2)
