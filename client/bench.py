@@ -83,6 +83,8 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
     if timeline_s:
         row["timeline"] = attainment_timeline(records, timeline_s)
     row["per_category"] = {c: summarize([r for r in records if r.category == c], wall) for c in sorted({r.category for r in records})}
+    # where each request ended: sim.validate ends the simulated requests where the measured ones stopped
+    row["outputs"] = {r.request_id: [r.output_tokens, r.finish_reason] for r in records}
     if engine is not None:
         its = list(engine.iteration_stats)
         row["mean_accepted_per_verify"] = engine.mean_accepted()
@@ -110,6 +112,7 @@ def run_level(args, runner, policies, items, label: dict) -> list[dict]:
             row = score(records, wall, engine, timeline_s)
             after = probe_ms(engine.target)
             row["speed_probe_ms"] = {n: (before[n] + after[n]) / 2 for n in before}
+            row["speed_probes_ms"] = [before, after]  # apart: the machine's speed moved during the run
         rows.append({**label, "policy": policy, **row})
         print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f} (TPOT only {row['tpot_slo_attainment']:.2f}), "
               f"goodput {row['goodput_tok_s']:.1f} tok/s, violations {row['violations']}, TTFT p50 {fmt_ms(row['ttft_ms_p50'])}, "

@@ -24,6 +24,7 @@ class RequestRecord:
     output_tokens: int = 0
     error: str | None = None
     ttft_slo_ms: float = math.inf
+    finish_reason: str | None = None  # "stop" (end of sequence), "length" (max_tokens), ...; None: unfinished
 
     @property
     def finished(self) -> bool:
@@ -37,6 +38,8 @@ class RequestRecord:
             self.output_tokens = out.num_output_tokens
         if out.finished and out.error:
             self.error = out.error
+        if out.finished and out.finish_reason is not None:
+            self.finish_reason = str(getattr(out.finish_reason, "value", out.finish_reason))
         return out.finished
 
     @property

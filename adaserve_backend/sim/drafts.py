@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from ..speculation.token_tree import CandidateTree, TokenTree
 from .acceptance import AcceptanceModel
 
-TOKEN = 1  # every simulated token id (no end-of-sequence: requests run to max_tokens)
+TOKEN = 1  # every simulated token id but the end of sequence
+EOS = 2  # a request's last token where its workload says it stops (SimRequest.stop_after)
 
 
 @dataclass

@@ -57,6 +57,8 @@ class Replica:
     rng: random.Random
     inbox: list[Sequence] = field(default_factory=list)
     in_flight: InFlight | None = None
+    # seq_id -> its end-of-sequence output token (1-based); kept past release, which preemption calls too
+    stops: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -84,8 +86,10 @@ class Replica:
         return bool(self.inbox) or self.scheduler.has_work()
 
     # ---- the loop ----------------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, stop_after: int | None = None) -> None:
         self.inbox.append(seq)  # the engine's inbox: taken at the next step's start
+        if stop_after is not None:
+            self.stops[seq.seq_id] = stop_after
 
     def begin(self, now: float) -> list[RequestOutput]:
         """Start an iteration at `now`. Returns outputs that need no model (rejections, failures);
@@ -119,14 +123,14 @@ class Replica:
             path = drafts.accepted_path(tree, props[i], accepted) if props else [0]
             self.target_blocks.append(seq.seq_id, tree.parents)  # ModelRunner.forward, then commit
             self.target_blocks.commit(seq.seq_id, path)
-            decoded.append(Verified(seq, [drafts.TOKEN] * (accepted + 1), len(tree.tokens) - 1, accepted))
+            decoded.append(Verified(seq, self._tokens(seq, accepted + 1), len(tree.tokens) - 1, accepted))
         prefilled = []
         for seq, n in plan.prefill.items():
             ctx = self.target_blocks.num_committed(seq.seq_id)
             attended += n * (ctx + (n + 1) // 2)
             self.target_blocks.append(seq.seq_id, chain_parents(0, n))
             self.target_blocks.commit_all(seq.seq_id)
-            prefilled.append(Prefilled(seq, n, drafts.TOKEN if ends_prompt(seq, n) else None))
+            prefilled.append(Prefilled(seq, n, self._tokens(seq, 1)[0] if ends_prompt(seq, n) else None))
         shape = IterationShape(len(plan.decode), plan.depth, plan.width, chain_tokens, len(plan.decode) * plan.width,
                                sum(len(t.tokens) for t in trees), plan.prefill_tokens, plan.context_tokens, draft_ctx, attended,
                                len(plan.prefill))
@@ -160,6 +164,15 @@ class Replica:
             truncate_depth(p.tree, max(room, 0))  # as DraftWorker.propose: no tree outgrows max_tokens
             props.append(p)
         return props, chain_tokens, ctx
+
+    def _tokens(self, seq: Sequence, n: int) -> list[int]:
+        """The next `n` output tokens: the end of sequence where the request stops (the output processor
+        then drops what follows, as it does a real verification's)."""
+        out = [drafts.TOKEN] * n
+        at = self.stops.get(seq.seq_id, 0) - 1 - len(seq.output)
+        if 0 <= at < n:
+            out[at] = drafts.EOS
+        return out
 
     def _chain_len(self, seq: Sequence) -> int:
         start, end = draft_chain_span(seq, self.target_blocks.num_committed(seq.seq_id), self.draft_blocks.num_committed(seq.seq_id))

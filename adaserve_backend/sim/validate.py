@@ -3,19 +3,25 @@ this CPU's cost model, predicted next to measured joint and TPOT-only attainment
 
     make bench && make sim-validate                        # results/quick-rps.json
     python -m adaserve_backend.sim.validate results/quick-rps.json [--seed 0 --output-scale 0.5 --time-limit 90]
+    python -m adaserve_backend.sim.validate B.json --fit-from A.json --repeat A.json   # A: an earlier run
 
 The workload is rebuilt as client.bench builds it (Poisson arrivals of int(rps * duration) requests,
 client.workload.build_workload with the benchmark's prompts, seed and output scale; the urgent-share
 and SLO-scale sweeps' mixes and targets), and each prompt is encoded with the served tokenizer as
-client.bench.InProcess does, so prompt lengths are the measured run's. The bench JSON does not record
+client.bench.InProcess does, so prompt lengths are the measured run's; a prompt ends where the measured
+runs saw the model stop it (their `outputs`), else at max_tokens. The bench JSON does not record
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
-Target steps are priced by a fit to the bench's own iterations, every run's but the one predicted
-(`--step-cost in-run`, the default when every run recorded its iterations, as client.bench does now), or by the profile's
-synthetic sweep (`--step-cost profile`); the draft's forwards by the profile's roofline. Times are scaled by the speed the
-machine had during each measured run (its `speed_probe_ms`: the profile's own forwards timed either side
-of the run, tools.profiler.probe_ms in client.bench; `--no-speed` prices every run at the profile's speed), acceptance
-from `--acceptance` (default: the engine's recorded table). The issue's bar: attainment within 0.05 and
-TPOT p50 within 10% at every level. Writes <out>.json and <out>.png.
+Target steps are priced by a fit to other runs' recorded iterations: `--fit-from` benches (a calibration
+run on this machine; none of the validated bench's own measurements then price it), else every run of
+this bench but the one predicted (`--step-cost in-run`, the default when every run recorded its
+iterations), or by the profile's synthetic sweep (`--step-cost profile`); the draft's forwards by the
+profile's roofline. Times are scaled by the speed the machine had during each measured run (its
+`speed_probe_ms`: the profile's own forwards timed either side of the run, tools.profiler.probe_ms in
+client.bench; `--no-speed` prices every run at the profile's speed), acceptance from `--acceptance`
+(default: the engine's recorded table). The issue's bar: attainment within 0.05 and TPOT p50 within 10%
+at every level. `--repeat` judges another measured run of the same bench by the same bar, as if it were
+the prediction: what the bar means on a machine whose runs differ from each other. Writes <out>.json
+and <out>.png.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from .workload import SimRequest
 
 SWEEP_KEYS = ("urgent_share", "urgent_slo_scale")  # a bench row's level besides rps
 ATTAINMENT_TOLERANCE = 0.05
+SPEED_MOVED = 1.2  # a run whose speed probes before and after differ by more: one speed cannot price it
 TPOT_TOLERANCE = 0.10
 
 
@@ -81,21 +88,48 @@ def bench_items(level: dict, duration_s: float, slos: SloTargets, prompts, seed:
                           prompts=prompts, seed=seed, output_scale=output_scale)
 
 
-def sim_requests(items, encode) -> list[SimRequest]:
-    return [SimRequest(it.request_id, it.category, len(encode(it)), it.max_tokens, it.tpot_slo_ms, it.ttft_slo_ms, it.arrival_s)
+def sim_requests(items, encode, stops: dict | None = None) -> list[SimRequest]:
+    """`stops`: (prompt, chat) -> the output token at which the served model ended it (stop_lengths)."""
+    stops = stops or {}
+    return [SimRequest(it.request_id, it.category, len(encode(it)), it.max_tokens, it.tpot_slo_ms, it.ttft_slo_ms, it.arrival_s,
+                       stop if (stop := stops.get((it.prompt, it.chat))) is not None and stop <= it.max_tokens else None)
             for it in items]
 
 
-def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
-    """The step cost fitted to every measured run's iterations but run i's own (each run's times divided by
-    its machine speed), so no run is priced by what it measured itself; the draft's forwards keep the
-    profile's roofline (EngineStepCost.from_iterations)."""
-    records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s}
-               for j, (row, s) in enumerate(zip(measured, speeds)) if j != i for r in row.get("iterations", [])]
+def stop_lengths(measured: list[dict], items_of) -> dict:
+    """Where the served model ended each prompt with its end of sequence, from every measured run's
+    `outputs` (client.bench: request id -> [output tokens, finish reason]): (prompt, chat) -> the median
+    stop length. Which token ends a prompt is the workload's (greedy decoding of that prompt), not the
+    serving policy's, so every run's stops apply to all; a prompt never seen to stop runs to max_tokens."""
+    seen: dict[tuple, list[int]] = {}
+    for row in measured:
+        by_id = {it.request_id: it for it in items_of(level_of(row))}
+        for rid, (n, reason) in row.get("outputs", {}).items():
+            if reason == "stop" and rid in by_id:
+                seen.setdefault((by_id[rid].prompt, by_id[rid].chat), []).append(n)
+    return {k: sorted(v)[len(v) // 2] for k, v in seen.items()}
+
+
+def step_fit(runs: list[dict], speeds: list[float], profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
+    """The step cost fitted to `runs`' recorded iterations (each run's times divided by its machine
+    speed); the draft's forwards keep the profile's roofline (EngineStepCost.from_iterations)."""
+    records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s} for row, s in zip(runs, speeds) for r in row.get("iterations", [])]
     if not records:
-        raise SystemExit("--step-cost in-run needs a bench run that recorded its iterations (a client.bench row's "
+        raise SystemExit("in-run step pricing needs bench runs that recorded their iterations (a client.bench row's "
                          "`iterations`) in more than one run; pass --step-cost profile for older results")
     return EngineStepCost.from_iterations(records, profile.draft_step_ms, fallback)
+
+
+def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
+    """The step cost fitted to every measured run's iterations but run i's own, so no run is priced by
+    what it measured itself."""
+    others = [j for j in range(len(measured)) if j != i]
+    return step_fit([measured[j] for j in others], [speeds[j] for j in others], profile, fallback)
+
+
+def speed_moved(row: dict) -> bool:
+    before, after = (row.get("speed_probes_ms") or [{}, {}])
+    return any(max(before[k], after[k]) > SPEED_MOVED * min(before[k], after[k]) for k in before if k in after)
 
 
 def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
@@ -104,6 +138,18 @@ def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
         p = next(r for r in predicted if r["policy"] == m["policy"] and level_of(r) == level_of(m))
         out.append(Check(m["policy"], level_of(m), m["slo_attainment"], p["slo_attainment"], m["tpot_slo_attainment"],
                          p["tpot_slo_attainment"], m.get("tpot_ms_p50"), p.get("tpot_ms_p50")))
+    return out
+
+
+def speed_matched(measured: list[dict], other: list[dict], profile: CostModel) -> list[dict]:
+    """Another measured run's rows with their TPOT p50 scaled from its machine speed to each measured
+    run's (both by their speed probes), as the simulation is priced for each run's speed."""
+    speed = lambda r: profile.relative_speed(r.get("speed_probe_ms") or {})  # noqa: E731
+    out = []
+    for m in measured:
+        o = next(r for r in other if r["policy"] == m["policy"] and level_of(r) == level_of(m))
+        tpot = o.get("tpot_ms_p50")
+        out.append({**o, "tpot_ms_p50": tpot and tpot * speed(m) / speed(o)})
     return out
 
 
@@ -119,6 +165,12 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--step-cost", choices=["auto", "in-run", "profile"], default="auto",
                     help="price target steps with a fit to the bench's other runs' iterations or the profile's sweep; "
                          "auto: in-run if every run recorded its iterations")
+    ap.add_argument("--fit-from", nargs="+", default=[], metavar="BENCH_JSON",
+                    help="price target steps by a fit to these other bench runs' iterations (a calibration run on this "
+                         "machine) instead of the validated bench's: none of its own measurements then price it")
+    ap.add_argument("--repeat", default="", metavar="BENCH_JSON",
+                    help="another run of the same bench, judged by the same bar as a prediction of this one: how close "
+                         "the measured system comes to itself from run to run (the bar's noise floor on this machine)")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default results/sim/validate-<bench name>)")
     return ap.parse_args(argv)
@@ -141,8 +193,11 @@ def main(argv=None) -> None:
     measured = [r for r in bench["rows"] if not keep or r["policy"] in keep]
     levels = list({json.dumps(level_of(r), sort_keys=True): level_of(r) for r in measured}.values())
     prompts = builtin_prompts()
-    workloads = {json.dumps(lv, sort_keys=True): sim_requests(bench_items(lv, bench["duration_s"], slos, prompts, args.seed,
-                                                                          args.output_scale), encode) for lv in levels}
+    items = {json.dumps(lv, sort_keys=True): bench_items(lv, bench["duration_s"], slos, prompts, args.seed, args.output_scale) for lv in levels}
+    stops = stop_lengths(measured, lambda lv: items[json.dumps(lv, sort_keys=True)])
+    if stops:
+        print(f"{len(stops)} prompts end where the measured runs stopped them; the others run to max_tokens")
+    workloads = {key: sim_requests(its, encode, stops) for key, its in items.items()}
     specs = [RunSpec(r["policy"], workloads[json.dumps(level_of(r), sort_keys=True)], level_of(r)) for r in measured]
     for r, s in zip(measured, specs):
         if r.get("requests") not in (None, len(s.requests)):
@@ -150,13 +205,19 @@ def main(argv=None) -> None:
                              f"{len(s.requests)}: pass the run's --seed / duration")
     profile = CostModel.load(config.speculation.profile_path)
     speeds = [1.0 if args.no_speed else profile.relative_speed(r.get("speed_probe_ms") or {}) for r in measured]
-    print("machine speed per run (x profile):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}" for r, v in zip(measured, speeds)))
+    print("machine speed per run (x profile; ! where its probes before and after differ by more than "
+          f"{SPEED_MOVED - 1:.0%}):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))
     fallback = EngineStepCost.from_profile(config.speculation.profile_path)
     in_run = args.step_cost == "in-run" or (args.step_cost == "auto" and len(measured) > 1 and all(r.get("iterations") for r in measured))
-    print("target steps priced by", "a fit to the other runs' iterations" if in_run else "the profile's step fit")
+    calibration = None
+    if args.fit_from:
+        runs = [r for path in args.fit_from for r in json.load(open(path))["rows"]]
+        calibration = step_fit(runs, [profile.relative_speed(r.get("speed_probe_ms") or {}) for r in runs], profile, fallback)
+    print("target steps priced by", "a fit to " + ", ".join(args.fit_from) if calibration else
+          "a fit to the other runs' iterations" if in_run else "the profile's step fit")
     predicted = []
     for i, (spec, speed) in enumerate(zip(specs, speeds)):  # one run each: each is priced for its own speed
-        step = held_out_step(measured, speeds, i, profile, fallback) if in_run else None
+        step = calibration or (held_out_step(measured, speeds, i, profile, fallback) if in_run else None)
 
         def deploy(policy, speed=speed, step=step):
             sc = scenario("cpu", policy=policy, acceptance=args.acceptance, engine_json=config_path, cpu_speed=speed)
@@ -164,20 +225,32 @@ def main(argv=None) -> None:
         (row,) = run_all([spec], deploy, args.seed, "cpu vs bench", drain_s=max(0.0, args.time_limit - bench["duration_s"]), leave=False)
         predicted.append({**row, "machine_speed": speed})
     checks = compare(measured, predicted)
+    repeat = [r for r in json.load(open(args.repeat))["rows"] if not keep or r["policy"] in keep] if args.repeat else []
+    repeat_checks = compare(measured, speed_matched(measured, repeat, profile)) if repeat else []
     stem = args.out or os.path.join("results", "sim", "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
-    save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": "in-run" if in_run else "profile"}, predicted,
-         checks=[{**asdict(c), "tpot_p50_error": c.tpot_p50_error, "within": c.within} for c in checks])
+    pricing = "calibration" if calibration else "in-run" if in_run else "profile"
+    save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": pricing}, predicted,
+         checks=[as_dict(c) for c in checks], repeat_checks=[as_dict(c) for c in repeat_checks])
     x_key = next((k for k in SWEEP_KEYS if k in measured[0]), "rps")
-    both = [{**r, "policy": f"{r['policy']} sim"} for r in predicted] + [{**r, "policy": f"{r['policy']} bench"} for r in measured]
+    both = [{**r, "policy": f"{r['policy']} {kind}"} for kind, rows in (("sim", predicted), ("bench", measured), ("bench, other run", repeat))
+            for r in rows]
     plot_panels(both, x_key, stem, f"simulated (CPU cost model) vs measured: {args.bench_json}")
     print_checks(checks)
     print(f"{sum(c.within for c in checks)}/{len(checks)} within the bar (attainment +-{ATTAINMENT_TOLERANCE}, TPOT p50 +-{TPOT_TOLERANCE:.0%})")
+    if repeat_checks:
+        print(f"the other measured run {args.repeat} as the prediction (the machine's run-to-run floor):")
+        print_checks(repeat_checks, "rep")
+        print(f"{sum(c.within for c in repeat_checks)}/{len(repeat_checks)} within the bar")
     print(f"wrote {stem}.json and {stem}.png")
 
 
-def print_checks(checks: list[Check]) -> None:
+def as_dict(c: Check) -> dict:
+    return {**asdict(c), "tpot_p50_error": c.tpot_p50_error, "within": c.within}
+
+
+def print_checks(checks: list[Check], other: str = "sim") -> None:
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    print(f"{'policy':>12} {'level':>28} {'joint meas/sim':>15} {'tpot-only meas/sim':>19} {'TPOT p50 ms meas/sim':>21} ok")
+    print(f"{'policy':>12} {'level':>28} {'joint meas/' + other:>15} {'tpot-only meas/' + other:>19} {'TPOT p50 ms meas/' + other:>21} ok")
     for c in checks:
         level = " ".join(f"{k}={v:g}" for k, v in c.level.items())
         print(f"{c.policy:>12} {level:>28} {c.measured_joint:7.2f}/{c.predicted_joint:<7.2f} "

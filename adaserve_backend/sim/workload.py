@@ -26,6 +26,7 @@ from client.workload import (DEFAULT_MIX, build_workload, fluctuating_arrivals, 
 
 from ..request import Request
 from ..sequence import Sequence
+from .drafts import EOS
 
 PROMPT_TOKENS = {
     "paper": {"coding": (100, 250), "chat": (20, 150), "summary": (500, 1500)},
@@ -49,14 +50,18 @@ class SimRequest:
     tpot_slo_ms: float
     ttft_slo_ms: float
     arrival_s: float
+    # The output token that is the model's end of sequence (1-based), where a measured run saw it stop
+    # (validate.py); None: the request runs to max_tokens. The scheduler still sees max_tokens, as the
+    # engine's does: neither knows in advance where a request will stop.
+    stop_after: int | None = None
 
     def sequence(self, seq_id: int) -> Sequence:
         """The engine's own request state (Sequence.start, as Engine._take_inbox makes it); the category
         rides along as the SLO class so the acceptance model can read it."""
-        req = Request(self.request_id, [0] * self.prompt_tokens, max_tokens=self.max_tokens, ignore_eos=True,
+        req = Request(self.request_id, [0] * self.prompt_tokens, max_tokens=self.max_tokens, ignore_eos=self.stop_after is None,
                       tpot_slo_ms=self.tpot_slo_ms, ttft_slo_ms=self.ttft_slo_ms, slo_class=self.category,
                       arrival_time=self.arrival_s)
-        return Sequence.start(req, seq_id, self.tpot_slo_ms, self.arrival_s, frozenset(), self.ttft_slo_ms)
+        return Sequence.start(req, seq_id, self.tpot_slo_ms, self.arrival_s, frozenset({EOS}), self.ttft_slo_ms)
 
 
 def paper_slos(baseline_tpot_ms: float, ttft_ms: dict[str, float] | None = None, mode: str = "absolute",

@@ -136,6 +136,19 @@ def test_policies_differ_as_expected_at_light_load():
     assert ada["tpot_ms_p50"] < cont["tpot_ms_p50"] / 2
 
 
+@pytest.mark.parametrize("policy", ["adaserve", "continuous"])
+def test_a_request_ends_where_its_workload_stops_it(policy):
+    """SimRequest.stop_after: the simulated model emits its end of sequence there (within a speculative
+    iteration's several tokens too) and the engine's output processor ends the request; the scheduler
+    still saw max_tokens."""
+    sc = scenario("a100x4", "llama70b", policy)
+    reqs = [SimRequest(f"r{i}", "chat", 100, 64, 50.0, 2000.0, 0.1 * i, stop) for i, stop in enumerate([1, 2, 7, 30, None, 64, 80])]
+    res = simulate(SimConfig(sc.replica, sc.cost, sc.acceptance, 1, "round_robin", 0), reqs)
+    got = {r.request_id: (r.output_tokens, r.finish_reason) for r in res.records}
+    assert got == {"r0": (1, "stop"), "r1": (2, "stop"), "r2": (7, "stop"), "r3": (30, "stop"), "r4": (64, "length"),
+                   "r5": (64, "stop"), "r6": (64, "length")}
+
+
 def test_cpu_scenario_runs_with_the_served_config():
     res = run(rps=0.5, duration=10.0, hardware="cpu").summary()
     assert res["finished"] == res["requests"] > 0

@@ -77,6 +77,21 @@ def test_validation_rebuilds_the_benchmarks_workload():
     assert sum(i.category == "coding" for i in items) > 40
 
 
+def test_validation_ends_each_prompt_where_the_measured_runs_stopped_it():
+    from client.workload import WorkItem
+
+    items = {1.0: [WorkItem("w0", "chat", "a", True, 40, 50.0, 0.0), WorkItem("w1", "chat", "b", True, 40, 50.0, 0.5),
+                   WorkItem("w2", "chat", "c", False, 40, 50.0, 0.9)],
+             2.0: [WorkItem("w0", "chat", "a", True, 20, 50.0, 0.0), WorkItem("w1", "chat", "c", False, 10, 50.0, 0.2)]}
+    measured = [{"rps": 1.0, "outputs": {"w0": [12, "stop"], "w1": [40, "length"], "w2": [0, None]}},
+                {"rps": 2.0, "outputs": {"w0": [14, "stop"], "w1": [10, "length"]}},
+                {"rps": 1.0, "outputs": {"w0": [13, "stop"]}}]
+    stops = validate.stop_lengths(measured, lambda lv: items[lv["rps"]])
+    assert stops == {("a", True): 13}  # the median of its three stops; a length-capped or unfinished one is unknown
+    reqs = validate.sim_requests(items[1.0] + [WorkItem("w3", "chat", "a", True, 10, 50.0, 1.0)], lambda it: [0] * 5, stops)
+    assert [r.stop_after for r in reqs] == [13, None, None, None]  # past w3's max_tokens: it ends by length
+
+
 def test_paper_command_writes_figure_and_ratios(tmp_path):
     paper.main(["rps", "--rps", "1,3", "--duration-s", "10", "--policies", "adaserve,spec:4", "--out", str(tmp_path)])
     out = json.load(open(tmp_path / "paper-rps.json"))
@@ -128,6 +143,17 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     assert in_run["meta"]["step_cost"] == "in-run"
     for fast_check, slow_check in zip(checks, in_run["checks"]):  # 100 ms steps, of 1.8 tokens where speculating
         assert slow_check["predicted_tpot_p50_ms"] > 2 * fast_check["predicted_tpot_p50_ms"]
+    # priced by another bench's iterations (a calibration run: 50 ms steps), none of this one's; the run
+    # judged against itself as a repeat is within the bar everywhere
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({**bench, "rows": [{**r, "iterations": [{**it, "step_ms": 50.0} for it in r["iterations"]]}
+                                                          for r in rows]}))
+    validate.main([str(path), "--fit-from", str(calibration), "--repeat", str(path), "--out", str(tmp_path / "cal")])
+    cal = json.load(open(tmp_path / "cal.json"))
+    assert cal["meta"]["step_cost"] == "calibration"
+    for in_run_check, cal_check in zip(in_run["checks"], cal["checks"]):
+        assert cal_check["predicted_tpot_p50_ms"] < 0.75 * in_run_check["predicted_tpot_p50_ms"]
+    assert [c["within"] for c in cal["repeat_checks"]] == [True, True]
 
 
 def test_relative_speed_is_the_geometric_mean_of_the_probes_over_the_profile():
