@@ -65,10 +65,13 @@ def main() -> None:
     ap.add_argument("--out", default="results/speculation_pays", help="writes OUT.json and OUT.png")
     ap.add_argument("--head-rows", type=int, nargs="*", default=[],
                     help="also `adaserve` with the draft's head over these many rows (engine.json's draft.head_rows otherwise)")
+    ap.add_argument("--one-correction", action="store_true",
+                    help="also `adaserve` with one time correction for every speculative depth and no depth exploration")
     args = ap.parse_args()
     prompts = held_out_prompts(args.prompts)
     # (name, policy, useless draft, trimming on, draft head rows or None for engine.json's)
     variants = [("continuous", "continuous", False, True, None), ("adaserve", "adaserve", False, True, None),
+                *([("adaserve, one correction for every depth", "adaserve", False, "one", None)] if args.one_correction else []),
                 *[(f"adaserve, head {n} rows", "adaserve", False, True, n) for n in args.head_rows],
                 ("adaserve, untrimmed", "adaserve", False, False, None), ("adaserve, useless draft", "adaserve", True, True, None),
                 ("adaserve, useless draft, untrimmed", "adaserve", True, False, None)]
@@ -82,7 +85,8 @@ def main() -> None:
                 engine = served_engine(policy, args.dtype, head_rows)
                 if useless:
                     randomize_draft(engine)
-                engine.estimator.trims = engine.estimator.trims and trims
+                engine.estimator.trims = engine.estimator.trims and bool(trims)
+                engine.estimator.per_depth = trims != "one"
                 rounds[-1][i] = row(name, engine, prompts, args.tokens)
                 del engine
                 bar.update()

@@ -37,6 +37,11 @@ EXPLORE_RELOAD = 0.75
 # plain kind's cost correction is measured (a profile taken before the runtime got faster, or on a
 # busier machine, would otherwise keep speculation on where plain decoding is faster).
 PLAIN_EXPLORE_EVERY = 64
+# Likewise between depths: each depth's own measured/predicted time. A profile taken on another machine
+# gets the shape wrong, not only the scale (without AMX a 9-token tree costs 26% more than a 5-token one
+# where the profile said 9%), and one correction for every speculative depth keeps the deeper one; so one
+# speculative iteration in DEPTH_EXPLORE_EVERY runs a neighbouring depth (shallower, then deeper, in turn).
+DEPTH_EXPLORE_EVERY = 32
 
 
 def ema(old: float, new: float, weight: float) -> float:
@@ -66,6 +71,10 @@ class Estimator:
         self.exploring = False  # an exploration was planned and is not recorded yet
         self.failed_at = 0  # the load where the last exploration found speculation still not paying
         self.since_plain = 0  # ... since the last plain one
+        self.depth_correction: dict[int, float] = {}  # measured / predicted per speculative depth
+        self.per_depth = True  # price and explore depths apart (False: one speculative correction, as before)
+        self.since_depth_explore = 0  # speculative iterations since a neighbouring depth was explored
+        self.explore_deeper = False  # which neighbour the next depth exploration runs
         self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
         self.scored = 0.0  # decaying sum of the draft scores verified (bonus tokens excluded)
         self.hits = 0.0  # decaying sum of the drafts accepted
@@ -92,9 +101,12 @@ class Estimator:
             self.cost_correction = ema(self.cost_correction, measured, ITERATION_EMA)
             old_kind = self.kind_correction.get(spec, measured)  # the first of a kind is taken as is
             self.kind_correction[spec] = ema(old_kind, measured, ITERATION_EMA)
+            if spec:
+                self.depth_correction[it.depth] = ema(self.depth_correction.get(it.depth, measured), measured, ITERATION_EMA)
             self.ride_along = ema(self.ride_along, max(1.0, it.latency / self.iteration_s(it.n, it.depth, it.width)), RIDE_ALONG_EMA)
         self.since_speculation = 0 if spec else self.since_speculation + 1
         self.since_plain = self.since_plain + 1 if spec else 0
+        self.since_depth_explore += spec
         if spec:
             self.hits = CALIBRATION_DECAY * self.hits + it.accepted - it.n  # bonus tokens excluded
             self._record_depths(it)
@@ -180,6 +192,8 @@ class Estimator:
         if not self.cost:
             return self.t_iter
         correction = self.correction(depth > 0)
+        if depth and self.per_depth:
+            correction = self.depth_correction.get(depth, correction)
         tokens = min(self.verify_tokens(n, depth), n * (1 + depth * width))  # no tree outgrows its beams
         return self.cost.iteration_ms(n, depth, width, tokens) / 1e3 * correction
 
@@ -224,7 +238,8 @@ class Estimator:
         """`depth_width` for the iteration about to be planned: while speculation is trimmed to none,
         one iteration in `explore_every` (EXPLORE_EVERY, more after explorations that found nothing)
         speculates at the policy's depth to measure it again; while speculating, every
-        PLAIN_EXPLORE_EVERY-th runs plain to measure that."""
+        PLAIN_EXPLORE_EVERY-th runs plain to measure that, and every DEPTH_EXPLORE_EVERY-th speculative
+        one a neighbouring depth."""
         depth, width = self.depth_width(n)
         if n < EXPLORE_RELOAD * self.failed_at:
             self.explore_every, self.failed_at = EXPLORE_EVERY, 0
@@ -233,6 +248,13 @@ class Estimator:
             return self.policy_depth_width(n)
         if self.trims and depth > 0 and self.since_plain >= PLAIN_EXPLORE_EVERY - 1:
             return 0, 0
+        if self.trims and self.per_depth and depth > 0 and self.since_depth_explore >= DEPTH_EXPLORE_EVERY - 1:
+            self.since_depth_explore, self.explore_deeper = 0, not self.explore_deeper
+            deeper = depth + 1 if depth < self.policy_depth_width(n)[0] else None
+            shallower = depth - 1 if depth > 1 else None
+            neighbour = (deeper or shallower) if self.explore_deeper else (shallower or deeper)
+            if neighbour:
+                return neighbour, width
         return depth, width
 
     def tpot_at(self, n: int) -> float:

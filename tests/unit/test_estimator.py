@@ -6,7 +6,7 @@ from __future__ import annotations
 from adaserve_backend.config import SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.scheduler.estimator import EXPLORE_EVERY, PLAIN_EXPLORE_EVERY, SPEC_MIN_SAMPLES, Estimator
+from adaserve_backend.scheduler.estimator import DEPTH_EXPLORE_EVERY, EXPLORE_EVERY, PLAIN_EXPLORE_EVERY, SPEC_MIN_SAMPLES, Estimator
 from adaserve_backend.scheduler.plan import IterationStats
 from adaserve_backend.scheduler.policies import make_policy
 
@@ -124,6 +124,36 @@ def test_while_speculating_plain_decoding_is_measured_and_a_stale_profile_correc
             break
     assert planned[-1] == 0 and planned.count(0) == 1  # counted from the feed's 20 speculative iterations
     assert est.depth_width(1) == (0, 0)
+
+
+def serve(est: Estimator, iterations: int, slowdown) -> list[int]:
+    """One request decoding: every draft accepted at depth 1, every other one at depth 2, none deeper;
+    a depth-d iteration takes slowdown(d) times what the profile says. The planned depths."""
+    planned = []
+    for i in range(iterations):
+        depth, width = est.next_depth_width(1)
+        planned.append(depth)
+        if not depth:
+            est.record(plain_iteration(1))
+            continue
+        it = spec_iteration(est, 1, depth, width, [min(depth, 1 + i % 2)])
+        slow = slowdown(depth)
+        est.record(IterationStats(**{**it.__dict__, "latency": it.latency * slow, "verification": it.verification * slow}))
+    return planned
+
+
+def test_each_depth_is_priced_by_what_it_measured():
+    """The profile's shape says depth 2 pays best (2.5 tokens for two draft steps); on this machine each
+    level beyond the first adds 30% to what the profile says an iteration takes. One correction for every
+    depth would keep depth 2; exploring depth 1 now and then measures it, and the estimator moves there."""
+    as_profiled = estimator()
+    planned = serve(as_profiled, 4 * DEPTH_EXPLORE_EVERY, lambda depth: 1.0)
+    assert as_profiled.depth_width(1)[0] == 2 and planned[-DEPTH_EXPLORE_EVERY:].count(1) <= 1  # an exploration
+    est = estimator()
+    planned = serve(est, 4 * DEPTH_EXPLORE_EVERY, lambda depth: 1 + 0.3 * (depth - 1))
+    assert 2 in planned and est.depth_width(1)[0] == 1
+    assert est.depth_correction[2] > 1.25 and abs(est.depth_correction[1] - 1) < 0.05
+    assert planned[-DEPTH_EXPLORE_EVERY:].count(1) >= DEPTH_EXPLORE_EVERY - 2  # then only explorations in between
 
 
 def test_rarely_measured_depths_continue_the_measured_ratio():
