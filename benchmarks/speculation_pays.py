@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -24,6 +25,18 @@ from tqdm import tqdm
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.models.linear import prepack_all
 from benchmarks.one_request import ENGINE_JSON, engine_tpot_ms, held_out_prompts, served_engine
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row: the engine's policy and what is changed in it."""
+
+    name: str
+    policy: str = "adaserve"
+    useless: bool = False  # the draft's shapes with random weights
+    trims: bool = True  # the estimator trims speculation that does not pay
+    head_rows: int | None = None  # the draft's head rows; None: engine.json's
+    per_depth: bool = True  # each speculative depth priced by its own correction (False: one for all)
 
 
 def randomize_draft(engine, seed: int = 0) -> None:
@@ -69,25 +82,24 @@ def main() -> None:
                     help="also `adaserve` with one time correction for every speculative depth and no depth exploration")
     args = ap.parse_args()
     prompts = held_out_prompts(args.prompts)
-    # (name, policy, useless draft, trimming on, draft head rows or None for engine.json's)
-    variants = [("continuous", "continuous", False, True, None), ("adaserve", "adaserve", False, True, None),
-                *([("adaserve, one correction for every depth", "adaserve", False, "one", None)] if args.one_correction else []),
-                *[(f"adaserve, head {n} rows", "adaserve", False, True, n) for n in args.head_rows],
-                ("adaserve, untrimmed", "adaserve", False, False, None), ("adaserve, useless draft", "adaserve", True, True, None),
-                ("adaserve, useless draft, untrimmed", "adaserve", True, False, None)]
+    variants = [Variant("continuous", "continuous"), Variant("adaserve"),
+                *([Variant("adaserve, one correction for every depth", per_depth=False)] if args.one_correction else []),
+                *[Variant(f"adaserve, head {n} rows", head_rows=n) for n in args.head_rows],
+                Variant("adaserve, untrimmed", trims=False), Variant("adaserve, useless draft", useless=True),
+                Variant("adaserve, useless draft, untrimmed", useless=True, trims=False)]
     rounds: list[dict[int, dict]] = []  # per round: variant index -> its row
     with tqdm(total=args.rounds * len(variants), desc="one request at a time") as bar:
         for k in range(args.rounds):
             rounds.append({})
             order = range(len(variants)) if k % 2 == 0 else reversed(range(len(variants)))  # drift within a round evens out
             for i in order:
-                name, policy, useless, trims, head_rows = variants[i]
-                engine = served_engine(policy, args.dtype, head_rows)
-                if useless:
+                v = variants[i]
+                engine = served_engine(v.policy, args.dtype, v.head_rows)
+                if v.useless:
                     randomize_draft(engine)
-                engine.estimator.trims = engine.estimator.trims and bool(trims)
-                engine.estimator.per_depth = trims != "one"
-                rounds[-1][i] = row(name, engine, prompts, args.tokens)
+                engine.estimator.trims = engine.estimator.trims and v.trims
+                engine.estimator.per_depth = v.per_depth
+                rounds[-1][i] = row(v.name, engine, prompts, args.tokens)
                 del engine
                 bar.update()
     rows = [median_row([r[i] for r in rounds]) for i in range(len(variants))]

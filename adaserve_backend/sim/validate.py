@@ -132,10 +132,20 @@ def speed_moved(row: dict) -> bool:
     return any(max(before[k], after[k]) > SPEED_MOVED * min(before[k], after[k]) for k in before if k in after)
 
 
+def run_speed(profile: CostModel, row: dict) -> float:
+    """A bench run's machine speed over the profile's, from its speed probe (1 without one)."""
+    return profile.relative_speed(row.get("speed_probe_ms") or {})
+
+
+def same_run(rows: list[dict], m: dict) -> dict:
+    """The row of `rows` with measured run `m`'s policy and level."""
+    return next(r for r in rows if r["policy"] == m["policy"] and level_of(r) == level_of(m))
+
+
 def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
     out = []
     for m in measured:
-        p = next(r for r in predicted if r["policy"] == m["policy"] and level_of(r) == level_of(m))
+        p = same_run(predicted, m)
         out.append(Check(m["policy"], level_of(m), m["slo_attainment"], p["slo_attainment"], m["tpot_slo_attainment"],
                          p["tpot_slo_attainment"], m.get("tpot_ms_p50"), p.get("tpot_ms_p50")))
     return out
@@ -144,12 +154,11 @@ def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
 def speed_matched(measured: list[dict], other: list[dict], profile: CostModel) -> list[dict]:
     """Another measured run's rows with their TPOT p50 scaled from its machine speed to each measured
     run's (both by their speed probes), as the simulation is priced for each run's speed."""
-    speed = lambda r: profile.relative_speed(r.get("speed_probe_ms") or {})  # noqa: E731
     out = []
     for m in measured:
-        o = next(r for r in other if r["policy"] == m["policy"] and level_of(r) == level_of(m))
+        o = same_run(other, m)
         tpot = o.get("tpot_ms_p50")
-        out.append({**o, "tpot_ms_p50": tpot and tpot * speed(m) / speed(o)})
+        out.append({**o, "tpot_ms_p50": tpot and tpot * run_speed(profile, m) / run_speed(profile, o)})
     return out
 
 
@@ -204,7 +213,7 @@ def main(argv=None) -> None:
             raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, the rebuilt workload has "
                              f"{len(s.requests)}: pass the run's --seed / duration")
     profile = CostModel.load(config.speculation.profile_path)
-    speeds = [1.0 if args.no_speed else profile.relative_speed(r.get("speed_probe_ms") or {}) for r in measured]
+    speeds = [1.0 if args.no_speed else run_speed(profile, r) for r in measured]
     print("machine speed per run (x profile; ! where its probes before and after differ by more than "
           f"{SPEED_MOVED - 1:.0%}):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))
     fallback = EngineStepCost.from_profile(config.speculation.profile_path)
@@ -212,7 +221,7 @@ def main(argv=None) -> None:
     calibration = None
     if args.fit_from:
         runs = [r for path in args.fit_from for r in json.load(open(path))["rows"]]
-        calibration = step_fit(runs, [profile.relative_speed(r.get("speed_probe_ms") or {}) for r in runs], profile, fallback)
+        calibration = step_fit(runs, [run_speed(profile, r) for r in runs], profile, fallback)
     print("target steps priced by", "a fit to " + ", ".join(args.fit_from) if calibration else
           "a fit to the other runs' iterations" if in_run else "the profile's step fit")
     predicted = []
