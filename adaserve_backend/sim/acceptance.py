@@ -26,6 +26,7 @@ Presets:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -54,6 +55,12 @@ class AcceptanceModel:
         rates = self.by_category.get(category or "", self.rates)
         rate = rates[min(depth, len(rates)) - 1]
         return min(1.0, rate / self.confidence)
+
+    def scaled(self, factor: float) -> AcceptanceModel:
+        """Every rate times `factor` (at most 1): the table's shape, another level (sim.calibration)."""
+        scale = lambda rates: tuple(min(1.0, r * factor) for r in rates)  # noqa: E731
+        return dataclasses.replace(self, name=f"{self.name} x{factor:.2f}", rates=scale(self.rates),
+                                   by_category={c: scale(r) for c, r in self.by_category.items()})
 
     @property
     def beta(self) -> tuple[float, float]:

@@ -4,6 +4,7 @@ this CPU's cost model, predicted next to measured joint and TPOT-only attainment
     make bench && make sim-validate                        # results/quick-rps.json
     python -m adaserve_backend.sim.validate results/quick-rps.json [--seed 0 --output-scale 0.5 --time-limit 90]
     python -m adaserve_backend.sim.validate B.json --fit-from A.json --repeat A.json   # A: an earlier run
+    python -m adaserve_backend.sim.validate B.json --fit-from A.json --speed steps --speed-band 0.05
 
 The workload is rebuilt as client.bench builds it (Poisson arrivals of int(rps * duration) requests,
 client.workload.build_workload with the benchmark's prompts, seed and output scale; the urgent-share
@@ -15,11 +16,13 @@ Target steps are priced by a fit to other runs' recorded iterations: `--fit-from
 run on this machine; none of the validated bench's own measurements then price it), else every run of
 this bench but the one predicted (`--step-cost in-run`, the default when every run recorded its
 iterations), or by the profile's synthetic sweep (`--step-cost profile`); the draft's forwards by the
-profile's roofline. Times are scaled by the speed the machine had during each measured run (its
-`speed_probe_ms`: the profile's own forwards timed either side of the run, tools.profiler.probe_ms in
-client.bench; `--no-speed` prices every run at the profile's speed), acceptance from `--acceptance`
-(default: the engine's recorded table). The issue's bar: attainment within 0.05 and TPOT p50 within 10%
-at every level. `--repeat` judges another measured run of the same bench by the same bar, as if it were
+profile's roofline. Times are scaled by the speed the machine had during each measured run: `--speed
+probe` (default) its `speed_probe_ms`, the profile's own forwards timed either side of the run
+(tools.profiler.probe_ms in client.bench); `steps` its own steps over the fit that prices them
+(sim.calibration); `none` the profile's. `--speed-band D` simulates each run at its speed x (1 -+ D)
+too. Acceptance from `--acceptance` (default: the engine's recorded table), scaled with `--fit-from` to
+the calibration runs' tokens per verification. The issue's bar: attainment within 0.05 and TPOT p50
+within 10% at every level. `--repeat` judges another measured run of the same bench by the same bar, as if it were
 the prediction: what the bar means on a machine whose runs differ from each other. Writes <out>.json
 and <out>.png.
 """
@@ -38,6 +41,9 @@ from client.slo_targets import SloTargets
 
 from ..cost_model.cost_model import CostModel
 from ..cost_model.step_cost import EngineStepCost
+from .acceptance import acceptance_model
+from .calibration import (SPEED_MOVED, calibrated_acceptance, held_out_step, probe_speed, speculating_runs, speed_moved,
+                          step_fit, steps_speed, with_step)
 from .plots import plot_panels
 from .report import save
 from .runs import RunSpec, run_all
@@ -46,7 +52,6 @@ from .workload import SimRequest
 
 SWEEP_KEYS = ("urgent_share", "urgent_slo_scale")  # a bench row's level besides rps
 ATTAINMENT_TOLERANCE = 0.05
-SPEED_MOVED = 1.2  # a run whose speed probes before and after differ by more: one speed cannot price it
 TPOT_TOLERANCE = 0.10
 
 
@@ -110,33 +115,6 @@ def stop_lengths(measured: list[dict], items_of) -> dict:
     return {k: sorted(v)[len(v) // 2] for k, v in seen.items()}
 
 
-def step_fit(runs: list[dict], speeds: list[float], profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
-    """The step cost fitted to `runs`' recorded iterations (each run's times divided by its machine
-    speed); the draft's forwards keep the profile's roofline (EngineStepCost.from_iterations)."""
-    records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s} for row, s in zip(runs, speeds) for r in row.get("iterations", [])]
-    if not records:
-        raise SystemExit("in-run step pricing needs bench runs that recorded their iterations (a client.bench row's "
-                         "`iterations`) in more than one run; pass --step-cost profile for older results")
-    return EngineStepCost.from_iterations(records, profile.draft_step_ms, fallback)
-
-
-def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
-    """The step cost fitted to every measured run's iterations but run i's own, so no run is priced by
-    what it measured itself."""
-    others = [j for j in range(len(measured)) if j != i]
-    return step_fit([measured[j] for j in others], [speeds[j] for j in others], profile, fallback)
-
-
-def speed_moved(row: dict) -> bool:
-    before, after = (row.get("speed_probes_ms") or [{}, {}])
-    return any(max(before[k], after[k]) > SPEED_MOVED * min(before[k], after[k]) for k in before if k in after)
-
-
-def run_speed(profile: CostModel, row: dict) -> float:
-    """A bench run's machine speed over the profile's, from its speed probe (1 without one)."""
-    return profile.relative_speed(row.get("speed_probe_ms") or {})
-
-
 def same_run(rows: list[dict], m: dict) -> dict:
     """The row of `rows` with measured run `m`'s policy and level."""
     return next(r for r in rows if r["policy"] == m["policy"] and level_of(r) == level_of(m))
@@ -151,14 +129,15 @@ def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
     return out
 
 
-def speed_matched(measured: list[dict], other: list[dict], profile: CostModel) -> list[dict]:
-    """Another measured run's rows with their TPOT p50 scaled from its machine speed to each measured
-    run's (both by their speed probes), as the simulation is priced for each run's speed."""
+def speed_matched(measured: list[dict], speeds: list[float], other: list[dict], other_speed) -> list[dict]:
+    """Another measured run's rows with their TPOT p50 scaled from its machine speed (`other_speed(row,
+    i)`, read as the validated runs' are) to each measured run's, as the simulation is priced for each
+    run's speed."""
     out = []
-    for m in measured:
+    for i, (m, speed) in enumerate(zip(measured, speeds)):
         o = same_run(other, m)
         tpot = o.get("tpot_ms_p50")
-        out.append({**o, "tpot_ms_p50": tpot and tpot * run_speed(profile, m) / run_speed(profile, o)})
+        out.append({**o, "tpot_ms_p50": tpot and tpot * speed / other_speed(o, i)})
     return out
 
 
@@ -170,7 +149,14 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--output-scale", type=float, default=0.5, help="the bench run's --output-scale")
     ap.add_argument("--time-limit", type=float, default=90.0, help="the bench run's --time-limit (s)")
     ap.add_argument("--acceptance", default="engine", help="acceptance model (sim/acceptance.py)")
-    ap.add_argument("--no-speed", action="store_true", help="ignore the runs' speed probes (price them at the profile's speed)")
+    ap.add_argument("--speed", choices=["probe", "steps", "none"], default="probe",
+                    help="each run's machine speed: its speed probes (independent of the run), its own steps over the "
+                         "fit that prices them (sim.calibration.steps_speed), or the profile's")
+    ap.add_argument("--calibrate-acceptance", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --fit-from: scale the acceptance table to the calibration runs' tokens per verification")
+    ap.add_argument("--speed-band", type=float, default=0.0, metavar="D",
+                    help="also simulate every run at its speed x (1 -+ D): how much of a miss an error of D in the "
+                         "machine's speed explains (near a load's capacity attainment turns on a few percent)")
     ap.add_argument("--step-cost", choices=["auto", "in-run", "profile"], default="auto",
                     help="price target steps with a fit to the bench's other runs' iterations or the profile's sweep; "
                          "auto: in-run if every run recorded its iterations")
@@ -213,39 +199,71 @@ def main(argv=None) -> None:
             raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, the rebuilt workload has "
                              f"{len(s.requests)}: pass the run's --seed / duration")
     profile = CostModel.load(config.speculation.profile_path)
-    speeds = [1.0 if args.no_speed else run_speed(profile, r) for r in measured]
-    print("machine speed per run (x profile; ! where its probes before and after differ by more than "
-          f"{SPEED_MOVED - 1:.0%}):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))
     fallback = EngineStepCost.from_profile(config.speculation.profile_path)
+    probe = (lambda r: 1.0) if args.speed == "none" else (lambda r: probe_speed(profile, r))
     in_run = args.step_cost == "in-run" or (args.step_cost == "auto" and len(measured) > 1 and all(r.get("iterations") for r in measured))
-    calibration = None
-    if args.fit_from:
-        runs = [r for path in args.fit_from for r in json.load(open(path))["rows"]]
-        calibration = step_fit(runs, [run_speed(profile, r) for r in runs], profile, fallback)
+    cal_rows = [r for path in args.fit_from for r in json.load(open(path))["rows"]]
+    calibration = step_fit(cal_rows, [probe(r) for r in cal_rows], profile, fallback) if cal_rows else None
     print("target steps priced by", "a fit to " + ", ".join(args.fit_from) if calibration else
           "a fit to the other runs' iterations" if in_run else "the profile's step fit")
-    predicted = []
-    for i, (spec, speed) in enumerate(zip(specs, speeds)):  # one run each: each is priced for its own speed
-        step = calibration or (held_out_step(measured, speeds, i, profile, fallback) if in_run else None)
+    steps = [calibration or (held_out_step(measured, [probe(r) for r in measured], i, profile, fallback) if in_run else None)
+             for i in range(len(measured))]
 
-        def deploy(policy, speed=speed, step=step):
-            sc = scenario("cpu", policy=policy, acceptance=args.acceptance, engine_json=config_path, cpu_speed=speed)
-            return sc if step is None else dataclasses.replace(sc, cost=dataclasses.replace(sc.cost, step=step))
-        (row,) = run_all([spec], deploy, args.seed, "cpu vs bench", drain_s=max(0.0, args.time_limit - bench["duration_s"]), leave=False)
-        predicted.append({**row, "machine_speed": speed})
+    def speed_of(row: dict, step) -> float:
+        if args.speed != "steps":
+            return probe(row)
+        if step is None:
+            raise SystemExit("--speed steps reads a run's speed off a step fit: pass --fit-from or runs with iterations")
+        return steps_speed(row, step)
+    speeds = [speed_of(r, step) for r, step in zip(measured, steps)]
+    print(f"machine speed per run ({args.speed}; x profile; ! where its probes before and after differ by more than "
+          f"{SPEED_MOVED - 1:.0%}):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))
+    drain_s = max(0.0, args.time_limit - bench["duration_s"])
+
+    def simulate_runs(runs: list[tuple[RunSpec, float, object]], acceptance, desc: str) -> list[dict]:
+        rows = []
+        for spec, speed, step in runs:  # one run each: each is priced for its own speed
+            def deploy(policy, speed=speed, step=step):
+                sc = scenario("cpu", policy=policy, engine_json=config_path, cpu_speed=speed)
+                return dataclasses.replace(sc, cost=with_step(sc.cost, step), acceptance=acceptance)
+            (row,) = run_all([spec], deploy, args.seed, desc, drain_s=drain_s, leave=False)
+            rows.append({**row, "machine_speed": speed})
+        return rows
+
+    acceptance, factor = acceptance_model(args.acceptance), None
+    speculated = [r for r in speculating_runs(cal_rows) if json.dumps(level_of(r), sort_keys=True) in workloads]
+    if calibration and args.calibrate_acceptance and speculated:
+        cal_runs = [(RunSpec(r["policy"], workloads[json.dumps(level_of(r), sort_keys=True)], level_of(r)), speed_of(r, calibration), calibration)
+                    for r in speculated]
+        acceptance, factor = calibrated_acceptance(
+            acceptance, speculated, lambda model: [r["mean_accepted_per_verify"] for r in simulate_runs(cal_runs, model, "acceptance")])
+        print(f"acceptance: {args.acceptance} x{factor:.2f}, the calibration runs' "
+              f"{sum(r['mean_accepted_per_verify'] for r in speculated) / len(speculated):.2f} tokens per verification")
+    predicted = simulate_runs(list(zip(specs, speeds, steps)), acceptance, "cpu vs bench")
+    band = {f: simulate_runs([(sp, v * f, st) for sp, v, st in zip(specs, speeds, steps)], acceptance, f"speed x{f:g}")
+            for f in ((1 - args.speed_band, 1 + args.speed_band) if args.speed_band else ())}
     checks = compare(measured, predicted)
     repeat = [r for r in json.load(open(args.repeat))["rows"] if not keep or r["policy"] in keep] if args.repeat else []
-    repeat_checks = compare(measured, speed_matched(measured, repeat, profile)) if repeat else []
+    repeat_checks = compare(measured, speed_matched(measured, speeds, repeat, lambda o, i: speed_of(o, steps[i]))) if repeat else []
     stem = args.out or os.path.join("results", "sim", "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
     pricing = "calibration" if calibration else "in-run" if in_run else "profile"
-    save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": pricing}, predicted,
-         checks=[as_dict(c) for c in checks], repeat_checks=[as_dict(c) for c in repeat_checks])
+    save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": pricing, "speed": args.speed,
+                 "acceptance_factor": factor}, predicted,
+         checks=[as_dict(c) for c in checks], repeat_checks=[as_dict(c) for c in repeat_checks],
+         speed_band={f"{f:g}": rows for f, rows in band.items()})
     x_key = next((k for k in SWEEP_KEYS if k in measured[0]), "rps")
     both = [{**r, "policy": f"{r['policy']} {kind}"} for kind, rows in (("sim", predicted), ("bench", measured), ("bench, other run", repeat))
             for r in rows]
     plot_panels(both, x_key, stem, f"simulated (CPU cost model) vs measured: {args.bench_json}")
     print_checks(checks)
     print(f"{sum(c.within for c in checks)}/{len(checks)} within the bar (attainment +-{ATTAINMENT_TOLERANCE}, TPOT p50 +-{TPOT_TOLERANCE:.0%})")
+    if band:  # checks at x(1 - D), the run's speed, x(1 + D)
+        rows = [(lo, c, hi) for c, lo, hi in zip(checks, *(compare(measured, r) for r in band.values()))]
+        print(f"{sum(any(c.within for c in r) for r in rows)}/{len(rows)} within the bar at the run's speed or x(1 -+ {args.speed_band:g}); "
+              "joint attainment measured, then predicted at those three speeds:")
+        for r in rows:
+            print(f"  {r[1].policy:>10} {' '.join(f'{k}={v:g}' for k, v in r[1].level.items())}: {r[1].measured_joint:.2f}, "
+                  + " / ".join(f"{c.predicted_joint:.2f}" for c in r))
     if repeat_checks:
         print(f"the other measured run {args.repeat} as the prediction (the machine's run-to-run floor):")
         print_checks(repeat_checks, "rep")

@@ -81,3 +81,12 @@ def all_ancestors_in(parents, j, nodes):
             return False
         j = parents[j]
     return True
+
+
+def test_a_scaled_table_keeps_its_shape_and_caps_at_one():
+    model = acceptance_model("engine")
+    half, double = model.scaled(0.5), model.scaled(3.0)
+    assert half.by_category["coding"] == pytest.approx(tuple(r / 2 for r in model.by_category["coding"]))
+    assert half.rates == pytest.approx(tuple(r / 2 for r in model.rates))
+    assert max(double.rates) == 1.0 and all(r <= 1.0 for rs in double.by_category.values() for r in rs)
+    assert mean_accepted(half, 4, 1) < mean_accepted(model, 4, 1) < mean_accepted(double, 4, 1)

@@ -154,6 +154,24 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     for in_run_check, cal_check in zip(in_run["checks"], cal["checks"]):
         assert cal_check["predicted_tpot_p50_ms"] < 0.75 * in_run_check["predicted_tpot_p50_ms"]
     assert [c["within"] for c in cal["repeat_checks"]] == [True, True]
+    # the runs' speed read off their own steps (100 ms where the calibration's fit prices 50): twice the
+    # fit's, priced as the calibration-only run above read at twice the speed; and at +-10% beside it
+    validate.main([str(path), "--fit-from", str(calibration), "--speed", "steps", "--speed-band", "0.1", "--out", str(tmp_path / "steps")])
+    steps = json.load(open(tmp_path / "steps.json"))
+    assert [r["machine_speed"] for r in steps["rows"]] == pytest.approx([2.0, 2.0], rel=0.02)
+    assert steps["meta"]["speed"] == "steps" and steps["meta"]["acceptance_factor"] is None  # nothing speculated
+    assert [r["machine_speed"] for r in steps["speed_band"]["1.1"]] == pytest.approx([2.2, 2.2], rel=0.02)
+    for cal_check, steps_check in zip(cal["checks"], steps["checks"]):
+        assert steps_check["predicted_tpot_p50_ms"] > 1.5 * cal_check["predicted_tpot_p50_ms"]
+    # a calibration run that speculated: the acceptance table is scaled to its tokens per verification
+    for accepted in (1.3, 2.5):
+        rows_ = json.load(open(calibration))["rows"]
+        calibration.write_text(json.dumps({**bench, "rows": [{**r, "mean_accepted_per_verify": accepted if r["policy"] == "adaserve" else 1.0}
+                                                              for r in rows_]}))
+        validate.main([str(path), "--fit-from", str(calibration), "--out", str(tmp_path / f"acc{accepted}")])
+    low, high = (json.load(open(tmp_path / f"acc{a}.json")) for a in (1.3, 2.5))
+    assert 0.25 < low["meta"]["acceptance_factor"] < high["meta"]["acceptance_factor"] < 2.0
+    assert [r["mean_accepted_per_verify"] for r in low["rows"]][0] < [r["mean_accepted_per_verify"] for r in high["rows"]][0]
 
 
 def test_relative_speed_is_the_geometric_mean_of_the_probes_over_the_profile():

@@ -1,0 +1,90 @@
+"""What sim.validate prices a measured bench run with, each taken from measurements on this machine:
+the target's step cost (a fit to recorded iterations), the machine's speed during the run, and the
+draft's acceptance (the engine table scaled to what calibration runs produced per verification).
+
+Why the speed has two sources: the speed probes either side of a run (client.bench) are cheap and
+independent of the run, but on this shared machine a run's own steps, priced by a fit from other runs,
+put its speed 0.9-1.7x away from the probe's now and then (a probe caught a slow second, or the
+machine moved during the run). `steps_speed` reads the speed off the run's own steps instead: only
+their level over a fit from elsewhere, so batch shapes, queueing, speculation and attainment are still
+the simulator's to predict; validate reports which source priced a result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+
+from ..cost_model.cost_model import CostModel
+from ..cost_model.step_cost import EngineStepCost
+from .acceptance import AcceptanceModel
+
+SPEED_MOVED = 1.2  # a run whose speed probes before and after differ by more: one speed cannot price it
+SPECULATING = 1.2  # a run producing more tokens per verification than this calibrates acceptance
+
+
+def probe_speed(profile: CostModel, row: dict) -> float:
+    """A bench run's machine speed over the profile's, from its speed probe (1 without one)."""
+    return profile.relative_speed(row.get("speed_probe_ms") or {})
+
+
+def speed_moved(row: dict) -> bool:
+    before, after = (row.get("speed_probes_ms") or [{}, {}])
+    return any(max(before[k], after[k]) > SPEED_MOVED * min(before[k], after[k]) for k in before if k in after)
+
+
+def step_fit(runs: list[dict], speeds: list[float], profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
+    """The step cost fitted to `runs`' recorded iterations (each run's times divided by its machine
+    speed); the draft's forwards keep the profile's roofline (EngineStepCost.from_iterations)."""
+    records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s} for row, s in zip(runs, speeds) for r in row.get("iterations", [])]
+    if not records:
+        raise SystemExit("in-run step pricing needs bench runs that recorded their iterations (a client.bench row's "
+                         "`iterations`) in more than one run; pass --step-cost profile for older results")
+    return EngineStepCost.from_iterations(records, profile.draft_step_ms, fallback)
+
+
+def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
+    """The step cost fitted to every measured run's iterations but run i's own, so no run is priced by
+    what it measured itself."""
+    others = [j for j in range(len(measured)) if j != i]
+    return step_fit([measured[j] for j in others], [speeds[j] for j in others], profile, fallback)
+
+
+def steps_speed(row: dict, step: EngineStepCost) -> float:
+    """The run's speed over `step`'s (a fit from other runs): the median over its timed iterations of
+    the target's part of the step (the step less its speculation) over the fit's price of the same
+    step. The draft's forwards are assumed to move with the target's."""
+    ratios = [(r["step_ms"] - r["spec_ms"]) / step.ms(r["n"], r["context"], r["verified"] + r["prefill"], r["n"] if r["depth"] else 0,
+                                                       r.get("prefills", 0))
+              for r in row.get("iterations", []) if r["step_ms"] > 0]
+    if not ratios:
+        raise SystemExit(f"--speed steps: the {row['policy']} run at {row['rps']:g} rps recorded no iterations")
+    return statistics.median(ratios)
+
+
+def calibrated_acceptance(model: AcceptanceModel, runs: Sequence[dict], predict: Callable[[AcceptanceModel], list[float]],
+                          low: float = 0.25, high: float = 2.0, rounds: int = 7) -> tuple[AcceptanceModel, float]:
+    """`model` with every rate scaled by the one factor at which the simulator's tokens per verification
+    over `runs` (calibration bench rows that speculated, SPECULATING) match what they measured;
+    `predict(model)` simulates those runs. The table is a one-request evaluation of the draft's chains;
+    served trees at load produce fewer (the engine's own runs here: 1.5-1.7 tokens per verification
+    at 4 rps where the table made the simulator's 1.8). Bisection: more acceptance, more tokens."""
+    target = statistics.mean(r["mean_accepted_per_verify"] for r in runs)
+    for _ in range(rounds):
+        mid = (low + high) / 2
+        if statistics.mean(predict(model.scaled(mid))) < target:
+            low = mid
+        else:
+            high = mid
+    factor = (low + high) / 2
+    return model.scaled(factor), factor
+
+
+def speculating_runs(rows: Sequence[dict]) -> list[dict]:
+    return [r for r in rows if r.get("mean_accepted_per_verify", 0) > SPECULATING]
+
+
+def with_step(cost, step: EngineStepCost | None):
+    """A CpuIterationCost priced by `step` (None: as it is)."""
+    return cost if step is None else dataclasses.replace(cost, step=step)
