@@ -84,6 +84,11 @@ def level_of(row: dict) -> dict:
     return {"rps": row["rps"], **{k: row[k] for k in SWEEP_KEYS if k in row}}
 
 
+def level_key(level: dict) -> str:
+    """A level as a dict key (the workloads are built once per level)."""
+    return json.dumps(level, sort_keys=True)
+
+
 def bench_items(level: dict, duration_s: float, slos: SloTargets, prompts, seed: int, output_scale: float):
     """client.bench's items for one level (its items_for, which is local to its main)."""
     rps, u, s = level["rps"], level.get("urgent_share"), level.get("urgent_slo_scale")
@@ -186,14 +191,17 @@ def main(argv=None) -> None:
     slos = SloTargets(**bench["slo_targets"])
     keep = set(filter(None, args.policies.split(",")))
     measured = [r for r in bench["rows"] if not keep or r["policy"] in keep]
-    levels = list({json.dumps(level_of(r), sort_keys=True): level_of(r) for r in measured}.values())
+    levels = list({level_key(level_of(r)): level_of(r) for r in measured}.values())
     prompts = builtin_prompts()
-    items = {json.dumps(lv, sort_keys=True): bench_items(lv, bench["duration_s"], slos, prompts, args.seed, args.output_scale) for lv in levels}
-    stops = stop_lengths(measured, lambda lv: items[json.dumps(lv, sort_keys=True)])
+    items = {level_key(lv): bench_items(lv, bench["duration_s"], slos, prompts, args.seed, args.output_scale) for lv in levels}
+    stops = stop_lengths(measured, lambda lv: items[level_key(lv)])
     if stops:
         print(f"{len(stops)} prompts end where the measured runs stopped them; the others run to max_tokens")
     workloads = {key: sim_requests(its, encode, stops) for key, its in items.items()}
-    specs = [RunSpec(r["policy"], workloads[json.dumps(level_of(r), sort_keys=True)], level_of(r)) for r in measured]
+
+    def spec_of(row: dict) -> RunSpec:  # the simulated run of a bench row: its policy on its level's workload
+        return RunSpec(row["policy"], workloads[level_key(level_of(row))], level_of(row))
+    specs = [spec_of(r) for r in measured]
     for r, s in zip(measured, specs):
         if r.get("requests") not in (None, len(s.requests)):
             raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, the rebuilt workload has "
@@ -206,8 +214,8 @@ def main(argv=None) -> None:
     calibration = step_fit(cal_rows, [probe(r) for r in cal_rows], profile, fallback) if cal_rows else None
     print("target steps priced by", "a fit to " + ", ".join(args.fit_from) if calibration else
           "a fit to the other runs' iterations" if in_run else "the profile's step fit")
-    steps = [calibration or (held_out_step(measured, [probe(r) for r in measured], i, profile, fallback) if in_run else None)
-             for i in range(len(measured))]
+    probes = [probe(r) for r in measured]
+    steps = [calibration or (held_out_step(measured, probes, i, profile, fallback) if in_run else None) for i in range(len(measured))]
 
     def speed_of(row: dict, step) -> float:
         if args.speed != "steps":
@@ -231,10 +239,9 @@ def main(argv=None) -> None:
         return rows
 
     acceptance, factor = acceptance_model(args.acceptance), None
-    speculated = [r for r in speculating_runs(cal_rows) if json.dumps(level_of(r), sort_keys=True) in workloads]
+    speculated = [r for r in speculating_runs(cal_rows) if level_key(level_of(r)) in workloads]
     if calibration and args.calibrate_acceptance and speculated:
-        cal_runs = [(RunSpec(r["policy"], workloads[json.dumps(level_of(r), sort_keys=True)], level_of(r)), speed_of(r, calibration), calibration)
-                    for r in speculated]
+        cal_runs = [(spec_of(r), speed_of(r, calibration), calibration) for r in speculated]
         acceptance, factor = calibrated_acceptance(
             acceptance, speculated, lambda model: [r["mean_accepted_per_verify"] for r in simulate_runs(cal_runs, model, "acceptance")])
         print(f"acceptance: {args.acceptance} x{factor:.2f}, the calibration runs' "
