@@ -20,11 +20,12 @@ from .scheduler.plan import IterationPlan
 from .sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from .speculation.beam import BeamRequest, beam_search
 from .speculation.draft_fit import check_draft_fits
+from .speculation.lookup import NgramIndex, graft
 from .speculation.token_tree import CandidateTree
 
 
 class DraftWorker:
-    def __init__(self, runner: ModelRunner, target: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, target: ModelRunner, lookup: tuple[int, int] = (0, 0)) -> None:
         self.runner = runner
         self.target = target  # only its committed lengths are read
         self.keeps_features = runner.model.takes_features
@@ -35,17 +36,20 @@ class DraftWorker:
         # has not read yet; the draft's token i reads the feature of position i-1.
         self._features: dict[int, tuple[torch.Tensor, int]] = {}
         self.chain_tokens = 0  # tokens the last propose() read in its first draft step (IterationStats)
+        self.lookup_ngram, self.lookup_tokens = lookup  # longest n-gram (0: no prompt lookup), longest copy
+        self._lookup: dict[int, NgramIndex] = {}
 
     @classmethod
-    def for_target(cls, target: ModelRunner, config: EngineConfig, draft: LlamaModel | None = None) -> DraftWorker:
+    def for_target(cls, target: ModelRunner, config: EngineConfig, draft: LlamaModel | None = None,
+                   lookup: tuple[int, int] = (0, 0)) -> DraftWorker:
         """The given or configured draft, checked against the target at load; none configured: the
-        target drafts for itself."""
+        target drafts for itself. `lookup`: prompt lookup's (longest n-gram, longest copy) (Policy.lookup)."""
         if draft is None:
             draft = target.model
             if config.draft is not None:
                 draft = load_model(dataclasses.replace(config.draft, max_model_len=target.max_len))
         check_draft_fits(target.model, draft)
-        return cls(ModelRunner(draft, config.draft_cache), target)
+        return cls(ModelRunner(draft, config.draft_cache), target, lookup)
 
     def chain(self, seq: Sequence) -> list[int]:
         start, end = draft_chain_span(seq, self.target.num_committed(seq.seq_id), self.runner.num_committed(seq.seq_id))
@@ -68,6 +72,11 @@ class DraftWorker:
         for seq_id in catching_up:
             self.runner.commit_all(seq_id)
         cands = [next(trees) if s.seq_id in drafting else CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
+        if self.lookup_ngram:
+            for seq, cand in zip(plan.decode, cands):
+                if seq.seq_id in drafting:
+                    index = self._lookup.setdefault(seq.seq_id, NgramIndex(self.lookup_ngram))
+                    graft(cand, *index.propose(seq.tokens, self.lookup_tokens))
         for seq, cand in zip(plan.decode, cands):  # no tree may outgrow max_tokens or the context
             room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
             truncate_depth(cand, max(room, 0))
@@ -97,6 +106,7 @@ class DraftWorker:
     def release(self, seq: Sequence) -> None:
         self.runner.free(seq.seq_id)
         self._features.pop(seq.seq_id, None)
+        self._lookup.pop(seq.seq_id, None)
 
     def _chain_features(self, seq: Sequence, n: int) -> torch.Tensor | None:
         """The features of the draft's next `n` tokens: token i reads position i-1 (zeros for i = 0)."""
@@ -113,9 +123,16 @@ class DraftWorker:
 
 
 def truncate_depth(cand: CandidateTree, max_depth: int) -> None:
-    """Drop nodes deeper than `max_depth` (levels are stored in order, so this is a list cut)."""
+    """Drop nodes deeper than `max_depth` (a grafted chain may sit after deeper beam levels, so nodes
+    are filtered, not cut at the first deep one; parents come first, so indices remap in one pass)."""
     depth = [0]
     for p in cand.parents[1:]:
         depth.append(depth[p] + 1)
-    keep = next((i for i, d in enumerate(depth) if d > max_depth), len(depth))
-    del cand.tokens[keep:], cand.parents[keep:], cand.scores[keep:], cand.draft_region[keep:]
+    if max(depth) <= max_depth:
+        return
+    keep = [i for i, d in enumerate(depth) if d <= max_depth]
+    where = {old: new for new, old in enumerate(keep)}
+    cand.tokens[:] = [cand.tokens[i] for i in keep]
+    cand.parents[:] = [-1 if cand.parents[i] < 0 else where[cand.parents[i]] for i in keep]
+    cand.scores[:] = [cand.scores[i] for i in keep]
+    cand.draft_region[:] = [cand.draft_region[i] for i in keep]

@@ -60,7 +60,8 @@ class Engine:
         target = target or load_model(config.target)
         self.target = ModelRunner(target, config.target_cache)
         self.vocab_size, self.max_model_len = target.spec.vocab_size, self.target.max_len
-        self.draft = DraftWorker.for_target(self.target, config, draft) if self.policy.speculative else None
+        self.draft = (DraftWorker.for_target(self.target, config, draft, self.policy.lookup(config.speculation))
+                      if self.policy.speculative else None)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cost = load_cost_model(config.speculation.profile_path)
         self.budget = self.cost.budget if self.cost else config.speculation.budget

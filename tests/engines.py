@@ -66,8 +66,9 @@ def reference(path: str, req: Request) -> list[int]:
     return out
 
 
-def run_staggered(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
-    """Three requests arrive, then two more every iteration."""
+def run_staggered(engine: Engine, reqs: list[Request], last_chunks: dict[str, int] | None = None) -> dict[str, list[int]]:
+    """Three requests arrive, then two more every iteration. `last_chunks` gets how many tokens each
+    request's final iteration emitted."""
     results: dict[str, list[int]] = {}
     finished: dict[str, str] = {}
     pending = list(reqs)
@@ -82,6 +83,8 @@ def run_staggered(engine: Engine, reqs: list[Request]) -> dict[str, list[int]]:
             results.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.finished:
                 finished[o.request_id] = o.finish_reason
+                if last_chunks is not None:
+                    last_chunks[o.request_id] = len(o.new_token_ids)
     assert set(finished) == {r.request_id for r in reqs}
     assert set(finished.values()) <= {FinishReason.STOP, FinishReason.LENGTH}
     return results

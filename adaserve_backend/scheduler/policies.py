@@ -45,6 +45,12 @@ class Policy:
     def depth_width(self, num_decode: int, budget: int, spec: SpeculationConfig) -> tuple[int, int]:
         return 0, 0
 
+    def lookup(self, spec: SpeculationConfig) -> tuple[int, int]:
+        """Prompt lookup's (longest n-gram, longest copy), (0, 0) for none: only for a policy that
+        drafts and selects (Spec(n) verifies its draft's chain as drawn)."""
+        on = spec.lookup_ngram > 0 and self.speculative and not self.verify_whole_draft
+        return (spec.lookup_ngram, spec.lookup_tokens) if on else (0, 0)
+
 
 class Continuous(Policy):
     name = "continuous"

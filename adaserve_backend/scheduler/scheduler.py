@@ -50,6 +50,7 @@ class Scheduler:
         self.release = release  # frees a request's KV blocks (and draft state) in every model
         self.tokenizer = tokenizer  # only stop strings need one
         self.slo_admission = policy.slo_aware and config.slo_admission and estimator.cost is not None
+        self.lookup_tokens = policy.lookup(speculation)[1]  # trees may hold a copied chain this long (capacity)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -272,7 +273,7 @@ class Scheduler:
         while True:
             decode = [s for s in decode if s in self.running]
             prefill = {s: n for s, n in chunks.items() if s in self.running}
-            if iteration_fits(self.target_blocks, self.draft_blocks, decode, prefill, depth, width):
+            if iteration_fits(self.target_blocks, self.draft_blocks, decode, prefill, depth, width, self.lookup_tokens if depth else 0):
                 return decode, depth, width
             if len(self.running) > 1:
                 self._preempt(self.policy.victim(self.running))

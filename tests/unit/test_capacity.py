@@ -24,6 +24,11 @@ def test_a_tree_fits_the_target_and_its_beams_the_draft_or_not():
     # depth 3: the tree still fits (15 slots), the draft's 8 new tokens (14 slots, 4 blocks) do not
     assert not iteration_fits(target, draft, [s], {}, 3, 2)
     assert iteration_fits(target, None, [s], {}, 3, 2)
+    # a copied chain beside the beams (prompt lookup) is reserved in the target only: 15 + 1 slots
+    # still fit its 4 blocks, 15 + 2 do not; the draft never reads it
+    assert iteration_fits(target, None, [s], {}, 3, 2, lookup_tokens=1)
+    assert not iteration_fits(target, None, [s], {}, 3, 2, lookup_tokens=2)
+    assert iteration_fits(target, draft, [s], {}, 2, 2, lookup_tokens=1)
     # a prefill chunk rides along: one decode token (a third block) and a new block of 4, not 2 of 5
     p = Sequence(Request("b", [5] * 8), 1, 0.1, 0.0, frozenset(), None, 8)
     assert iteration_fits(target, None, [s], {p: 4}, 0, 0) and not iteration_fits(target, None, [s], {p: 5}, 0, 0)

@@ -18,7 +18,10 @@ from tests.model_fixtures import tiny_checkpoint
 @pytest.mark.parametrize("draft", ["self", "other"])
 def test_greedy_matches_transformers_tiny(policy, draft):
     target = tiny_checkpoint("llama")
-    engine = make_engine(target, target if draft == "self" else tiny_checkpoint("llama", seed=1), policy)
+    # without prompt lookup for the unrelated draft: this tiny target repeats itself, so copies from the
+    # context would be accepted where the draft's guesses are not (test_prompt_lookup_grafts_copies...)
+    engine = make_engine(target, target if draft == "self" else tiny_checkpoint("llama", seed=1), policy,
+                         lookup_ngram=3 if draft == "self" else 0)
     reqs = workload(target)
     got = run_staggered(engine, reqs)
     for r in reqs:
@@ -186,3 +189,22 @@ def test_iteration_records_carry_context_prefills_and_the_whole_step(policy):
     # the draft's first step reads at least each drafting request's root; plain steps run no draft
     assert all(s.draft_chain_tokens >= s.n if s.depth else s.draft_chain_tokens == 0 for s in stats)
     assert any(s.depth for s in stats) == (policy == "adaserve")
+
+
+@pytest.mark.parametrize("lookup_ngram", [0, 3])
+def test_prompt_lookup_grafts_copies_and_greedy_stays_exact(lookup_ngram, monkeypatch):
+    """Prompts that repeat a phrase, an unrelated draft: copies from the context join the trees (the
+    draft's own guesses almost never hold) and the outputs still equal the oracle's."""
+    import adaserve_backend.draft_worker as draft_worker
+
+    grafted = []
+    real_graft = draft_worker.graft
+    monkeypatch.setattr(draft_worker, "graft", lambda tree, tokens, probs: (grafted.append(len(tokens)), real_graft(tree, tokens, probs)))
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=lookup_ngram)
+    reqs = [Request(f"r{i}", [7 + i, 40, 41, 42, 43, 44] * 3 + [7 + i, 40], max_tokens=12, tpot_slo_ms=20.0) for i in range(4)]
+    got = run_staggered(engine, reqs)
+    for r in reqs:
+        assert got[r.request_id] == reference(target, r), r.request_id
+    assert_all_blocks_free(engine)
+    assert (sum(grafted) > 0) == bool(lookup_ngram)

@@ -4,9 +4,9 @@ one run for every draft named (e.g. the shipped one and an earlier one):
 - top-1 agreement with the target per draft depth (teacher-forced over the target's greedy
   continuations; an EAGLE-3 draft is unrolled as in serving, tools/draft/ttt.py; others at depth 0);
 - mean tokens per verification (bonus included) for a 4-token chain and trees (d, w), one request at
-  a time, in the served dtype;
+  a time, in the served dtype, by the draft alone and with prompt lookup's copies grafted on;
 - one draft step's latency as a share of one target decode step;
-- the served engine's `adaserve` vs `continuous` TPOT at one request.
+- the served engine's `adaserve` (with and without prompt lookup) vs `continuous` TPOT at one request.
 
     python -m tools.draft.evaluate [--draft embedded:smollm2-135m-instruct-draft [OTHER.safetensors ...]]
 """
@@ -34,7 +34,10 @@ from tools.draft.train import eval_prompts
 from tools.draft.ttt import unrolled
 from tools.draft.teacher import continuations, dense_hidden, dense_run, shifted
 
-SHAPES = [("chain d=4", "spec:4", 4, 1), ("tree d=4 w=2", "adaserve", 4, 2), ("tree d=4 w=4", "adaserve", 4, 4), ("tree d=6 w=2", "adaserve", 6, 2)]
+# (name, policy, depth, width, prompt lookup's n-gram): the draft's own chain and trees, then with
+# copies from the context grafted on (speculation/lookup.py; served by default)
+SHAPES = [("chain d=4", "spec:4", 4, 1, 0), ("tree d=4 w=2", "adaserve", 4, 2, 0), ("tree d=4 w=4", "adaserve", 4, 4, 0),
+          ("tree d=6 w=2", "adaserve", 6, 2, 0), ("chain d=4 +lookup", "adaserve", 4, 1, 3), ("tree d=4 w=4 +lookup", "adaserve", 4, 4, 3)]
 
 
 @torch.inference_mode()
@@ -57,8 +60,9 @@ def agreement(draft, target, seqs, prompt_lens, steps: int) -> list[float]:
     return [h / t if t else float("nan") for h, t in zip(hits, total)]
 
 
-def engine_for(target, draft, policy: str, depth: int, width: int, eos) -> Engine:
-    spec = SpeculationConfig(budget=1 + depth * width, draft_budget=width, d_min=depth, d_max=depth, w_max=width, c1=0, n_max=1 + depth * width)
+def engine_for(target, draft, policy: str, depth: int, width: int, eos, lookup: int = 0) -> Engine:
+    tree = 1 + depth * width + (SpeculationConfig.lookup_tokens if lookup else 0)  # every node verified
+    spec = SpeculationConfig(budget=tree, draft_budget=width, d_min=depth, d_max=depth, w_max=width, c1=0, n_max=tree, lookup_ngram=lookup)
     cfg = EngineConfig(target_cache=CacheConfig(memory_mb=256), draft_cache=CacheConfig(memory_mb=128),
                        scheduler=SchedulerConfig(policy=policy, max_num_seqs=1), speculation=spec)
     return Engine(cfg, target=target, draft=draft, eos_token_ids=eos)
@@ -109,8 +113,8 @@ def main() -> None:
             outs = continuations(target, ids, args.max_tokens, [0.0] * len(ids), eos, batch=8)
             seqs = [a + b for a, b in zip(ids, outs)]
             row = {"prompts": len(ids), "top1_by_depth": agreement(draft_f32, target_f32, seqs, [len(a) for a in ids], args.steps)}
-            for name, policy, d, w in SHAPES:
-                engine = engine_for(target, draft, policy, d, w, eos)
+            for name, policy, d, w, lookup in SHAPES:
+                engine = engine_for(target, draft, policy, d, w, eos, lookup)
                 run_one_by_one(engine, ids, args.max_tokens)
                 row[f"accepted/verify {name}"] = engine.mean_accepted()
             rows[fam] = row
@@ -130,11 +134,17 @@ def main() -> None:
         cont_out, cont_tpot = run_one_by_one(cont, one, args.max_tokens, 1e3)
         ada = Engine(served, target=target, draft=draft, eos_token_ids=eos)
         ada_out, ada_tpot = run_one_by_one(ada, one, args.max_tokens, 1e3)
+        bare = Engine(dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=0)),
+                      target=target, draft=draft, eos_token_ids=eos)
+        _, bare_tpot = run_one_by_one(bare, one, args.max_tokens, 1e3)
         entry["one_request"] = {
             "adaserve_tpot_ms": 1e3 * statistics.mean(ada_tpot), "continuous_tpot_ms": 1e3 * statistics.mean(cont_tpot),
             "tpot_ratio": statistics.mean(ada_tpot) / statistics.mean(cont_tpot),
             "same_outputs_share": sum(a == c for a, c in zip(ada_out, cont_out)) / len(one),
             "adaserve_accepted_per_verify": ada.mean_accepted(),
+            "without_lookup": {"adaserve_tpot_ms": 1e3 * statistics.mean(bare_tpot),
+                               "tpot_ratio": statistics.mean(bare_tpot) / statistics.mean(cont_tpot),
+                               "adaserve_accepted_per_verify": bare.mean_accepted()},
         }
         report["drafts"][path] = entry
         print(json.dumps(entry, indent=1))
@@ -148,7 +158,7 @@ def table(report: dict) -> str:
     """The README's per-family table: one row per family, a column group per draft."""
     drafts = list(report["drafts"])
     fams = sorted(next(iter(report["drafts"].values()))["families"])
-    lines = ["| family | " + " | ".join(f"{os.path.basename(d)}: top-1 by depth, tok/verify chain4 / tree4x2 / tree4x4 / tree6x2" for d in drafts) + " |",
+    lines = ["| family | " + " | ".join(f"{os.path.basename(d)}: top-1 by depth; tok/verify " + " / ".join(n for n, *_ in SHAPES) for d in drafts) + " |",
              "|---|" + "---|" * len(drafts)]
     for fam in fams:
         cells = []

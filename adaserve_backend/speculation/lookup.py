@@ -1,0 +1,79 @@
+"""Prompt lookup: draft tokens copied from the request's own context, grafted onto the draft's tree.
+
+The target often repeats what its context holds (names from a prompt's code, phrases of a document it
+summarises, its own earlier lines). Where the last n tokens occurred before, the tokens that followed
+that occurrence are a free proposal (no draft forward); where the draft's beam already holds them,
+they only raise those nodes' scores. Verification is exact whatever a tree holds (acceptance.py), so
+this changes how many tokens an iteration yields, never which.
+
+After prompt lookup decoding (Saxena 2023) and vLLM's n-gram proposer: the longest suffix of at most
+`max_n` tokens that occurred earlier, its most recent occurrence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .token_tree import CandidateTree
+
+# P(the target emits a copied token | it emitted the copied ones before it), by the length of the
+# matched suffix (1-3 tokens) and the token's place in the copy (0, 1, 2, 3+): measured on the target's
+# continuations of draft training prompts (.cache/draft shards 0-3, 62k match positions, 2026-11-25),
+# never on benchmark prompts. A 3-token match is followed by the same token 80% of the time, a single
+# token only 21%.
+HIT_RATE = {
+    3: (0.80, 0.84, 0.86, 0.87),
+    2: (0.55, 0.66, 0.72, 0.77),
+    1: (0.21, 0.57, 0.67, 0.70),
+}
+
+
+class NgramIndex:
+    """A growing token list's n-grams (n <= max_n), each mapped to where its latest occurrence that
+    is followed by a token ends; updated incrementally as tokens are appended."""
+
+    def __init__(self, max_n: int) -> None:
+        if not 1 <= max_n <= max(HIT_RATE):
+            raise ValueError(f"lookup n-grams must be 1..{max(HIT_RATE)} tokens, got {max_n}")
+        self.max_n = max_n
+        self._next: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before _indexed - 1)
+
+    def propose(self, tokens: Sequence[int], k: int) -> tuple[list[int], list[float]]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix,
+        and each one's conditional acceptance probability (HIT_RATE)."""
+        if len(tokens) < self._indexed:  # not the list this index was built on
+            self._next.clear()
+            self._indexed = 0
+        for end in range(max(self._indexed, 1), len(tokens)):  # n-grams ending at end - 1, followed by tokens[end]
+            for n in range(1, min(self.max_n, end) + 1):
+                self._next[tuple(tokens[end - n : end])] = end
+        self._indexed = len(tokens)
+        for n in range(min(self.max_n, len(tokens)), 0, -1):
+            start = self._next.get(tuple(tokens[len(tokens) - n :]))
+            if start is not None:
+                copied = list(tokens[start : start + k])
+                rates = HIT_RATE[n]
+                return copied, [rates[min(i, len(rates) - 1)] for i in range(len(copied))]
+        return [], []
+
+
+def graft(tree: CandidateTree, tokens: Sequence[int], conditional: Sequence[float]) -> None:
+    """Add a chain below the root: where a node already holds the token it is followed (its score
+    raised to the chain's if lower), else a new node is appended (never read by the draft). A node's
+    path score continues from the higher of the two, so scores still never grow from parent to child,
+    and the list stays in topological order (levels may no longer be contiguous)."""
+    child_of = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if p >= 0}
+    node, score = 0, tree.scores[0]
+    for token, p in zip(tokens, conditional):
+        score *= p
+        child = child_of.get((node, token))
+        if child is None:
+            tree.tokens.append(token)
+            tree.parents.append(node)
+            tree.scores.append(score)
+            tree.draft_region.append(-1)
+            child = len(tree.tokens) - 1
+        else:
+            score = tree.scores[child] = max(tree.scores[child], score)
+        node = child
