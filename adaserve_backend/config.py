@@ -227,11 +227,9 @@ class SpeculationConfig:
       budget as raises expected tokens per second (acceptance probabilities: draft scores times the
       measured accepted/score ratio). Where tokens below the knee are free (GPUs) that is all of B, as
       in the paper; on a CPU, where every verified token costs time, often less.
-    lookup_ngram: prompt lookup (speculation/lookup.py): up to `lookup_tokens` tokens that followed
-      the latest earlier occurrence of the context's last 1..lookup_ngram tokens join the draft's tree
-      as a chain of candidates (free: no draft forward; selection weighs them like any node, so it may
-      reach deeper than the draft's d). 0 turns it off. A copy may run longer than d: at one request a
-      chain of 8 gave 7-9% less time per token than one of d (4) in the same run (2026-11-25).
+    lookup_ngram, lookup_tokens: prompt lookup (speculation/lookup.py; 0 turns it off): up to
+      lookup_tokens that followed the context's last 1..lookup_ngram tokens earlier join the tree as
+      candidates (no draft forward), deeper than d if selected (a chain of 8 beat one of d=4 by 7-9%).
 
     Defaults are this 2-core CPU's, measured: a float32 verification forward of the embedded model
     stays within 1.3x its flat latency up to B = 19 tokens (a later profile, shipped as

@@ -18,13 +18,13 @@ from .token_tree import CandidateTree
 
 # P(the target emits a copied token | it emitted the copied ones before it), by the length of the
 # matched suffix (1-3 tokens) and the token's place in the copy (0, 1, 2, 3+): measured on the target's
-# continuations of draft training prompts (.cache/draft shards 0-3, 62k match positions, 2026-11-25),
-# never on benchmark prompts. A 3-token match is followed by the same token 80% of the time, a single
-# token only 21%.
+# continuations of draft training prompts (`python -m tools.draft.lookup_rates`: .cache/draft shards 0-3,
+# 62k match positions, 2026-11-25), never on benchmark prompts. A 3-token match is followed by the same
+# token 80% of the time, a single token only 21%.
 HIT_RATE = {
-    3: (0.80, 0.84, 0.86, 0.87),
-    2: (0.55, 0.66, 0.72, 0.77),
-    1: (0.21, 0.57, 0.67, 0.70),
+    3: (0.80, 0.85, 0.87, 0.89),
+    2: (0.55, 0.66, 0.73, 0.78),
+    1: (0.21, 0.57, 0.68, 0.71),
 }
 
 
@@ -42,6 +42,13 @@ class NgramIndex:
     def propose(self, tokens: Sequence[int], k: int) -> tuple[list[int], list[float]]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix,
         and each one's conditional acceptance probability (HIT_RATE)."""
+        n, copied = self.match(tokens, k)
+        rates = HIT_RATE.get(n, ())
+        return copied, [rates[min(i, len(rates) - 1)] for i in range(len(copied))]
+
+    def match(self, tokens: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """(n, up to k tokens that followed the latest earlier occurrence of the last n tokens) for the
+        longest such n, (0, []) if none; `tokens` is the indexed list, grown or not since the last call."""
         if len(tokens) < self._indexed:  # not the list this index was built on
             self._next.clear()
             self._indexed = 0
@@ -52,10 +59,8 @@ class NgramIndex:
         for n in range(min(self.max_n, len(tokens)), 0, -1):
             start = self._next.get(tuple(tokens[len(tokens) - n :]))
             if start is not None:
-                copied = list(tokens[start : start + k])
-                rates = HIT_RATE[n]
-                return copied, [rates[min(i, len(rates) - 1)] for i in range(len(copied))]
-        return [], []
+                return n, list(tokens[start : start + k])
+        return 0, []
 
 
 def graft(tree: CandidateTree, tokens: Sequence[int], conditional: Sequence[float]) -> None:

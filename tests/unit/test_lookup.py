@@ -77,3 +77,14 @@ def test_truncate_depth_keeps_a_grafted_chain_that_sits_after_deeper_levels():
     truncate_depth(tree, 2)
     assert tree.tokens == [10, 11, 12, 13, 20] and tree.parents == [-1, 0, 0, 1, 2]
     assert len(tree.scores) == len(tree.draft_region) == 5
+
+
+def test_lookup_rates_count_a_copied_token_once_its_predecessors_were_right():
+    from tools.draft.lookup_rates import rates
+
+    # contexts 1 2 3 | 1 2 3 1: "1" copies 2 3 (right), "1 2" copies 3 1 (right), "1 2 3" copies 1 (right),
+    # then the sequence ends (its second token is never tried); a wrong first copy stops the count
+    got = rates([([1, 2, 3], [1, 2, 3, 1])], 3, 2)
+    assert got[1] == [1.0, 1.0] and got[2] == [1.0, 1.0] and got[3][0] == 1.0 and got[3][1] != got[3][1]
+    wrong = rates([([5, 6, 5], [9, 9])], 1, 2)[1]  # "5" copies 6 5; the target says 9
+    assert wrong[0] == 0.0 and wrong[1] != wrong[1]

@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--steps", type=int, default=4, help="depths whose agreement is reported")
     ap.add_argument("--config", default="model_repository/adaserve/1/engine.json", help="the engine compared at one request")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the one-request comparison")
     ap.add_argument("--out", default="results/draft_eval.json")
     args = ap.parse_args()
 
@@ -126,32 +127,37 @@ def main() -> None:
         d_ms = measure_forward(d_runner, [1, 4], per_seq=4, repeats=20, desc="draft step")
         entry["latency_ms"] = {"target_decode": t_ms, "draft_step_1_token": d_ms[1], "draft_step_4_beams": d_ms[4]}
         entry["draft_step_fraction"] = d_ms[1] / t_ms
-        # the served engine (its knobs and profile) at one request: adaserve vs continuous
+        # the served engine (its knobs and profile) at one request: adaserve (with and without lookup)
+        # vs continuous, in interleaved rounds (every other one reversed: this machine drifts)
         one = [encode(tokenizer, p)[-320:] for fam in families for p in [q for q in prompts if q.family == fam][:2]]
-        served = EngineConfig.from_json(args.config)
-        cont = Engine(dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")),
-                      target=target, eos_token_ids=eos)
-        cont_out, cont_tpot = run_one_by_one(cont, one, args.max_tokens, 1e3)
-        ada = Engine(served, target=target, draft=draft, eos_token_ids=eos)
-        ada_out, ada_tpot = run_one_by_one(ada, one, args.max_tokens, 1e3)
-        bare = Engine(dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=0)),
-                      target=target, draft=draft, eos_token_ids=eos)
-        _, bare_tpot = run_one_by_one(bare, one, args.max_tokens, 1e3)
-        entry["one_request"] = {
-            "adaserve_tpot_ms": 1e3 * statistics.mean(ada_tpot), "continuous_tpot_ms": 1e3 * statistics.mean(cont_tpot),
-            "tpot_ratio": statistics.mean(ada_tpot) / statistics.mean(cont_tpot),
-            "same_outputs_share": sum(a == c for a, c in zip(ada_out, cont_out)) / len(one),
-            "adaserve_accepted_per_verify": ada.mean_accepted(),
-            "without_lookup": {"adaserve_tpot_ms": 1e3 * statistics.mean(bare_tpot),
-                               "tpot_ratio": statistics.mean(bare_tpot) / statistics.mean(cont_tpot),
-                               "adaserve_accepted_per_verify": bare.mean_accepted()},
-        }
+        entry["one_request"] = one_request(EngineConfig.from_json(args.config), target, draft, eos, one, args.max_tokens, args.rounds)
         report["drafts"][path] = entry
         print(json.dumps(entry, indent=1))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(table(report))
+
+
+def one_request(served: EngineConfig, target, draft, eos, prompts: list[list[int]], max_tokens: int, rounds: int) -> dict:
+    """Mean TPOT per variant and round, each prompt alone; ratios of the rounds' sums."""
+    variants = {"continuous": (dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")), None),
+                "adaserve": (served, draft),
+                "adaserve, no prompt lookup": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=0)), draft)}
+    tpot = {name: [] for name in variants}
+    accepted = {name: [] for name in variants}
+    outs = {}
+    for k in tqdm(range(rounds), desc="one request, rounds"):
+        for name in (list(variants) if k % 2 == 0 else list(reversed(variants))):
+            config, d = variants[name]
+            engine = Engine(config, target=target, draft=d, eos_token_ids=eos)
+            outs[name], tpots = run_one_by_one(engine, prompts, max_tokens, 1e3)
+            tpot[name].append(1e3 * statistics.mean(tpots))
+            accepted[name].append(engine.mean_accepted())
+    base = sum(tpot["continuous"])
+    return {name: {"tpot_ms_rounds": tpot[name], "tpot_ratio": sum(tpot[name]) / base, "accepted_per_verify_rounds": accepted[name],
+                   "same_outputs_share": sum(a == c for a, c in zip(outs[name], outs["continuous"])) / len(prompts)}
+            for name in variants}
 
 
 def table(report: dict) -> str:
