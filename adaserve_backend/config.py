@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .speculation.lookup import MAX_NGRAM
+
 T = TypeVar("T")
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
@@ -259,8 +261,8 @@ class SpeculationConfig:
             raise ValueError("budgets, depths, widths and n_max must be >= 1")
         if self.d_min > self.d_max:
             raise ValueError("d_min must not exceed d_max")
-        if not 0 <= self.lookup_ngram <= 3:
-            raise ValueError(f"lookup_ngram must be 0 (off) to 3, got {self.lookup_ngram}")
+        if not 0 <= self.lookup_ngram <= MAX_NGRAM:
+            raise ValueError(f"lookup_ngram must be 0 (off) to {MAX_NGRAM}, got {self.lookup_ngram}")
         if self.lookup_tokens < 1:
             raise ValueError(f"lookup_tokens must be >= 1, got {self.lookup_tokens}")
 

@@ -72,12 +72,11 @@ class DraftWorker:
         for seq_id in catching_up:
             self.runner.commit_all(seq_id)
         cands = [next(trees) if s.seq_id in drafting else CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
-        if self.lookup_ngram:
-            for seq, cand in zip(plan.decode, cands):
-                if seq.seq_id in drafting:
-                    index = self._lookup.setdefault(seq.seq_id, NgramIndex(self.lookup_ngram))
-                    graft(cand, *index.propose(seq.tokens, self.lookup_tokens))
-        for seq, cand in zip(plan.decode, cands):  # no tree may outgrow max_tokens or the context
+        for seq, cand in zip(plan.decode, cands):
+            if self.lookup_ngram and seq.seq_id in drafting:
+                index = self._lookup.setdefault(seq.seq_id, NgramIndex(self.lookup_ngram))
+                graft(cand, *index.propose(seq.tokens, self.lookup_tokens))
+            # no tree may outgrow max_tokens or the context
             room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
             truncate_depth(cand, max(room, 0))
         return cands

@@ -26,6 +26,7 @@ HIT_RATE = {
     2: (0.55, 0.66, 0.73, 0.78),
     1: (0.21, 0.57, 0.68, 0.71),
 }
+MAX_NGRAM = max(HIT_RATE)  # the longest match with a measured prior
 
 
 class NgramIndex:
@@ -33,8 +34,8 @@ class NgramIndex:
     is followed by a token ends; updated incrementally as tokens are appended."""
 
     def __init__(self, max_n: int) -> None:
-        if not 1 <= max_n <= max(HIT_RATE):
-            raise ValueError(f"lookup n-grams must be 1..{max(HIT_RATE)} tokens, got {max_n}")
+        if not 1 <= max_n <= MAX_NGRAM:
+            raise ValueError(f"lookup n-grams must be 1..{MAX_NGRAM} tokens, got {max_n}")
         self.max_n = max_n
         self._next: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # tokens[:_indexed] are indexed (each n-gram ending before _indexed - 1)
