@@ -26,11 +26,11 @@ from tests.engines import POLICIES, make_engine, reference, run_staggered, workl
 LAYOUTS = ("eagle3", "eagle1")
 
 
-def tiny_draft(path: str, tmp_path, train_steps: int = 0, kind: str = "eagle3"):
+def tiny_draft(path: str, tmp_path, train_steps: int = 0, kind: str = "eagle3", layers=(1,)):
     """A tiny draft saved to a file: (its path, the model, sample ids and features); with train_steps,
     its tensors are first moved away from their initial values."""
     taps = eagle3_taps(3) if kind == "eagle3" else []
-    layout = DraftLayout(path, layers=[1], head_vocab=list(range(3, 200)) + [2], feature_layers=taps)
+    layout = DraftLayout(path, layers=list(layers), head_vocab=list(range(3, 200)) + [2], feature_layers=taps)
     draft = base_draft(layout, max_len=512)
     opt = torch.optim.SGD(trainable(draft), lr=0.5)
     ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -144,12 +144,13 @@ def dense_features(model, ids: torch.Tensor) -> torch.Tensor:
     return dense_run(model, ids)[1]
 
 
-def test_training_time_test_computes_what_serving_computes_at_every_depth(tmp_path):
+@pytest.mark.parametrize("layers", [(1,), (1, 2)])
+def test_training_time_test_computes_what_serving_computes_at_every_depth(layers, tmp_path):
     """Row i of unrolled step j is the depth-j node under position i: fed through the paged runner as
     a chain and then a path of tree nodes (each reading its parent's output state), the draft gives
-    the same outputs, so training optimises exactly what the engine runs."""
+    the same outputs, so training optimises exactly what the engine runs (one decoder layer or more)."""
     target = our_model(tiny_checkpoint("llama"))
-    _, draft, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3)
+    _, draft, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3, layers=layers)
     target.feature_layers = draft.target_layers
     ids = torch.randint(3, 300, (1, 10), generator=torch.Generator().manual_seed(5))
     steps = 3
@@ -171,7 +172,7 @@ def test_training_time_test_from_a_later_row_computes_the_same_rows(tmp_path):
     """Deeper steps started at a later row (training skips prompt rows there) give those rows exactly
     what the full unroll gives them."""
     target = our_model(tiny_checkpoint("llama"))
-    _, draft, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3)
+    _, draft, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3, layers=(1, 2))
     target.feature_layers = draft.target_layers
     ids = torch.randint(3, 300, (2, 11), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():

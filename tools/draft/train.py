@@ -18,12 +18,15 @@ Stages, each cached in DIR so a cut-off run resumes (delete a file to redo its s
 
 `--init PATH` warm-starts from a draft this command saved (e.g. the shipped one): its head vocabulary,
 taps and weights, so a longer schedule continues where a session stopped instead of starting over.
+`--layers N` gives the draft N decoder layers; with `--init`, layers beyond the saved draft's start as
+the identity (zero output projections), so training begins exactly where the saved draft stands.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import json
 import math
@@ -118,6 +121,26 @@ def run_batch(draft, batch, steps: int, decay: float):
     return loss, stats
 
 
+def deepened(draft, layout: DraftLayout, layers: int, max_len: int, parts) -> tuple:
+    """The draft with decoder layers appended up to `layers`, each starting as the identity (its
+    attention and MLP output projections zeroed; they get gradients, so the layer learns from there)."""
+    if layers < len(layout.layers):
+        raise SystemExit(f"--layers {layers}: the --init draft already has {len(layout.layers)}")
+    layout = dataclasses.replace(layout, layers=layout.layers + [layout.layers[-1]] * (layers - len(layout.layers)))
+    grown = base_draft(layout, max_len, parts)
+    missing, unexpected = grown.load_state_dict(draft.state_dict(), strict=False)
+    new = tuple(f"layers.{i}." for i in range(len(draft.layers), layers))
+    if unexpected or not all(k.startswith(new) for k in missing):
+        raise ValueError(f"cannot grow the draft: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    with torch.no_grad():
+        for layer in grown.layers[len(draft.layers):]:
+            for proj in (layer.o_proj, layer.down_proj):
+                proj.weight.zero_()
+                if proj.bias is not None:
+                    proj.bias.zero_()
+    return grown, layout
+
+
 @torch.no_grad()
 def agreement_by_family(draft, data, soft, steps: int, batch_tokens: int) -> dict[str, list[float]]:
     """family -> top-1 agreement per step on output positions (greedy continuations)."""
@@ -160,6 +183,7 @@ def main() -> None:
     ap.add_argument("--teacher-only", action="store_true", help="stop after stage 2 (while shards are still generated)")
     ap.add_argument("--shard", type=int, default=0, help="with --teacher-only: this process takes shards i %% of == shard")
     ap.add_argument("--of", type=int, default=1)
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the --init draft's, else 1)")
     ap.add_argument("--init", help="warm start: a draft saved by this command (its head vocabulary and weights)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                     help="bfloat16 autocast for training (AMX; float32 master weights)")
@@ -223,13 +247,15 @@ def main() -> None:
             raise SystemExit(f"--init {args.init} drafts for {layout.target_path} from taps {layout.feature_layers}, "
                              f"not {args.target} from {taps}")
         head_vocab = layout.head_vocab
+        if args.layers and args.layers != len(layout.layers):
+            draft, layout = deepened(draft, layout, args.layers, max_len, parts)
     else:
         counts = collections.Counter()
         for _, _, plen, (tid, _, _) in train:
             counts.update(tid[:, 0].tolist())
             counts.update(tid[plen - 1 :, 0].tolist())
         head_vocab = [t for t, _ in counts.most_common(args.vocab)]
-        layout = DraftLayout(args.target, [0], head_vocab, taps)
+        layout = DraftLayout(args.target, [0] * (args.layers or 1), head_vocab, taps)
         draft = base_draft(layout, max_len=max_len, parts=parts)
     choices = collections.Counter(t for _, _, plen, (tid, _, _) in train for t in tid[plen - 1 :, 0].tolist())
     covered = sum(choices[t] for t in set(head_vocab)) / max(sum(choices.values()), 1)

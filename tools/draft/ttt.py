@@ -31,40 +31,46 @@ def shifted_rows(x: torch.Tensor, j: int, first: int = 0) -> torch.Tensor:
 def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
     """Final-norm outputs of steps 0..steps-1: [B, T, H] for step 0, [B, T - start, H] (rows start..T-1)
     for the others. ids [B, T]; taps [B, T, k*H] with row i the target's taps at position i-1 (zeros
-    at row 0)."""
-    assert draft.target_layers and len(draft.layers) == 1, "training-time test is for the EAGLE-3 layout"
-    layer, s = draft.layers[0], draft.spec
-    b, t = ids.shape
-    scale = s.head_dim**-0.5
-    rep = s.num_heads // s.num_kv_heads
+    at row 0). Each decoder layer keeps its own keys per step; a layer's feature is the residual stream
+    the layer before it left (as in FeatureDraft.run)."""
+    assert draft.target_layers, "training-time test is for the EAGLE-3 layout"
+    t = ids.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
-    keys, values, outs = [], [], []
+    cache = [([], []) for _ in draft.layers]  # per layer: keys and values of steps 0..j
+    outs = []
     x = draft.fuse(taps, draft.embed_tokens.weight.dtype)
     for j in range(steps):
         first = 0 if j == 0 else start
         if j == 1:
             x = x[:, start:]
-        rows = t - first
         emb = draft.embed_tokens(shifted_rows(ids, j, first))
-        positions = (torch.arange(first, t, device=ids.device) + j).clamp(max=draft.max_len - 1).repeat(b)
+        positions = (torch.arange(first, t, device=ids.device) + j).clamp(max=draft.max_len - 1).repeat(ids.shape[0])
         cos, sin = draft.rope(positions, emb.dtype)
-        q, k, v = layer.qkv(layer.fused_inputs(emb, x).flatten(0, 1), cos, sin)
-        q = q.view(b, rows, s.num_heads, s.head_dim).transpose(1, 2)  # [B, heads, rows, D]
-        k = k.view(b, rows, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
-        v = v.view(b, rows, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
-        keys.append(k)
-        values.append(v)
-        chain = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal[first:], float("-inf"))  # [B, h, rows, T]
-        own = [(q * km).sum(-1, keepdim=True) * scale for km in keys[1:]]  # ancestors and itself
-        probs = torch.softmax(torch.cat([chain, *own], dim=-1).float(), dim=-1).to(q.dtype)
-        att = probs[..., :t] @ values[0]
-        for m, vm in enumerate(values[1:]):
-            att = att + probs[..., t + m : t + m + 1] * vm
-        att = att.transpose(1, 2).reshape(b, rows, -1)
-        x = x + layer.o_proj(att)
-        x = x + layer.mlp(x)
+        for layer, (keys, values) in zip(draft.layers, cache):
+            att = _tree_attention(draft.spec, layer, emb, x, cos, sin, keys, values, causal[first:])
+            x = x + layer.o_proj(att)
+            x = x + layer.mlp(x)
         outs.append(draft.norm(x))
     return outs
+
+
+def _tree_attention(s, layer, emb, x, cos, sin, keys: list, values: list, causal: torch.Tensor) -> torch.Tensor:
+    """One layer's attention for one step's rows [B, rows, H]: each row reads the chain (step 0's keys
+    at rows <= its own) and its own ancestors (the keys of steps 1..j at its row); appends its keys."""
+    b, rows, _ = x.shape
+    q, k, v = layer.qkv(layer.fused_inputs(emb, x).flatten(0, 1), cos, sin)
+    rep = s.num_heads // s.num_kv_heads
+    q = q.view(b, rows, s.num_heads, s.head_dim).transpose(1, 2)  # [B, heads, rows, D]
+    keys.append(k.view(b, rows, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1))
+    values.append(v.view(b, rows, s.num_kv_heads, s.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1))
+    scale, t = s.head_dim**-0.5, keys[0].shape[2]
+    chain = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, h, rows, T]
+    own = [(q * km).sum(-1, keepdim=True) * scale for km in keys[1:]]  # ancestors and itself
+    probs = torch.softmax(torch.cat([chain, *own], dim=-1).float(), dim=-1).to(q.dtype)
+    att = probs[..., :t] @ values[0]
+    for m, vm in enumerate(values[1:]):
+        att = att + probs[..., t + m : t + m + 1] * vm
+    return att.transpose(1, 2).reshape(b, rows, -1)
 
 
 class SoftTargets:
