@@ -20,12 +20,12 @@ from .scheduler.plan import IterationPlan
 from .sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from .speculation.beam import BeamRequest, beam_search
 from .speculation.draft_fit import check_draft_fits
-from .speculation.lookup import NgramIndex, graft
+from .speculation.lookup import Lookup, NgramIndex, graft
 from .speculation.token_tree import CandidateTree
 
 
 class DraftWorker:
-    def __init__(self, runner: ModelRunner, target: ModelRunner, lookup: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, runner: ModelRunner, target: ModelRunner, lookup: Lookup = Lookup()) -> None:
         self.runner = runner
         self.target = target  # only its committed lengths are read
         self.keeps_features = runner.model.takes_features
@@ -36,14 +36,14 @@ class DraftWorker:
         # has not read yet; the draft's token i reads the feature of position i-1.
         self._features: dict[int, tuple[torch.Tensor, int]] = {}
         self.chain_tokens = 0  # tokens the last propose() read in its first draft step (IterationStats)
-        self.lookup_ngram, self.lookup_tokens = lookup  # longest n-gram (0: no prompt lookup), longest copy
+        self.lookup = lookup
         self._lookup: dict[int, NgramIndex] = {}
 
     @classmethod
     def for_target(cls, target: ModelRunner, config: EngineConfig, draft: LlamaModel | None = None,
-                   lookup: tuple[int, int] = (0, 0)) -> DraftWorker:
+                   lookup: Lookup = Lookup()) -> DraftWorker:
         """The given or configured draft, checked against the target at load; none configured: the
-        target drafts for itself. `lookup`: prompt lookup's (longest n-gram, longest copy) (Policy.lookup)."""
+        target drafts for itself. `lookup`: prompt lookup's copies (Policy.lookup)."""
         if draft is None:
             draft = target.model
             if config.draft is not None:
@@ -73,9 +73,10 @@ class DraftWorker:
             self.runner.commit_all(seq_id)
         cands = [next(trees) if s.seq_id in drafting else CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
         for seq, cand in zip(plan.decode, cands):
-            if self.lookup_ngram and seq.seq_id in drafting:
-                index = self._lookup.setdefault(seq.seq_id, NgramIndex(self.lookup_ngram))
-                graft(cand, *index.propose(seq.tokens, self.lookup_tokens))
+            if self.lookup.ngram and seq.seq_id in drafting:
+                index = self._lookup.setdefault(seq.seq_id, NgramIndex(self.lookup.ngram, self.lookup.copies))
+                for copied, conditional in index.propose(seq.tokens, self.lookup.tokens):
+                    graft(cand, copied, conditional)
             # no tree may outgrow max_tokens or the context
             room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
             truncate_depth(cand, max(room, 0))

@@ -31,10 +31,10 @@ def prompt_texts(tokenizer, prompts: list[tuple[str, bool]]) -> list[str]:
     return [chat_text(tokenizer, p) if chat else p for p, chat in prompts]
 
 
-def served_engine(policy: str, dtype: str, head_rows: int | None = None, lookup: bool = True):
+def served_engine(policy: str, dtype: str, head_rows: int | None = None, **speculation):
     """An in-process engine from the served engine.json, with `policy`, the target in `dtype`, if
-    given, the draft's head over `head_rows` rows instead of engine.json's, and without `lookup`, no
-    prompt lookup."""
+    given, the draft's head over `head_rows` rows instead of engine.json's, and `speculation`'s fields
+    (SpeculationConfig) changed, e.g. lookup_ngram=0 for no prompt lookup."""
     from adaserve_backend.engine import Engine
 
     cfg = EngineConfig.from_json(str(ENGINE_JSON))
@@ -42,8 +42,7 @@ def served_engine(policy: str, dtype: str, head_rows: int | None = None, lookup:
                               scheduler=dataclasses.replace(cfg.scheduler, policy=policy))
     if head_rows is not None and cfg.draft is not None:
         cfg = dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, head_rows=head_rows))
-    if not lookup:
-        cfg = dataclasses.replace(cfg, speculation=dataclasses.replace(cfg.speculation, lookup_ngram=0))
+    cfg = dataclasses.replace(cfg, speculation=dataclasses.replace(cfg.speculation, **speculation))
     return Engine.from_config(cfg)
 
 

@@ -1,6 +1,6 @@
 """Does speculation ever make a lone request slower? One request at a time, greedy, held-out prompts,
-in one run: `continuous`; `adaserve` with the shipped draft, with and without prompt lookup's copies
-(speculation/lookup.py); the same with a deliberately useless draft (the shipped draft's shapes, random
+in one run: `continuous`; `adaserve` with the shipped draft, with prompt lookup's copies as served,
+with its first version's (matches of up to 3 tokens) and without (speculation/lookup.py); the same with a deliberately useless draft (the shipped draft's shapes, random
 weights); each `adaserve` row with the estimator's trimming of
 unpaying speculation on (the served behaviour) and off (the paper's depth from load alone).
 
@@ -38,7 +38,11 @@ class Variant:
     trims: bool = True  # the estimator trims speculation that does not pay
     head_rows: int | None = None  # the draft's head rows; None: engine.json's
     per_depth: bool = True  # each speculative depth priced by its own correction (False: one for all)
-    lookup: bool = True  # prompt lookup's copies join the trees (engine.json's speculation.lookup_ngram)
+    speculation: tuple[tuple[str, object], ...] = ()  # SpeculationConfig fields changed from engine.json's
+
+
+NO_LOOKUP = (("lookup_ngram", 0),)
+FIRST_LOOKUP = (("lookup_ngram", 3),)  # prompt lookup's first version: matches of up to 3 tokens
 
 
 def randomize_draft(engine, seed: int = 0) -> None:
@@ -84,11 +88,12 @@ def main() -> None:
                     help="also `adaserve` with one time correction for every speculative depth and no depth exploration")
     args = ap.parse_args()
     prompts = held_out_prompts(args.prompts)
-    variants = [Variant("continuous", "continuous"), Variant("adaserve"), Variant("adaserve, no prompt lookup", lookup=False),
+    variants = [Variant("continuous", "continuous"), Variant("adaserve"), Variant("adaserve, lookup 3-grams", speculation=FIRST_LOOKUP),
+                Variant("adaserve, no prompt lookup", speculation=NO_LOOKUP),
                 *([Variant("adaserve, one correction for every depth", per_depth=False)] if args.one_correction else []),
                 *[Variant(f"adaserve, head {n} rows", head_rows=n) for n in args.head_rows],
                 Variant("adaserve, untrimmed", trims=False), Variant("adaserve, useless draft", useless=True),
-                Variant("adaserve, useless draft, no prompt lookup", useless=True, lookup=False),
+                Variant("adaserve, useless draft, no prompt lookup", useless=True, speculation=NO_LOOKUP),
                 Variant("adaserve, useless draft, untrimmed", useless=True, trims=False)]
     rounds: list[dict[int, dict]] = []  # per round: variant index -> its row
     with tqdm(total=args.rounds * len(variants), desc="one request at a time") as bar:
@@ -97,7 +102,7 @@ def main() -> None:
             order = range(len(variants)) if k % 2 == 0 else reversed(range(len(variants)))  # drift within a round evens out
             for i in order:
                 v = variants[i]
-                engine = served_engine(v.policy, args.dtype, v.head_rows, v.lookup)
+                engine = served_engine(v.policy, args.dtype, v.head_rows, **dict(v.speculation))
                 if v.useless:
                     randomize_draft(engine)
                 engine.estimator.trims = engine.estimator.trims and v.trims

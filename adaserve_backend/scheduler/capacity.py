@@ -11,7 +11,7 @@ from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 def iteration_fits(target: BlockManager, draft: BlockManager | None, decode: list[Sequence],
                    prefill: dict[Sequence, int], depth: int, width: int, lookup_tokens: int = 0) -> bool:
     """Worst case: each decoding request's whole tree is appended to the target cache (acceptance
-    is known only after the forward), with a copied chain of `lookup_tokens` beside the beams
+    is known only after the forward), with copied chains of `lookup_tokens` in all beside the beams
     (speculation/lookup.py: never read by the draft); the draft appends what it reads of its chain
     (sequence.draft_reads), then, for a request that drafts, d-1 levels of w beams."""
     tree = 1 + depth * width + lookup_tokens

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .control import adaptive_depth_width
 from .deadlines import edf_key
+from ..speculation.lookup import Lookup
 
 if TYPE_CHECKING:  # config validates policy names through make_policy: no import cycle at load
     from ..config import SchedulerConfig, SpeculationConfig
@@ -45,11 +46,11 @@ class Policy:
     def depth_width(self, num_decode: int, budget: int, spec: SpeculationConfig) -> tuple[int, int]:
         return 0, 0
 
-    def lookup(self, spec: SpeculationConfig) -> tuple[int, int]:
-        """Prompt lookup's (longest n-gram, longest copy), (0, 0) for none: only for a policy that
-        drafts and selects (Spec(n) verifies its draft's chain as drawn)."""
+    def lookup(self, spec: SpeculationConfig) -> Lookup:
+        """Prompt lookup's copies, none (Lookup()) but for a policy that drafts and selects (Spec(n)
+        verifies its draft's chain as drawn)."""
         on = spec.lookup_ngram > 0 and self.speculative and not self.verify_whole_draft
-        return (spec.lookup_ngram, spec.lookup_tokens) if on else (0, 0)
+        return Lookup(spec.lookup_ngram, spec.lookup_tokens, spec.lookup_copies) if on else Lookup()
 
 
 class Continuous(Policy):

@@ -50,7 +50,7 @@ class Scheduler:
         self.release = release  # frees a request's KV blocks (and draft state) in every model
         self.tokenizer = tokenizer  # only stop strings need one
         self.slo_admission = policy.slo_aware and config.slo_admission and estimator.cost is not None
-        self.lookup_tokens = policy.lookup(speculation)[1]  # trees may hold a copied chain this long (capacity)
+        self.lookup_tokens = policy.lookup(speculation).reserved  # trees may hold copied chains this long (capacity)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0

@@ -6,7 +6,8 @@ one run for every draft named (e.g. the shipped one and an earlier one):
 - mean tokens per verification (bonus included) for a 4-token chain and trees (d, w), one request at
   a time, in the served dtype, by the draft alone and with prompt lookup's copies grafted on;
 - one draft step's latency as a share of one target decode step;
-- the served engine's `adaserve` (with and without prompt lookup) vs `continuous` TPOT at one request.
+- the served engine's `adaserve` (with prompt lookup as served, with its first version's 3-gram
+  matches, and without) vs `continuous` TPOT at one request.
 
     python -m tools.draft.evaluate [--draft embedded:smollm2-135m-instruct-draft [OTHER.safetensors ...]]
 """
@@ -29,15 +30,21 @@ from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model, load_tokenizer, locate
 from adaserve_backend.request import Request
 from adaserve_backend.slo import tpot_seconds
+from adaserve_backend.speculation.lookup import MAX_NGRAM
 from tools.draft.data import encode
 from tools.draft.train import eval_prompts
 from tools.draft.ttt import unrolled
 from tools.draft.teacher import continuations, dense_hidden, dense_run, shifted
 
-# (name, policy, depth, width, prompt lookup's n-gram): the draft's own chain and trees, then with
-# copies from the context grafted on (speculation/lookup.py; served by default)
-SHAPES = [("chain d=4", "spec:4", 4, 1, 0), ("tree d=4 w=2", "adaserve", 4, 2, 0), ("tree d=4 w=4", "adaserve", 4, 4, 0),
-          ("tree d=6 w=2", "adaserve", 6, 2, 0), ("chain d=4 +lookup", "adaserve", 4, 1, 3), ("tree d=4 w=4 +lookup", "adaserve", 4, 4, 3)]
+# (name, policy, depth, width, prompt lookup's (longest n-gram, copies)): the draft's own chain and
+# trees, then with copies from the context grafted on (speculation/lookup.py; as served by default:
+# matches of up to 5 tokens, one copy; "3-grams" is lookup's first version, "2 copies" adds a second)
+SERVED_LOOKUP = (SpeculationConfig.lookup_ngram, SpeculationConfig.lookup_copies)
+FIRST_LOOKUP = (3, 1)
+SHAPES = [("chain d=4", "spec:4", 4, 1, (0, 0)), ("tree d=4 w=2", "adaserve", 4, 2, (0, 0)),
+          ("tree d=4 w=4", "adaserve", 4, 4, (0, 0)), ("tree d=6 w=2", "adaserve", 6, 2, (0, 0)),
+          ("chain d=4 +lookup", "adaserve", 4, 1, SERVED_LOOKUP), ("tree d=4 w=4 +lookup 3-grams", "adaserve", 4, 4, FIRST_LOOKUP),
+          ("tree d=4 w=4 +lookup", "adaserve", 4, 4, SERVED_LOOKUP), ("tree d=4 w=4 +lookup 2 copies", "adaserve", 4, 4, (MAX_NGRAM, 2))]
 
 
 @torch.inference_mode()
@@ -60,9 +67,11 @@ def agreement(draft, target, seqs, prompt_lens, steps: int) -> list[float]:
     return [h / t if t else float("nan") for h, t in zip(hits, total)]
 
 
-def engine_for(target, draft, policy: str, depth: int, width: int, eos, lookup: int = 0) -> Engine:
-    tree = 1 + depth * width + (SpeculationConfig.lookup_tokens if lookup else 0)  # every node verified
-    spec = SpeculationConfig(budget=tree, draft_budget=width, d_min=depth, d_max=depth, w_max=width, c1=0, n_max=tree, lookup_ngram=lookup)
+def engine_for(target, draft, policy: str, depth: int, width: int, eos, lookup: tuple[int, int] = (0, 0)) -> Engine:
+    ngram, copies = lookup
+    tree = 1 + depth * width + SpeculationConfig.lookup_tokens * copies  # every node verified
+    spec = SpeculationConfig(budget=tree, draft_budget=width, d_min=depth, d_max=depth, w_max=width, c1=0, n_max=tree,
+                             lookup_ngram=ngram, lookup_copies=max(copies, 1))
     cfg = EngineConfig(target_cache=CacheConfig(memory_mb=256), draft_cache=CacheConfig(memory_mb=128),
                        scheduler=SchedulerConfig(policy=policy, max_num_seqs=1), speculation=spec)
     return Engine(cfg, target=target, draft=draft, eos_token_ids=eos)
@@ -143,6 +152,7 @@ def one_request(served: EngineConfig, target, draft, eos, prompts: list[list[int
     """Mean TPOT per variant and round, each prompt alone; ratios of the rounds' sums."""
     variants = {"continuous": (dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")), None),
                 "adaserve": (served, draft),
+                "adaserve, lookup 3-grams": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=FIRST_LOOKUP[0], lookup_copies=FIRST_LOOKUP[1])), draft),
                 "adaserve, no prompt lookup": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=0)), draft)}
     tpot = {name: [] for name in variants}
     accepted = {name: [] for name in variants}
