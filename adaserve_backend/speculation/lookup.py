@@ -92,11 +92,8 @@ class NgramIndex:
         for end in range(max(self._indexed, 1), len(tokens)):  # n-grams ending at end - 1, followed by tokens[end]
             for n in range(1, min(self.max_n, end) + 1):
                 key = tuple(tokens[end - n : end])
-                ends = self._next.get(key)
-                if ends is None or self.copies == 1:
-                    self._next[key] = [end]
-                else:
-                    self._next[key] = [end] + [e for e in ends if tokens[e] != tokens[end]][: self.copies - 1]
+                others = [e for e in self._next.get(key, ()) if tokens[e] != tokens[end]]
+                self._next[key] = [end] + others[: self.copies - 1]
         self._indexed = len(tokens)
         for n in range(min(self.max_n, len(tokens)), 0, -1):
             ends = self._next.get(tuple(tokens[len(tokens) - n :]))
