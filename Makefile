@@ -14,7 +14,7 @@ SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 setup: system-deps $(VENV)/.installed
 
 # perf_analyzer (bundled in tritonclient) links against libb64 from Debian; the benchmark's chat and
-# summary prompts come from the Python documentation Debian ships (client/prompts.py); g++ builds the
+# summary prompts come from the Python documentation Debian ships (harness/prompts.py); g++ builds the
 # CPU attention kernel (adaserve_backend/attention/csrc) on first use.
 SYSTEM_PACKAGES := libb64-0d python3.11-doc g++
 system-deps:
@@ -47,23 +47,23 @@ perf: setup  # perf_analyzer against a running server (make serve first)
 bench-forward: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.forward_latency --out results/forward_latency
 
-# The serving simulator (adaserve_backend/sim): the real scheduler at GPU scale on a virtual clock, no model.
+# The serving simulator (sim): the real scheduler at GPU scale on a virtual clock, no model.
 SIM_ARGS ?= --hardware a100x4 --model llama70b --policies adaserve,continuous,sarathi,spec:4 --rps 1,2,4,8 --duration-s 600 --replicas 1 --router slo
 sim: setup
-	$(PY) -m adaserve_backend.sim $(SIM_ARGS) --out results/sim/sweep
+	$(PY) -m sim $(SIM_ARGS) --out results/sim/sweep
 # The paper's Figures 7-8 and its two sweeps at 4 rps (results/sim/paper-<sweep>.{json,png}), replicas
 # needed per router (results/sim/scaleout.{json,png}), and the simulator against a `make bench` result.
 sim-fig78: setup
-	$(PY) -m adaserve_backend.sim.paper rps $(SIM_PAPER_ARGS)
+	$(PY) -m sim.paper rps $(SIM_PAPER_ARGS)
 sim-urgent: setup
-	$(PY) -m adaserve_backend.sim.paper urgent_share $(SIM_PAPER_ARGS)
+	$(PY) -m sim.paper urgent_share $(SIM_PAPER_ARGS)
 sim-slo-scale: setup
-	$(PY) -m adaserve_backend.sim.paper slo_scale $(SIM_PAPER_ARGS)
+	$(PY) -m sim.paper slo_scale $(SIM_PAPER_ARGS)
 sim-scaleout: setup
-	$(PY) -m adaserve_backend.sim.scaleout $(SIM_SCALEOUT_ARGS)
+	$(PY) -m sim.scaleout $(SIM_SCALEOUT_ARGS)
 BENCH_JSON ?= results/quick-rps.json
 sim-validate: setup
-	$(PY) -m adaserve_backend.sim.validate $(BENCH_JSON)
+	$(PY) -m sim.validate $(BENCH_JSON)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
@@ -105,7 +105,7 @@ bench-acceptance: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile model_repository/adaserve/1/profile-cpu.json
 
 bench: setup  # quick RPS sweep, every policy, in-process
-	HF_HUB_OFFLINE=1 $(PY) -m client.bench quick --out results
+	HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick --out results
 
 bench-full: setup  # RPS, urgent-share and SLO-scale sweeps
-	HF_HUB_OFFLINE=1 $(PY) -m client.bench full --out results
+	HF_HUB_OFFLINE=1 $(PY) -m harness.bench full --out results

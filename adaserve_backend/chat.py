@@ -13,3 +13,8 @@ def chat_text(tokenizer, text: str) -> str:
 def encode_chat(tokenizer, text: str) -> list[int]:
     """Ids of `chat_text`. The template writes its own special tokens, so the tokenizer adds none."""
     return tokenizer(chat_text(tokenizer, text), add_special_tokens=False)["input_ids"]
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    """Ids of a prompt as served: in the chat template if `chat`, else plain text."""
+    return encode_chat(tokenizer, text) if chat else tokenizer(text)["input_ids"]

@@ -9,11 +9,41 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from .speculation.lookup import MAX_COPIES, MAX_NGRAM
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
+
+# Prompt lookup's limits (speculation/lookup.py keeps a measured acceptance prior for each match length
+# up to LOOKUP_MAX_NGRAM and each copy rank up to LOOKUP_MAX_COPIES, and checks that it does).
+LOOKUP_MAX_NGRAM = 5
+LOOKUP_MAX_COPIES = 2
+# Policy names; scheduler/policies.py builds the objects (and checks it knows exactly these), "spec:N" besides.
+POLICY_NAMES = ("adaserve", "continuous", "sarathi", "priority")
+SPECULATIVE_POLICIES = ("adaserve",)  # and every spec:N
+
+
+class Lookup(NamedTuple):
+    """What prompt lookup adds to a request's tree (Policy.lookup); all zero: none."""
+
+    ngram: int = 0  # longest suffix matched
+    tokens: int = 0  # longest copy
+    copies: int = 0  # distinct continuations grafted
+
+    @property
+    def reserved(self) -> int:
+        """Tree nodes the copies may add (KV capacity)."""
+        return self.tokens * self.copies
+
+
+def check_policy_name(name: str) -> str:
+    if name.startswith("spec:"):
+        n = name[5:]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"spec:N needs a positive integer N, got {name!r}")
+    elif name not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICY_NAMES + ('spec:N',))}")
+    return name
+
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
 # The draft this project trained for it (trained by tools/draft, served by models/feature_draft.py), shipped as its own tensors only.
@@ -173,7 +203,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
         object.__setattr__(self, "slo_classes", classes)
-        self.make_policy()  # validates the name
+        check_policy_name(self.policy)
         if self.default_slo_class not in {c.name for c in classes}:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
@@ -187,13 +217,7 @@ class SchedulerConfig:
 
     @property
     def speculative(self) -> bool:
-        return self.make_policy().speculative
-
-    def make_policy(self):
-        """The policy object `policy` names (imported here: the policies module reads this one)."""
-        from .scheduler.policies import make_policy
-
-        return make_policy(self.policy)
+        return self.policy in SPECULATIVE_POLICIES or self.policy.startswith("spec:")
 
     def slo_class(self, name: str) -> SLOClass:
         for c in self.slo_classes:
@@ -254,7 +278,7 @@ class SpeculationConfig:
     order: str = "desc"
     goodput_selection: bool = True
     profile_path: str | None = None
-    lookup_ngram: int = MAX_NGRAM
+    lookup_ngram: int = LOOKUP_MAX_NGRAM
     lookup_tokens: int = 8
     lookup_copies: int = 1
 
@@ -265,12 +289,12 @@ class SpeculationConfig:
             raise ValueError("budgets, depths, widths and n_max must be >= 1")
         if self.d_min > self.d_max:
             raise ValueError("d_min must not exceed d_max")
-        if not 0 <= self.lookup_ngram <= MAX_NGRAM:
-            raise ValueError(f"lookup_ngram must be 0 (off) to {MAX_NGRAM}, got {self.lookup_ngram}")
+        if not 0 <= self.lookup_ngram <= LOOKUP_MAX_NGRAM:
+            raise ValueError(f"lookup_ngram must be 0 (off) to {LOOKUP_MAX_NGRAM}, got {self.lookup_ngram}")
         if self.lookup_tokens < 1:
             raise ValueError(f"lookup_tokens must be >= 1, got {self.lookup_tokens}")
-        if not 1 <= self.lookup_copies <= MAX_COPIES:
-            raise ValueError(f"lookup_copies must be 1 to {MAX_COPIES}, got {self.lookup_copies}")
+        if not 1 <= self.lookup_copies <= LOOKUP_MAX_COPIES:
+            raise ValueError(f"lookup_copies must be 1 to {LOOKUP_MAX_COPIES}, got {self.lookup_copies}")
 
 
 @dataclass(frozen=True)

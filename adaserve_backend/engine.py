@@ -1,5 +1,5 @@
 """The engine loop: requests in from any thread, then per iteration
-  plan = scheduler.schedule(now)              admission, prefill chunks, KV capacity (scheduler/)
+  plan = scheduler.schedule(now)              admission, prefill chunks, KV blocks reserved (scheduler/)
   cands = draft.propose(plan)                 d batched draft forwards of width-w beam search
   trees = choose_trees(plan, cands)           SLO-customized and throughput-optimized selection within B
   out = target.forward(trees + chunks)        one verification forward, prefill chunks riding along
@@ -21,31 +21,19 @@ import torch
 
 from .config import EngineConfig
 from .cost_model.cost_model import load_cost_model
-from .draft_worker import DraftWorker
+from .speculation.draft_worker import DraftWorker
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
 from .request import Request, RequestOutput
 from .scheduler.estimator import Estimator
+from .scheduler.policies import make_policy
 from .scheduler.plan import IterationPlan, IterationResult
 from .scheduler.scheduler import Scheduler
 from .sequence import Sequence
 from .speculation.draft_fit import check_draft_tokenizer
 from .speculation.tree_choice import choose_trees
-from .verification.verify import target_inputs, verify
-
-
-def release_blocks(target: ModelRunner, draft: DraftWorker | None):
-    """The scheduler's callback freeing a finished sequence's KV blocks. It holds the runners, not the
-    engine: a bound method would make engine -> scheduler -> engine a cycle, and an engine a tool
-    drops would keep its KV cache until a full garbage collection (2 GB per engine in tools.draft.generate)."""
-
-    def release(seq: Sequence) -> None:
-        target.free(seq.seq_id)
-        if draft is not None:
-            draft.release(seq)
-
-    return release
+from .speculation.verify import target_inputs, verify
 
 
 class Engine:
@@ -56,7 +44,7 @@ class Engine:
         self.config = config
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        self.policy = config.scheduler.make_policy()
+        self.policy = make_policy(config.scheduler.policy)
         target = target or load_model(config.target)
         self.target = ModelRunner(target, config.target_cache)
         self.vocab_size, self.max_model_len = target.spec.vocab_size, self.target.max_len
@@ -66,9 +54,9 @@ class Engine:
         self.cost = load_cost_model(config.speculation.profile_path)
         self.budget = self.cost.budget if self.cost else config.speculation.budget
         self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
+        # The scheduler owns both caches' blocks from here on: it reserves, trims and frees them.
         self.scheduler = Scheduler(config.scheduler, config.speculation, self.policy, self.estimator, self.target.blocks,
-                                   self.draft.runner.blocks if self.draft else None,
-                                   release_blocks(self.target, self.draft), tokenizer)
+                                   self.draft.runner.blocks if self.draft else None, tokenizer)
         self._inbox = Inbox()
         self._seq_ids = itertools.count()
 
@@ -99,6 +87,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         outputs = self._take_inbox()
         plan = self.scheduler.schedule(time.monotonic())
+        if self.draft is not None:
+            self.draft.forget(plan.released)
         result = self._run(plan) if not plan.empty else IterationResult(time.monotonic())
         outputs += self.scheduler.update(plan, result)
         self.scheduler.stamp_step(plan, time.monotonic() - plan.start)

@@ -2,8 +2,9 @@
 
 The caller says, per sequence, which tokens to add to its uncommitted region (a chain for prefill and
 decode, a tree for draft beams and verification) and how many logits it wants back; after looking at
-the logits it commits the path it accepts. The runner owns the model, its KV cache and the block
-bookkeeping, so the target and the draft model each get one runner.
+the logits it commits the path it accepts. The runner owns the model and its KV tensors; in the engine
+the scheduler owns the blocks (kv_cache/block_manager.py: it reserves them before the iteration runs),
+so the runner writes into blocks it was given. The target and the draft model each get one runner.
 """
 
 from __future__ import annotations
@@ -82,14 +83,15 @@ class ModelRunner:
 
     def can_forward(self, inputs: Sequence[SeqInput]) -> bool:
         need = sum(self.blocks.extra_blocks_needed(x.seq_id, len(x.token_ids)) for x in inputs)
-        return need <= self.blocks.num_free_blocks
+        return need == 0 or (not self.blocks.scheduler_owned and need <= self.blocks.num_free_blocks)
 
     @torch.inference_mode()
     def forward(self, inputs: Sequence[SeqInput]) -> ForwardOutput:
         """Append every input's tokens to its region and run them in one forward. Raises KVCacheFull
         (with nothing appended) if the batch does not fit: check `can_forward` first."""
         if not self.can_forward(inputs):
-            raise KVCacheFull(f"batch needs more than the {self.blocks.num_free_blocks} free KV blocks")
+            raise KVCacheFull("batch needs more KV blocks than " + ("its scheduler reserved" if self.blocks.scheduler_owned
+                                                                   else f"the {self.blocks.num_free_blocks} free"))
         if len({x.seq_id for x in inputs}) != len(inputs):
             raise ValueError("a sequence may appear only once per forward")
         all_parents = []

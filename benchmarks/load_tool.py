@@ -7,7 +7,7 @@ same settings, then our own OpenAI runner against our Triton runner on one serve
    arrivals, `--ignore-eos` and `--goodput` at the default chat targets, first against our server
    (tritonserver + the OpenAI frontend, as `make serve` runs them), then against vLLM's OpenAI server.
 2. On our server, the benchmark's workload (builtin prompts, SLO classes) replayed through
-   client.runners.run_openai (HTTP, our frontend) and through run_triton (gRPC, the ensemble),
+   harness.runners.run_openai (HTTP, our frontend) and through run_triton (gRPC, the ensemble),
    `--agreement-repeats` times each, alternating which goes first: the two must agree within noise,
    or one of the paths adds what the other does not.
 Writes results/load-tool.json and results/load-tool.png; servers are always stopped.
@@ -27,10 +27,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from adaserve_backend.triton.process import openai_frontend
-from client.bench import score
-from client.runners import run_openai, run_triton
-from client.slo_targets import add_slo_arguments, slo_targets_from_args
-from client.workload import build_workload, builtin_prompts, poisson_arrivals
+from harness.bench import score
+from harness.runners import run_openai, run_triton
+from harness.slo_targets import add_slo_arguments, slo_targets_from_args
+from harness.workload import build_workload, builtin_prompts, poisson_arrivals
 
 from .load_tool_report import plot, print_tables
 from .servers import VLLM_MODEL_DIR, VLLM_SERVED_NAME, VLLM_VENV, triton_server, vllm_server

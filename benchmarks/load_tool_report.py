@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from client.metrics import fmt_ms  # noqa: E402
+from harness.metrics import fmt_ms  # noqa: E402
 
 BENCH_COLUMNS = (("request_throughput", "req/s", "{:.2f}"), ("output_throughput", "output tok/s", "{:.1f}"),
                  ("request_goodput", "goodput req/s", "{:.2f}"), ("median_ttft_ms", "TTFT p50", "ms"),

@@ -21,7 +21,7 @@ ENGINE_JSON = PROJECT_ROOT / "model_repository" / "adaserve" / "1" / "engine.jso
 
 def held_out_prompts(n: int) -> list[tuple[str, bool]]:
     """n prompts cycling through the benchmark's categories (never draft training data); (text, chat)."""
-    from client.prompts import benchmark_prompts
+    from harness.prompts import benchmark_prompts
 
     families = list(benchmark_prompts().values())
     return [families[i % len(families)][i // len(families)] for i in range(n)]
@@ -132,8 +132,8 @@ def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) ->
     from adaserve_backend.models import load_tokenizer, locate
     from adaserve_backend.config import EMBEDDED_DEFAULT
     from benchmarks.servers import VLLM_SERVED_NAME
-    from client.runners import run_openai
-    from client.workload import WorkItem
+    from harness.runners import run_openai
+    from harness.workload import WorkItem
 
     with running_vllm(log_dir) as port:
         if port is None:

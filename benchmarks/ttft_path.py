@@ -28,15 +28,15 @@ import numpy as np
 
 from adaserve_backend.triton.process import triton_server
 from benchmarks.vs_vllm import arrivals_for, build_workload, builtin_prompts, render_chat
-from client.slo_targets import SloTargets
-from client.stream import AsyncStreamClient
+from harness.slo_targets import SloTargets
+from adaserve_backend.triton.grpc_client import EnsembleClient
 
 LEGS = {"in": ("send", "arrival"), "scheduler": ("arrival", "first_token"), "out": ("first_token", "received"),
         "ttft": ("send", "received")}
 
 
 async def replay(url: str, model: str, items) -> list[dict]:
-    client = AsyncStreamClient(url, model)
+    client = EnsembleClient(url, model)
     start, records = time.monotonic(), []
 
     async def one(item) -> None:

@@ -9,7 +9,7 @@ process hop less per token), `vllm` (vLLM's default FCFS
 scheduler) and `vllm-priority` (vLLM's priority scheduler, the tightest TPOT class first). Every
 request is greedy and asks for exactly its `max_tokens` (min_tokens = max_tokens), chat prompts are
 rendered with the model's chat template here, so both servers see the same token ids and produce the
-same number of tokens. Scores use the joint TTFT+TPOT definition (client/metrics.py) over all sent
+same number of tokens. Scores use the joint TTFT+TPOT definition (harness/metrics.py) over all sent
 requests. Writes results/vs-vllm.json and results/vs-vllm.png; servers are always stopped at the end.
 """
 
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from client.bench import score
-from client.metrics import fmt_ms
-from client.runners import run_openai, run_triton
-from client.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
-from client.workload import (
+from harness.bench import score
+from harness.metrics import fmt_ms
+from harness.runners import run_openai, run_triton
+from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
+from harness.workload import (
     WorkItem,
     build_workload,
     builtin_prompts,

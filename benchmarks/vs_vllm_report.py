@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from client.metrics import fmt_ms  # noqa: E402
+from harness.metrics import fmt_ms  # noqa: E402
 
 COLUMNS = ("system", "rps", "joint attainment", "TPOT-only", "goodput tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
            "errors")

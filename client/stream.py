@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from adaserve_backend.slo import attains, tpot_seconds
-from adaserve_backend.triton.grpc_client import EnsembleClient, ensemble_tensors, infer_inputs
+from adaserve_backend.triton.grpc_client import EnsembleClient
 
 
 @dataclass
@@ -37,11 +37,6 @@ class StreamResult:
             return None
         n = self.num_output_tokens if self.num_output_tokens is not None else len(self.chunks)
         return tpot_seconds(self.chunk_times[0], self.chunk_times[-1], n)
-
-
-def build_inputs(grpcclient, prompt: str, max_tokens: int, **kwargs) -> list:
-    """InferInputs for the ensemble (see adaserve_backend.triton.grpc_inputs for the keywords)."""
-    return infer_inputs(grpcclient, ensemble_tensors(prompt, max_tokens, **kwargs))
 
 
 class AsyncStreamClient(EnsembleClient):

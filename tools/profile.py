@@ -6,7 +6,7 @@ rooflines and the budget B they imply. Writes a JSON the engine reads (speculati
 
 `--step-only` keeps the profile's rooflines and B (what the served scheduler plans with) and re-measures
 the whole-engine-step fit, its times divided by how much slower than the rooflines' day the machine runs
-now (tools.profiler.probe_ms over the stored roofline): the fit stays in the rooflines' units, which is
+now (adaserve_backend.profiler.probe_ms over the stored roofline): the fit stays in the rooflines' units, which is
 what a simulation scaled by a run's own probe (sim.validate) assumes.
 """
 
@@ -21,7 +21,7 @@ import torch
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.step_cost import PROFILE_KEY, EngineStepCost
-from tools.profiler import measure_engine_steps, measure_forward, measure_speculative_steps, probe_ms
+from adaserve_backend.profiler import measure_engine_steps, measure_forward, measure_speculative_steps, probe_ms
 from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model

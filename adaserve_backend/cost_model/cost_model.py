@@ -45,7 +45,7 @@ class CostModel:
 
     def relative_speed(self, probe_ms: dict) -> float:
         """How much slower than when profiled this machine ran a set of target forwards, timed as the
-        profile times them ({tokens: ms}, tools.profiler.probe_ms): the geometric mean of the ratios;
+        profile times them ({tokens: ms}, adaserve_backend.profiler.probe_ms): the geometric mean of the ratios;
         1.0 for no probe. Shared machines drift 20-40% between runs."""
         ratios = [ms / self.verify_ms(int(n)) for n, ms in probe_ms.items()]
         return math.prod(ratios) ** (1 / len(ratios)) if ratios else 1.0

@@ -52,7 +52,7 @@ class EngineStepCost:
 
     def with_speculation(self, points: list[dict]) -> EngineStepCost:
         """The speculative terms from points {n, depth, width, verified, prefill, context, spec_ms,
-        verify_ms, draft_ms} (tools.profiler.measure_speculative_steps, or a served run's iterations):
+        verify_ms, draft_ms} (adaserve_backend.profiler.measure_speculative_steps, or a served run's iterations):
         what speculation took beyond `draft_ms` (its draft forwards as the draft's roofline prices them),
         and what verification took beyond this fit's price of the same tokens."""
         base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points], [p["spec_ms"] - p["draft_ms"] for p in points])

@@ -7,6 +7,11 @@ it hangs directly off the committed prefix), so attention can tell which region 
 see. `commit` keeps one root-to-node path of the region, moves it right after the committed prefix
 and releases everything else.
 
+Who allocates: in the engine the scheduler owns the blocks (`scheduled()`): it reserves each
+iteration's worst case before anything runs (`reserve`), frees what a commit left unused (`trim`) and
+what a finished or preempted request held (`free`); the runner only writes into reserved blocks and
+commits. A runner used alone (tools, tests) lets `append` take the blocks it needs.
+
 Check-then-act: `can_append` answers whether an append fits; `append` either succeeds completely or
 raises `KVCacheFull` without changing any state. Pure Python; the tensor side lives in `kv_cache.py`.
 """
@@ -46,6 +51,12 @@ class BlockManager:
         self.block_size = block_size
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self._seqs: dict[int, SequenceSlots] = {}
+        self.scheduler_owned = False  # True: only reserve() allocates, commits leave trimming to trim()
+
+    def scheduled(self) -> BlockManager:
+        """Hand allocation to a scheduler: from now on appends must fit blocks it reserved."""
+        self.scheduler_owned = True
+        return self
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -72,7 +83,12 @@ class BlockManager:
         return max(0, self.blocks_for(used + n_new) - have)
 
     def can_append(self, seq_id: int, n_new: int) -> bool:
-        return self.extra_blocks_needed(seq_id, n_new) <= len(self._free)
+        need = self.extra_blocks_needed(seq_id, n_new)
+        return need == 0 or (not self.scheduler_owned and need <= len(self._free))
+
+    def table(self, seq_id: int) -> tuple[int, ...]:
+        s = self._seqs.get(seq_id)
+        return tuple(s.block_table) if s else ()
 
     def check_parents(self, seq_id: int, parents: Sequence[int]) -> None:
         base = len(self._seqs[seq_id].region_parents) if seq_id in self._seqs else 0
@@ -91,15 +107,22 @@ class BlockManager:
         return seq.block_table[index // self.block_size] * self.block_size + index % self.block_size
 
     # ---- actions -------------------------------------------------------------------------------
-    def append(self, seq_id: int, parents: Sequence[int]) -> list[int]:
-        """Append len(parents) region tokens; returns their slot ids. Creates the sequence if new."""
-        self.check_parents(seq_id, parents)
-        need = self.extra_blocks_needed(seq_id, len(parents))
+    def reserve(self, seq_id: int, n_new: int) -> None:
+        """Grow the sequence's block table to hold `n_new` more tokens (creating it if new)."""
+        need = self.extra_blocks_needed(seq_id, n_new)
         if need > len(self._free):
             raise KVCacheFull(f"sequence {seq_id} needs {need} blocks, {len(self._free)} free")
         s = self._seqs.setdefault(seq_id, SequenceSlots())
         for _ in range(need):
             s.block_table.append(self._free.pop())
+
+    def append(self, seq_id: int, parents: Sequence[int]) -> list[int]:
+        """Append len(parents) region tokens; returns their slot ids. Creates the sequence if new."""
+        self.check_parents(seq_id, parents)
+        if self.scheduler_owned and self.extra_blocks_needed(seq_id, len(parents)):
+            raise KVCacheFull(f"sequence {seq_id}: {len(parents)} tokens past the blocks its scheduler reserved")
+        self.reserve(seq_id, len(parents))
+        s = self._seqs[seq_id]
         first = s.num_slots
         s.region_depths.extend(self.depths_after(seq_id, parents))
         s.region_parents.extend(parents)
@@ -126,7 +149,8 @@ class BlockManager:
         s.num_committed += len(keep)
         s.region_parents.clear()
         s.region_depths.clear()
-        self._release_tail(s)
+        if not self.scheduler_owned:
+            self._release_tail(s)
         return src, dst
 
     def commit_all(self, seq_id: int) -> None:
@@ -137,6 +161,11 @@ class BlockManager:
     def rollback(self, seq_id: int) -> None:
         """Drop the whole uncommitted region."""
         self.commit(seq_id, [])
+
+    def trim(self, seq_id: int) -> None:
+        """Free the blocks past the sequence's slots (what a reservation held for rejected drafts)."""
+        if seq_id in self._seqs:
+            self._release_tail(self._seqs[seq_id])
 
     def free(self, seq_id: int) -> None:
         s = self._seqs.pop(seq_id, None)

@@ -1,6 +1,7 @@
-"""KV capacity of one iteration, as pure bookkeeping over the block managers: whether every request's
-worst-case appends fit the free blocks of the target cache and, when speculating, the draft cache.
-The scheduler decides what to do when they do not (preempt, stop speculating, fail a lone request)."""
+"""KV capacity of one iteration, as pure bookkeeping over the block managers: every request's worst-case
+appends to the target cache and, when speculating, the draft cache; whether they fit the free blocks,
+and taking them. The scheduler decides what to do when they do not (preempt, stop speculating, fail a
+lone request)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,46 @@ from ..kv_cache import BlockManager
 from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 
 
-def iteration_fits(target: BlockManager, draft: BlockManager | None, decode: list[Sequence],
-                   prefill: dict[Sequence, int], depth: int, width: int, lookup_tokens: int = 0) -> bool:
-    """Worst case: each decoding request's whole tree is appended to the target cache (acceptance
-    is known only after the forward), with copied chains of `lookup_tokens` in all beside the beams
-    (speculation/lookup.py: never read by the draft); the draft appends what it reads of its chain
-    (sequence.draft_reads), then, for a request that drafts, d-1 levels of w beams."""
+Needs = dict[Sequence, int]  # tokens each request may append to one cache this iteration
+
+
+def iteration_needs(target: BlockManager, draft: BlockManager | None, decode: list[Sequence],
+                    prefill: dict[Sequence, int], depth: int, width: int,
+                    lookup_tokens: int = 0) -> tuple[Needs, Needs | None]:
+    """Worst case, per cache: each decoding request's whole tree is appended to the target cache
+    (acceptance is known only after the forward), with copied chains of `lookup_tokens` in all beside
+    the beams (speculation/lookup.py: never read by the draft); the draft appends what it reads of its
+    chain (sequence.draft_reads), then, for a request that drafts, d-1 levels of w beams."""
     tree = 1 + depth * width + lookup_tokens
-    if not _fits(target, {**{s: tree for s in decode}, **prefill}):
-        return False
+    target_needs = {**{s: tree for s in decode}, **prefill}
     if draft is None:
-        return True
+        return target_needs, None
     reads = {}
     for s in decode:
         n = draft_chain_len(target, draft, s)
         reads[s] = draft_reads(n, True, depth, True) + (depth * width if drafts_now(n, True, depth) else 0)
     chunks = {s: draft_reads(draft_chain_len(target, draft, s), False, depth, bool(decode)) for s in prefill}
-    return _fits(draft, {**reads, **chunks})
+    return target_needs, {**reads, **chunks}
+
+
+def iteration_fits(target: BlockManager, draft: BlockManager | None, decode: list[Sequence],
+                   prefill: dict[Sequence, int], depth: int, width: int, lookup_tokens: int = 0) -> bool:
+    t, d = iteration_needs(target, draft, decode, prefill, depth, width, lookup_tokens)
+    return fits(target, t) and fits(draft, d)
+
+
+def fits(blocks: BlockManager | None, needs: Needs | None) -> bool:
+    """Whether appending `n` tokens to each sequence fits the free blocks (no cache: nothing to fit)."""
+    if blocks is None or needs is None:
+        return True
+    need = sum(blocks.extra_blocks_needed(s.seq_id, n) for s, n in needs.items())
+    return need <= blocks.num_free_blocks
+
+
+def reserve(blocks: BlockManager | None, needs: Needs | None) -> None:
+    """Take the blocks `needs` may fill (after `fits` said they are free)."""
+    for s, n in (needs or {}).items():
+        blocks.reserve(s.seq_id, n)
 
 
 def draft_chain_len(target: BlockManager, draft: BlockManager, seq: Sequence) -> int:
@@ -32,8 +56,3 @@ def draft_chain_len(target: BlockManager, draft: BlockManager, seq: Sequence) ->
     start, end = draft_chain_span(seq, target.num_committed(seq.seq_id), draft.num_committed(seq.seq_id))
     return max(end - start, 0)
 
-
-def _fits(blocks: BlockManager, new_tokens: dict[Sequence, int]) -> bool:
-    """Whether appending `n` tokens to each sequence fits the free blocks."""
-    need = sum(blocks.extra_blocks_needed(s.seq_id, n) for s, n in new_tokens.items())
-    return need <= blocks.num_free_blocks

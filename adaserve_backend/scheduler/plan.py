@@ -25,10 +25,20 @@ class IterationPlan:
     # Cached tokens the target's forward reads: each decoding request's committed context, each prefilling
     # request's committed context plus its chunk. Set by the scheduler; what the cost models call context.
     context_tokens: int = 0
+    # seq_id -> its blocks in the target (draft) cache, reserved for this iteration's worst case: the
+    # runners write only there. released: requests whose blocks were freed since the last plan (the
+    # draft worker drops its own state for them).
+    block_tables: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    draft_block_tables: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    released: list[Sequence] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
         return not self.decode and not self.prefill
+
+    @property
+    def scheduled(self) -> list[Sequence]:
+        return self.decode + list(self.prefill)
 
     @property
     def prefill_tokens(self) -> int:

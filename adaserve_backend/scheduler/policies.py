@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ..config import POLICY_NAMES, SPECULATIVE_POLICIES, Lookup, SchedulerConfig, SpeculationConfig, check_policy_name
 from .control import adaptive_depth_width
 from .deadlines import edf_key
-from ..speculation.lookup import Lookup
 
-if TYPE_CHECKING:  # config validates policy names through make_policy: no import cycle at load
-    from ..config import SchedulerConfig, SpeculationConfig
+if TYPE_CHECKING:
     from ..sequence import Sequence
 
 
@@ -114,12 +113,11 @@ class SpecChain(Policy):
 
 
 def make_policy(name: str) -> Policy:
-    if name.startswith("spec:"):
-        n = name[5:]
-        if not n.isdigit() or int(n) < 1:
-            raise ValueError(f"spec:N needs a positive integer N, got {name!r}")
-        return SpecChain(int(n))
-    policies = {p.name: p for p in (AdaServe, Continuous, Sarathi, Priority)}
-    if name not in policies:
-        raise ValueError(f"unknown policy {name!r}; one of {', '.join(list(policies) + ['spec:N'])}")
-    return policies[name]()
+    if check_policy_name(name).startswith("spec:"):
+        return SpecChain(int(name[5:]))
+    return POLICIES[name]()
+
+
+POLICIES = {p.name: p for p in (AdaServe, Continuous, Sarathi, Priority)}
+if set(POLICIES) != set(POLICY_NAMES) or {n for n, p in POLICIES.items() if p.speculative} != set(SPECULATIVE_POLICIES):
+    raise ImportError("config.POLICY_NAMES and SPECULATIVE_POLICIES must name exactly these policies")

@@ -3,9 +3,12 @@ iteration within the KV caches (preempting when needed) and hands the engine an 
 `update` applies what the model made of it (an `IterationResult`): outputs, stops, finished requests,
 the estimator's measurements. Every request's final output comes from here, aborts included.
 
-It reads KV capacity from the block managers (pure bookkeeping, capacity.py) and frees a request's
-model state through `release`, so it runs without a model: tests drive `schedule` and `update` with a
-fake clock, fake estimates and hand-built results.
+It owns the KV blocks of the target and draft caches (pure bookkeeping, kv_cache/block_manager.py):
+`schedule` reserves each iteration's worst case (capacity.py) and the plan carries the block tables;
+`update` trims what the commits left unused; a finished or preempted request's blocks are freed here,
+and the next plan lists it in `released` for the model side's own per-request state. So it runs
+without a model: tests drive `schedule` and `update` with a fake clock, fake estimates and hand-built
+results.
 """
 
 from __future__ import annotations
@@ -13,14 +16,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import deque
-from collections.abc import Callable
 
 from ..config import SchedulerConfig, SpeculationConfig
 from ..kv_cache import BlockManager
 from ..output_processor import append_tokens, make_output
 from ..request import FinishReason, RequestOutput
 from ..sequence import Sequence
-from .capacity import iteration_fits
+from .capacity import fits, iteration_needs, reserve
 from .control import on_track, paced_chunk, seq_ends_within_slo, seq_slack_s
 from .deadlines import (NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, has_deadline, rejection_message,
                         tokens_ahead, urgent_chunk)
@@ -42,12 +44,12 @@ class Scheduler:
         estimator: Estimator,
         target_blocks: BlockManager,
         draft_blocks: BlockManager | None,
-        release: Callable[[Sequence], None],
         tokenizer=None,
     ) -> None:
         self.config, self.speculation, self.policy, self.estimator = config, speculation, policy, estimator
-        self.target_blocks, self.draft_blocks = target_blocks, draft_blocks
-        self.release = release  # frees a request's KV blocks (and draft state) in every model
+        self.target_blocks = target_blocks.scheduled()  # from now on only this scheduler allocates and frees
+        self.draft_blocks = draft_blocks.scheduled() if draft_blocks is not None else None
+        self.released: list[Sequence] = []  # freed since the last plan (IterationPlan.released)
         self.tokenizer = tokenizer  # only stop strings need one
         self.slo_admission = policy.slo_aware and config.slo_admission and estimator.cost is not None
         self.lookup_tokens = policy.lookup(speculation).reserved  # trees may hold copied chains this long (capacity)
@@ -85,7 +87,13 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.release(seq)
+        self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        for blocks in (self.target_blocks, self.draft_blocks):
+            if blocks is not None:
+                blocks.free(seq.seq_id)
+        self.released.append(seq)
 
     # ---- one iteration -------------------------------------------------------------------------
     def schedule(self, now: float) -> IterationPlan:
@@ -99,6 +107,10 @@ class Scheduler:
         chunks = self._prefill_chunks(prefill, decode, depth, width, now)
         plan.decode, plan.depth, plan.width = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
+        plan.block_tables = {s.seq_id: self.target_blocks.table(s.seq_id) for s in plan.scheduled}
+        if self.draft_blocks is not None:
+            plan.draft_block_tables = {s.seq_id: self.draft_blocks.table(s.seq_id) for s in plan.scheduled}
+        plan.released, self.released = self.released, []
         committed = self.target_blocks.num_committed
         plan.context_tokens = sum(committed(s.seq_id) for s in plan.decode) + sum(committed(s.seq_id) + n for s, n in plan.prefill.items())
         return plan
@@ -123,6 +135,10 @@ class Scheduler:
                 outputs.append(self._emit(p.seq, [p.first_token], now))
         if plan.decode:
             self._record(plan, result)
+        for seq in plan.scheduled:  # what a reservation held past the committed tokens goes back
+            for blocks in (self.target_blocks, self.draft_blocks):
+                if blocks is not None:
+                    blocks.trim(seq.seq_id)
         return outputs
 
     def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
@@ -273,7 +289,11 @@ class Scheduler:
         while True:
             decode = [s for s in decode if s in self.running]
             prefill = {s: n for s, n in chunks.items() if s in self.running}
-            if iteration_fits(self.target_blocks, self.draft_blocks, decode, prefill, depth, width, self.lookup_tokens if depth else 0):
+            needs, draft_needs = iteration_needs(self.target_blocks, self.draft_blocks, decode, prefill, depth, width,
+                                                 self.lookup_tokens if depth else 0)
+            if fits(self.target_blocks, needs) and fits(self.draft_blocks, draft_needs):
+                reserve(self.target_blocks, needs)
+                reserve(self.draft_blocks, draft_needs)
                 return decode, depth, width
             if len(self.running) > 1:
                 self._preempt(self.policy.victim(self.running))
@@ -288,7 +308,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: the request keeps its output and re-prefills it when re-admitted."""
         self.running.remove(seq)
-        self.release(seq)
+        self._free(seq)
         self.num_preemptions += 1
         seq.preempted()
         self.waiting.appendleft(seq)

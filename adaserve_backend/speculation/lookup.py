@@ -15,8 +15,8 @@ for matches of up to MAX_NGRAM tokens: a shorter limit files longer matches unde
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
+from ..config import LOOKUP_MAX_COPIES, LOOKUP_MAX_NGRAM, Lookup
 from .token_tree import CandidateTree
 
 # P(the target emits a copied token | it emitted the copied ones before it), by the length of the
@@ -43,19 +43,8 @@ SECOND_RATE = {
 RATES = (HIT_RATE, SECOND_RATE)  # by the copy's rank
 MAX_NGRAM = max(HIT_RATE)  # the longest match with a measured prior
 MAX_COPIES = len(RATES)
-
-
-class Lookup(NamedTuple):
-    """What prompt lookup adds to a request's tree (Policy.lookup); all zero: none."""
-
-    ngram: int = 0  # longest suffix matched
-    tokens: int = 0  # longest copy
-    copies: int = 0  # distinct continuations grafted
-
-    @property
-    def reserved(self) -> int:
-        """Tree nodes the copies may add (KV capacity)."""
-        return self.tokens * self.copies
+if (MAX_NGRAM, MAX_COPIES) != (LOOKUP_MAX_NGRAM, LOOKUP_MAX_COPIES):
+    raise ImportError("config's lookup limits must be the matches and copies this module has priors for")
 
 
 class NgramIndex:

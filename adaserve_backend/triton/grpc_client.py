@@ -123,3 +123,8 @@ class EnsembleClient:
                 yield text, extra
             if response.parameters["triton_final_response"].bool_param:
                 return
+
+
+def build_inputs(grpcclient, prompt: str, max_tokens: int, **kwargs) -> list:
+    """InferInputs for the ensemble (see ensemble_tensors for the keywords)."""
+    return infer_inputs(grpcclient, ensemble_tensors(prompt, max_tokens, **kwargs))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from client.stream import build_inputs
+from adaserve_backend.triton.grpc_client import build_inputs
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from adaserve_backend.triton.process import triton_server as triton_server_process
-from client.stream import build_inputs
+from adaserve_backend.triton.grpc_client import build_inputs
 from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from client.metrics import RequestRecord, attainment_timeline, percentile, summarize
-from client.slo_targets import (
+from harness.metrics import RequestRecord, attainment_timeline, percentile, summarize
+from harness.slo_targets import (
     DEFAULT_TPOT_SLO_MS,
     DEFAULT_TTFT_SLO_MS,
     SloTargets,
@@ -16,7 +16,7 @@ from client.slo_targets import (
     parse_targets,
     slo_targets_from_args,
 )
-from client.workload import (
+from harness.workload import (
     build_workload,
     fluctuating_arrivals,
     gamma_arrivals,
@@ -134,8 +134,8 @@ def test_bad_slo_targets_are_refused_with_a_clear_message(text, message):
 
 
 def test_tiny_end_to_end_run_scores_every_request():
-    from client.runners import run_inprocess
-    from client.workload import WorkItem
+    from harness.runners import run_inprocess
+    from harness.workload import WorkItem
     from tests.model_fixtures import tiny_checkpoint
     from tests.unit.test_engine import make_engine
 

@@ -30,7 +30,7 @@ def test_a_request_slo_is_its_own_then_its_class_then_the_default_and_a_bad_clas
 
 def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_benchmark():
     from adaserve_backend.config import SchedulerConfig, SLOClass
-    from client.slo_targets import DEFAULT_TTFT_SLO_MS
+    from harness.slo_targets import DEFAULT_TTFT_SLO_MS
 
     sched = SchedulerConfig()
     assert {c.name: c.ttft_ms for c in sched.slo_classes} == DEFAULT_TTFT_SLO_MS

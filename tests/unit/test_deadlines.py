@@ -23,12 +23,7 @@ ONE_AT_A_TIME = {1: 0.05, 2: 0.3, 3: 0.5}
 def deadline_scheduler(estimator=None, **config) -> Scheduler:
     blocks = BlockManager(4096, 4)
     sched = SchedulerConfig(policy="adaserve", prefill_chunk=256, **config)
-
-    def release(seq):
-        if blocks.has(seq.seq_id):
-            blocks.free(seq.seq_id)
-
-    return Scheduler(sched, SPEC, make_policy("adaserve"), estimator or TableEstimator(ONE_AT_A_TIME), blocks, None, release)
+    return Scheduler(sched, SPEC, make_policy("adaserve"), estimator or TableEstimator(ONE_AT_A_TIME), blocks, None)
 
 
 def arrive(sched: Scheduler, rid: str, clock: Clock, ttft_ms: float, tpot_ms: float = 100.0, prompt: int = 8,

@@ -195,7 +195,7 @@ def test_iteration_records_carry_context_prefills_and_the_whole_step(policy):
 def test_prompt_lookup_grafts_copies_and_greedy_stays_exact(lookup_ngram, monkeypatch):
     """Prompts that repeat a phrase, an unrelated draft: copies from the context join the trees (the
     draft's own guesses almost never hold) and the outputs still equal the oracle's."""
-    import adaserve_backend.draft_worker as draft_worker
+    import adaserve_backend.speculation.draft_worker as draft_worker
 
     grafted = []
     real_graft = draft_worker.graft

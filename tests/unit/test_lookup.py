@@ -3,7 +3,7 @@
 import pytest
 
 from adaserve_backend.config import SpeculationConfig
-from adaserve_backend.draft_worker import truncate_depth
+from adaserve_backend.speculation.draft_worker import truncate_depth
 from adaserve_backend.speculation.lookup import HIT_RATE, SECOND_RATE, NgramIndex, graft
 from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree
 

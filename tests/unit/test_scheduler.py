@@ -60,13 +60,7 @@ def scheduler(estimator, policy="adaserve", num_blocks=1024, draft=False, **conf
     sched = SchedulerConfig(policy=policy, prefill_chunk=256, **config)
     blocks = BlockManager(num_blocks, 4)
     draft_blocks = BlockManager(num_blocks, 4) if draft else None
-
-    def release(seq):
-        for b in (blocks, draft_blocks):
-            if b is not None and b.has(seq.seq_id):
-                b.free(seq.seq_id)
-
-    return Scheduler(sched, SPEC, make_policy(policy), estimator, blocks, draft_blocks, release)
+    return Scheduler(sched, SPEC, make_policy(policy), estimator, blocks, draft_blocks)
 
 
 _ids = iter(range(10**6))
@@ -204,17 +198,19 @@ class Clock:
 
 
 def lifecycle_scheduler(policy="continuous", num_blocks=1024, **config) -> tuple[Scheduler, list[Sequence]]:
-    """No cost model (estimates come from measured iterations); `released` lists every release."""
+    """No cost model (estimates come from measured iterations); `released` lists every request whose
+    blocks the scheduler freed, in order (what the plans' `released` lists report)."""
     released: list[Sequence] = []
-    blocks = BlockManager(num_blocks, 4)
 
-    def release(seq):
-        released.append(seq)
-        blocks.free(seq.seq_id)
+    class Recording(Scheduler):
+        def _free(self, seq):
+            super()._free(seq)
+            assert not self.target_blocks.has(seq.seq_id)
+            released.append(seq)
 
     est = Estimator(None, 8, lambda n: (0, 0))
-    sched = Scheduler(SchedulerConfig(policy=policy, prefill_chunk=256, **config), SPEC, make_policy(policy), est,
-                      blocks, None, release)
+    sched = Recording(SchedulerConfig(policy=policy, prefill_chunk=256, **config), SPEC, make_policy(policy), est,
+                      BlockManager(num_blocks, 4), None)
     return sched, released
 
 
@@ -280,11 +276,13 @@ def test_a_preempted_request_reprefills_without_emitting_again():
     clock.tick()
     new = start(sched, "new", prompt=8, clock=clock)
     plan = sched.schedule(clock.now)
-    sched.update(plan, IterationResult(clock.tick(), prefilled=[Prefilled(old, 8, 7), Prefilled(new, 8, 7)]))
-    # what the runner's prefill left in the cache: two full blocks each; another request holds one more
+    assert {k: len(t) for k, t in plan.block_tables.items()} == {old.seq_id: 2, new.seq_id: 2}  # reserved for the chunks
+    # what the runner's prefill writes into them: two full blocks each; another request holds one more
+    sched.target_blocks.reserve(-1, 4)
     for seq_id, n in ((old.seq_id, 8), (new.seq_id, 8), (-1, 4)):
         sched.target_blocks.append(seq_id, [-1] + list(range(n - 1)))
         sched.target_blocks.commit_all(seq_id)
+    sched.update(plan, IterationResult(clock.tick(), prefilled=[Prefilled(old, 8, 7), Prefilled(new, 8, 7)]))
     plan = sched.schedule(clock.now)  # each decode token needs a block of its own: the newest goes
     assert plan.decode == [old] and released == [new] and sched.num_preemptions == 1
     assert new.prefill_goal == 8 and not new.decoding  # prompt and output, but the root

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from adaserve_backend.sim import drafts
-from adaserve_backend.sim.acceptance import PRESETS, acceptance_model, load_table
+from sim import drafts
+from sim.acceptance import PRESETS, acceptance_model, load_table
 from adaserve_backend.speculation.token_tree import TokenTree
 
 

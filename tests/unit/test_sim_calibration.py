@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from adaserve_backend.cost_model.step_cost import EngineStepCost
-from adaserve_backend.sim.acceptance import acceptance_model
-from adaserve_backend.sim.calibration import calibrated_acceptance, speculating_runs, steps_speed
+from sim.acceptance import acceptance_model
+from sim.calibration import calibrated_acceptance, speculating_runs, steps_speed
 
 STEP = EngineStepCost(base_ms=10.0, per_request_ms=1.0, per_1k_context_ms=2.0, per_extra_token_ms=0.5, tree_per_request_ms=1.0)
 

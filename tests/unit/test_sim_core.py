@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from adaserve_backend.sim.clock import EventQueue, Kind
-from adaserve_backend.sim.replica import Replica
-from adaserve_backend.sim.router import LeastLoaded, RoundRobin, SloAware, predict
-from adaserve_backend.sim.scenario import scenario
-from adaserve_backend.sim.simulator import SimConfig, simulate
-from adaserve_backend.sim.workload import SimRequest, build_requests
+from sim.clock import EventQueue, Kind
+from sim.replica import Replica
+from sim.router import LeastLoaded, RoundRobin, SloAware, predict
+from sim.scenario import scenario
+from sim.simulator import SimConfig, simulate
+from sim.workload import SimRequest, build_requests
 from adaserve_backend.speculation import selection, tree_choice
 
 
@@ -206,7 +206,7 @@ def test_more_replicas_serve_more_load():
 def test_cli_writes_json_and_png(tmp_path):
     import json
 
-    from adaserve_backend.sim.cli import main
+    from sim.cli import main
 
     stem = str(tmp_path / "sweep")
     main(["--policies", "adaserve,continuous", "--rps", "1", "--duration-s", "5", "--out", stem])

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from adaserve_backend.cost_model.step_cost import EngineStepCost
-from adaserve_backend.sim.cost import CpuIterationCost, IterationShape, cpu_cost
-from adaserve_backend.sim.gpu_cost import (EFFICIENCY, PUBLISHED_A100_TP8_LLAMA70B, GpuCost, calibrate, forward_s,
+from sim.cost import CpuIterationCost, IterationShape, cpu_cost
+from sim.gpu_cost import (EFFICIENCY, PUBLISHED_A100_TP8_LLAMA70B, GpuCost, calibrate, forward_s,
                                            published_shape)
-from adaserve_backend.sim.hardware import A100, H100, LLAMA_1B, LLAMA_70B, QWEN_32B, deployment, kv_token_capacity
+from sim.hardware import A100, H100, LLAMA_1B, LLAMA_70B, QWEN_32B, deployment, kv_token_capacity
 
 
 @pytest.mark.parametrize("tokens,ms", sorted(PUBLISHED_A100_TP8_LLAMA70B.items()))
@@ -141,7 +141,7 @@ def test_a_served_runs_iterations_give_the_step_fit_whole_steps_included():
 
 def test_validation_never_prices_a_run_with_its_own_iterations():
     from adaserve_backend.cost_model.cost_model import CostModel
-    from adaserve_backend.sim.validate import held_out_step
+    from sim.validate import held_out_step
 
     _, config = cpu_cost()
     profile = CostModel.load(config.speculation.profile_path)

@@ -11,8 +11,8 @@ import statistics
 
 import pytest
 
-from adaserve_backend.sim import paper, scaleout, validate
-from adaserve_backend.sim.workload import AZURE_CV, arrivals, paper_slos
+from sim import paper, scaleout, validate
+from sim.workload import AZURE_CV, arrivals, paper_slos
 
 
 def row(policy, rps, joint, tpot_only, goodput, requests=100):
@@ -69,16 +69,16 @@ def test_relative_slos_keep_the_papers_order_on_a_slow_baseline():
 
 
 def test_validation_rebuilds_the_benchmarks_workload():
-    from client.slo_targets import SloTargets
+    from harness.slo_targets import SloTargets
 
     items = validate.bench_items({"rps": 2.0, "urgent_share": 0.8}, 30.0, SloTargets(), {c: [("p", True)] for c in
                                  ("coding", "chat", "summary")}, 0, 0.5)
-    assert len(items) == 60  # client.bench sends int(rps * duration) Poisson arrivals
+    assert len(items) == 60  # harness.bench sends int(rps * duration) Poisson arrivals
     assert sum(i.category == "coding" for i in items) > 40
 
 
 def test_validation_ends_each_prompt_where_the_measured_runs_stopped_it():
-    from client.workload import WorkItem
+    from harness.workload import WorkItem
 
     items = {1.0: [WorkItem("w0", "chat", "a", True, 40, 50.0, 0.0), WorkItem("w1", "chat", "b", True, 40, 50.0, 0.5),
                    WorkItem("w2", "chat", "c", False, 40, 50.0, 0.9)],
@@ -100,8 +100,8 @@ def test_paper_command_writes_figure_and_ratios(tmp_path):
 
 
 def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
-    import client.bench
-    from client.slo_targets import SloTargets
+    import harness.bench
+    from harness.slo_targets import SloTargets
     import dataclasses
 
     class Tokenless:  # InProcess without the tokenizer: every prompt 40 tokens
@@ -111,7 +111,7 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
         def encode(self, item):
             return [0] * 40
 
-    monkeypatch.setattr(client.bench, "InProcess", Tokenless)
+    monkeypatch.setattr(harness.bench, "InProcess", Tokenless)
     rows = [{"rps": 1.0, "policy": p, "requests": 10, "slo_attainment": 1.0, "tpot_slo_attainment": 1.0, "tpot_ms_p50": 15.0}
             for p in ("adaserve", "continuous")]
     bench = {"suite": "quick", "target": "inprocess", "slo_targets": dataclasses.asdict(SloTargets()), "duration_s": 10.0,
@@ -182,7 +182,7 @@ def test_relative_speed_is_the_geometric_mean_of_the_probes_over_the_profile():
 
 
 def test_scheduler_settings_reach_every_replica():
-    from adaserve_backend.sim.options import Deploy, scheduler_settings
+    from sim.options import Deploy, scheduler_settings
 
     pairs = scheduler_settings("overload=best_effort,slo_admission=false,max_num_seqs=32,admission_headroom=1.0")
     assert pairs == (("overload", "best_effort"), ("slo_admission", False), ("max_num_seqs", 32), ("admission_headroom", 1.0))

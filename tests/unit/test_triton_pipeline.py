@@ -10,6 +10,7 @@ import pytest
 
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.pipeline import BLSPipeline
+from adaserve_backend.triton import serving
 from adaserve_backend.triton.protocol import response_error
 from tests import fake_pb
 from tests.engines import make_engine
@@ -108,6 +109,9 @@ def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, 
     models alive, and a stopping server then waits out its exit timeout."""
     pipeline, loop = served
     calls = []
+    # The scheduler model checks whether it is still served at most every CHECK_EVERY_S; on a fast machine
+    # the tiny model generated all 400 tokens within that, so the stream ended complete, not UNAVAILABLE.
+    monkeypatch.setattr(serving, "CHECK_EVERY_S", 0.0)
 
     def failing(inputs, decoupled):
         calls.append(1)

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.servers import ServerProcess, gauge_values
 from benchmarks.vs_vllm import arrivals_for, priorities
 from benchmarks.vs_vllm_report import markdown_table, plot
-from client.slo_targets import SloTargets
+from harness.slo_targets import SloTargets
 from tests.integration.conftest import free_ports
 
 

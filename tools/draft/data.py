@@ -2,7 +2,7 @@
 
 Every prompt belongs to a family (a source and a task shape). Whole families are held out of training
 and only evaluated on, so a held-out score says how the draft does on text of a kind it never saw; the
-benchmark's own families (client/prompts.py) are never used here at all (a test checks it).
+benchmark's own families (harness/prompts.py) are never used here at all (a test checks it).
 
 | category | families | source |
 | --- | --- | --- |
@@ -24,8 +24,8 @@ import random
 from dataclasses import dataclass
 from functools import cache
 
-from adaserve_backend.chat import encode_chat
-from client.prompts import parsed_sources, python_sources, source_function_prompts
+from adaserve_backend.chat import encode_prompt
+from harness.prompts import parsed_sources, python_sources, source_function_prompts
 
 CATEGORIES = ("code", "instruction", "summary")
 # Never trained on: evaluated as text of kinds the draft has not seen (besides the benchmark's).
@@ -178,6 +178,4 @@ def build_prompts(seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
 
 def encode(tokenizer, prompt) -> list[int]:
     """Ids of anything with `.text` and `.chat` (a Prompt, a benchmark work item)."""
-    if prompt.chat:
-        return encode_chat(tokenizer, prompt.text)
-    return tokenizer(prompt.text)["input_ids"]
+    return encode_prompt(tokenizer, prompt.text, prompt.chat)

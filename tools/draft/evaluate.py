@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from adaserve_backend.config import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculationConfig
-from tools.profiler import measure_forward
+from adaserve_backend.profiler import measure_forward
 from adaserve_backend.engine import Engine
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model, load_tokenizer, locate

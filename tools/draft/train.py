@@ -41,7 +41,7 @@ from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
 from adaserve_backend.models import load_model, load_tokenizer, locate, read_checkpoint
 from adaserve_backend.models.feature_draft import (SHIPPED, DraftLayout, base_draft, eagle3_taps, save_draft, trainable,
                                                    trained_draft)
-from client.prompts import BENCHMARK_FAMILIES, benchmark_prompts
+from harness.prompts import BENCHMARK_FAMILIES, benchmark_prompts
 from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
 from tools.draft.generate import shard_path
 from tools.draft.teacher import continuations, padded_batch, teacher_data

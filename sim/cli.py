@@ -2,12 +2,12 @@
 deployment, with a progress bar; writes <out>.json (the configuration and one row per run, with the
 benchmark's metrics) and <out>.png (attainment, goodput and accepted tokens per verification vs RPS).
 
-    python -m adaserve_backend.sim --hardware a100x4 --model llama70b \\
+    python -m sim --hardware a100x4 --model llama70b \\
         --policies adaserve,continuous,sarathi,spec:4 --rps 1,2,4,8 --duration-s 600 --replicas 1 --router slo
-    python -m adaserve_backend.sim --hardware cpu --policies adaserve,continuous --rps 0.5,1 --duration-s 120
+    python -m sim --hardware cpu --policies adaserve,continuous --rps 0.5,1 --duration-s 120
 
-The paper's figures: `python -m adaserve_backend.sim.paper`; replicas needed: `python -m
-adaserve_backend.sim.scaleout`; predicted vs measured `make bench`: `python -m adaserve_backend.sim.validate`.
+The paper's figures: `python -m sim.paper`; replicas needed: `python -m
+sim.scaleout`; predicted vs measured `make bench`: `python -m sim.validate`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .workload import build_requests
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m adaserve_backend.sim", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap)
     ap.add_argument("--policies", default="adaserve,continuous,sarathi,spec:4")

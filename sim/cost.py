@@ -16,13 +16,13 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..config import EngineConfig
-from ..cost_model.cost_model import CostModel
-from ..cost_model.step_cost import EngineStepCost
+from adaserve_backend.config import EngineConfig
+from adaserve_backend.cost_model.cost_model import CostModel
+from adaserve_backend.cost_model.step_cost import EngineStepCost
 from .gpu_cost import GpuCost
 from .hardware import Gpu, Deployment
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE_JSON = os.path.join(REPO, "model_repository", "adaserve", "1", "engine.json")
 
 
@@ -59,7 +59,7 @@ class CpuIterationCost:
     step: EngineStepCost | None = None  # None (a profile without the fit): the target's roofline alone
     name: str = "cpu"
     # The machine's speed during the run simulated, as a factor on every duration (a measured run's
-    # speed probe over the profile's same forwards: tools.profiler.probe_ms, sim.validate). The
+    # speed probe over the profile's same forwards: adaserve_backend.profiler.probe_ms, sim.validate). The
     # scheduler's rooflines stay the profile's, as the engine's do; its estimator learns the rest.
     speed: float = 1.0
 

@@ -1,8 +1,8 @@
 """Multi-SLO workloads: which prompts, which SLO targets, when they arrive.
 
 Categories follow the paper: coding, chat and summarisation, in its 60/20/20 mix, with prompts from
-families the draft never trained on (`client/prompts.py`).
-Each item carries its category's TTFT and TPOT targets (`client/slo_targets.py`).
+families the draft never trained on (`harness/prompts.py`).
+Each item carries its category's TTFT and TPOT targets (`harness/slo_targets.py`).
 Arrivals: Poisson, bursty gamma, a replayed Azure LLM inference trace rescaled to a target RPS, or a
 synthetic fluctuating trace where each category peaks at a different time.
 """
@@ -35,7 +35,7 @@ class WorkItem:
 
 # ---- prompts -------------------------------------------------------------------------------------
 def builtin_prompts() -> dict[str, list[tuple[str, bool]]]:
-    """The benchmark's offline prompt families (see client/prompts.py), disjoint from the draft's."""
+    """The benchmark's offline prompt families (see harness/prompts.py), disjoint from the draft's."""
     from .prompts import benchmark_prompts
 
     return benchmark_prompts()

@@ -14,16 +14,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from ..config import SchedulerConfig, SpeculationConfig
-from ..kv_cache import BlockManager, chain_parents
-from ..request import RequestOutput
-from ..scheduler.estimator import Estimator
-from ..scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
-from ..scheduler.scheduler import Scheduler
-from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
-from ..speculation import tree_choice
-from ..draft_worker import truncate_depth
-from ..verification.verify import ends_prompt
+from adaserve_backend.config import SchedulerConfig, SpeculationConfig
+from adaserve_backend.kv_cache import BlockManager, chain_parents
+from adaserve_backend.request import RequestOutput
+from adaserve_backend.scheduler.estimator import Estimator
+from adaserve_backend.scheduler.policies import make_policy
+from adaserve_backend.scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
+from adaserve_backend.scheduler.scheduler import Scheduler
+from adaserve_backend.sequence import Sequence, draft_chain_span, draft_reads, drafts_now
+from adaserve_backend.speculation import tree_choice
+from adaserve_backend.speculation.draft_worker import truncate_depth
+from adaserve_backend.speculation.verify import ends_prompt
 from . import drafts
 from .acceptance import AcceptanceModel
 from .cost import IterationCost, IterationShape
@@ -62,15 +63,14 @@ class Replica:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.policy = cfg.scheduler.make_policy()
+        self.policy = make_policy(cfg.scheduler.policy)
         profile = self.cost.profile()
         self.budget = profile.budget
         spec = cfg.speculation
         self.estimator = Estimator.for_policy(profile, self.budget, self.policy, spec)  # as Engine.__init__ does
         self.target_blocks = BlockManager(cfg.kv_blocks, cfg.block_size)
         self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size) if self.policy.speculative else None
-        self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator, self.target_blocks,
-                                   self.draft_blocks, self._release)
+        self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator, self.target_blocks, self.draft_blocks)
         self.iterations = 0
 
     # ---- what routers read -------------------------------------------------------------------------
@@ -178,7 +178,3 @@ class Replica:
         start, end = draft_chain_span(seq, self.target_blocks.num_committed(seq.seq_id), self.draft_blocks.num_committed(seq.seq_id))
         return max(end - start, 0)
 
-    def _release(self, seq: Sequence) -> None:
-        for b in (self.target_blocks, self.draft_blocks):
-            if b is not None and b.has(seq.seq_id):
-                b.free(seq.seq_id)

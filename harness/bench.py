@@ -1,9 +1,9 @@
 """Multi-SLO benchmark: the same workload against every policy, side by side, in one run.
 
-    python -m client.bench quick                 # RPS sweep in-process (make bench)
-    python -m client.bench full                  # + urgent-share, SLO-scale sweeps, fluctuating trace (make bench-full)
-    python -m client.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
-    python -m client.bench quick --target openai --url http://localhost:8000 --served-model NAME   # vLLM, SGLang
+    python -m harness.bench quick                 # RPS sweep in-process (make bench)
+    python -m harness.bench full                  # + urgent-share, SLO-scale sweeps, fluctuating trace (make bench-full)
+    python -m harness.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
+    python -m harness.bench quick --target openai --url http://localhost:8000 --served-model NAME   # vLLM, SGLang
 
 Writes results/<name>.json (one row per load level and policy: rps, policy, slo_attainment,
 goodput_tok_s, violations, finished, mean_accepted_per_verify, per-category breakdowns, latency
@@ -25,11 +25,12 @@ import time
 
 import torch
 
+from adaserve_backend.chat import encode_prompt
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.cost_model.step_cost import iteration_record
 from adaserve_backend.engine import Engine
 from adaserve_backend.models import load_model, load_tokenizer, locate
-from tools.profiler import probe_ms
+from adaserve_backend.profiler import probe_ms
 
 from .metrics import attainment_timeline, fmt_ms, summarize
 from .runners import run_inprocess, run_openai, run_triton
@@ -56,9 +57,7 @@ class InProcess:
         return target, draft
 
     def encode(self, item) -> list[int]:
-        from tools.draft.data import Prompt, encode
-
-        return encode(self.tokenizer, Prompt(item.category, item.prompt, item.chat))[-1024:]
+        return encode_prompt(self.tokenizer, item.prompt, item.chat)[-1024:]
 
     def engine(self, policy: str) -> Engine:
         cfg = dataclasses.replace(self.config, scheduler=dataclasses.replace(self.config.scheduler, policy=policy))

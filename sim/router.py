@@ -15,8 +15,8 @@ import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from ..scheduler.deadlines import prefill_left
-from ..sequence import Sequence
+from adaserve_backend.scheduler.deadlines import prefill_left
+from adaserve_backend.sequence import Sequence
 from .replica import Replica
 
 

@@ -9,7 +9,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from adaserve_backend.model_runner import ModelRunner, SeqInput
+from .model_runner import ModelRunner, SeqInput
 
 
 def timed_ms(fn, repeats: int) -> float:
@@ -97,7 +97,7 @@ class _Batch:
 
     def add(self, tokens: int) -> str:
         """A request of `tokens` random prompt tokens that decodes as long as its context allows."""
-        from adaserve_backend.request import Request
+        from .request import Request
 
         self.count += 1
         rid = f"profile-{self.count}"

@@ -1,5 +1,5 @@
 """A serving simulator at GPU scale that drives the project's real scheduler and token-tree selection
-on a virtual clock (issue 17). `python -m adaserve_backend.sim --help`.
+on a virtual clock (issue 17). `python -m sim --help`.
 
   clock.py        virtual clock and event queue (deterministic order)
   hardware.py     GPU and model shapes from published numbers
@@ -9,13 +9,13 @@ on a virtual clock (issue 17). `python -m adaserve_backend.sim --help`.
   drafts.py       synthetic candidate trees and their verification
   replica.py      one engine: real Scheduler + Estimator + choose_trees, simulated model runner
   router.py       round robin, least loaded, SLO-aware routing over replicas
-  workload.py     requests from client/workload.py generators with the paper's SLOs
+  workload.py     requests from harness/workload.py generators with the paper's SLOs
   scenario.py     a deployment from names (cpu, a100x4 + llama70b, ...)
-  simulator.py    the discrete-event loop and scoring (client/metrics.py)
+  simulator.py    the discrete-event loop and scoring (harness/metrics.py)
   runs.py         a batch of runs behind one progress bar, one result row each
   options.py      the commands' shared options and their defaults
   report.py       JSON output and tables; plots.py: the PNGs
-  cli.py          sweeps (`python -m adaserve_backend.sim`)
+  cli.py          sweeps (`python -m sim`)
   paper.py        the paper's Figures 7-8 and its two sweeps, with ratios over the best baseline
   scaleout.py     replicas needed per load and router
   validate.py     predicted vs measured for a `make bench` result

@@ -2,14 +2,14 @@
 this CPU's cost model, predicted next to measured joint and TPOT-only attainment and TPOT p50.
 
     make bench && make sim-validate                        # results/quick-rps.json
-    python -m adaserve_backend.sim.validate results/quick-rps.json [--seed 0 --output-scale 0.5 --time-limit 90]
-    python -m adaserve_backend.sim.validate B.json --fit-from A.json --repeat A.json   # A: an earlier run
-    python -m adaserve_backend.sim.validate B.json --fit-from A.json --speed steps --speed-band 0.05
+    python -m sim.validate results/quick-rps.json [--seed 0 --output-scale 0.5 --time-limit 90]
+    python -m sim.validate B.json --fit-from A.json --repeat A.json   # A: an earlier run
+    python -m sim.validate B.json --fit-from A.json --speed steps --speed-band 0.05
 
-The workload is rebuilt as client.bench builds it (Poisson arrivals of int(rps * duration) requests,
-client.workload.build_workload with the benchmark's prompts, seed and output scale; the urgent-share
+The workload is rebuilt as harness.bench builds it (Poisson arrivals of int(rps * duration) requests,
+harness.workload.build_workload with the benchmark's prompts, seed and output scale; the urgent-share
 and SLO-scale sweeps' mixes and targets), and each prompt is encoded with the served tokenizer as
-client.bench.InProcess does, so prompt lengths are the measured run's; a prompt ends where the measured
+harness.bench.InProcess does, so prompt lengths are the measured run's; a prompt ends where the measured
 runs saw the model stop it (their `outputs`), else at max_tokens. The bench JSON does not record
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
 Target steps are priced by a fit to other runs' recorded iterations: `--fit-from` benches (a calibration
@@ -18,7 +18,7 @@ this bench but the one predicted (`--step-cost in-run`, the default when every r
 iterations), or by the profile's synthetic sweep (`--step-cost profile`); the draft's forwards by the
 profile's roofline. Times are scaled by the speed the machine had during each measured run: `--speed
 probe` (default) its `speed_probe_ms`, the profile's own forwards timed either side of the run
-(tools.profiler.probe_ms in client.bench); `steps` its own steps over the fit that prices them
+(adaserve_backend.profiler.probe_ms in harness.bench); `steps` its own steps over the fit that prices them
 (sim.calibration); `none` the profile's. `--speed-band D` simulates each run at its speed x (1 -+ D)
 too. Acceptance from `--acceptance` (default: the engine's recorded table), scaled with `--fit-from` to
 the calibration runs' tokens per verification. The issue's bar: attainment within 0.05 and TPOT p50
@@ -36,11 +36,11 @@ import os
 import random
 from dataclasses import asdict, dataclass
 
-from client.workload import build_workload, builtin_prompts, poisson_arrivals
-from client.slo_targets import SloTargets
+from harness.workload import build_workload, builtin_prompts, poisson_arrivals
+from harness.slo_targets import SloTargets
 
-from ..cost_model.cost_model import CostModel
-from ..cost_model.step_cost import EngineStepCost
+from adaserve_backend.cost_model.cost_model import CostModel
+from adaserve_backend.cost_model.step_cost import EngineStepCost
 from .acceptance import acceptance_model
 from .calibration import (SPEED_MOVED, calibrated_acceptance, held_out_step, probe_speed, speculating_runs, speed_moved,
                           step_fit, steps_speed, with_step)
@@ -90,7 +90,7 @@ def level_key(level: dict) -> str:
 
 
 def bench_items(level: dict, duration_s: float, slos: SloTargets, prompts, seed: int, output_scale: float):
-    """client.bench's items for one level (its items_for, which is local to its main)."""
+    """harness.bench's items for one level (its items_for, which is local to its main)."""
     rps, u, s = level["rps"], level.get("urgent_share"), level.get("urgent_slo_scale")
     mix = {"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2} if u is not None else None
     arrivals = poisson_arrivals(rps, max(1, int(rps * duration_s)), random.Random(seed))
@@ -108,7 +108,7 @@ def sim_requests(items, encode, stops: dict | None = None) -> list[SimRequest]:
 
 def stop_lengths(measured: list[dict], items_of) -> dict:
     """Where the served model ended each prompt with its end of sequence, from every measured run's
-    `outputs` (client.bench: request id -> [output tokens, finish reason]): (prompt, chat) -> the median
+    `outputs` (harness.bench: request id -> [output tokens, finish reason]): (prompt, chat) -> the median
     stop length. Which token ends a prompt is the workload's (greedy decoding of that prompt), not the
     serving policy's, so every run's stops apply to all; a prompt never seen to stop runs to max_tokens."""
     seen: dict[tuple, list[int]] = {}
@@ -147,9 +147,9 @@ def speed_matched(measured: list[dict], speeds: list[float], other: list[dict], 
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m adaserve_backend.sim.validate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench_json", help="a client.bench result (results/<suite>-<sweep>.json), in-process target")
+    ap.add_argument("bench_json", help="a harness.bench result (results/<suite>-<sweep>.json), in-process target")
     ap.add_argument("--seed", type=int, default=0, help="the bench run's --seed")
     ap.add_argument("--output-scale", type=float, default=0.5, help="the bench run's --output-scale")
     ap.add_argument("--time-limit", type=float, default=90.0, help="the bench run's --time-limit (s)")
@@ -183,7 +183,7 @@ def main(argv=None) -> None:
     if bench.get("target", "inprocess") != "inprocess" or bench.get("sweep") == "fluctuating":
         raise SystemExit("validate compares in-process rps / urgent_share / slo_scale sweeps only")
     from adaserve_backend.config import EngineConfig
-    from client.bench import InProcess
+    from harness.bench import InProcess
 
     config_path = bench.get("config", "model_repository/adaserve/1/engine.json")
     config = EngineConfig.from_json(config_path)

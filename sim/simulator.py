@@ -1,6 +1,6 @@
 """The discrete-event loop: requests arrive, a router places them, each replica runs iterations of its
 real scheduler on the virtual clock (replica.py); finished requests are scored with the benchmark's
-own metrics (client/metrics.py), so simulated and measured results read the same.
+own metrics (harness/metrics.py), so simulated and measured results read the same.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from client.metrics import RequestRecord, summarize
+from harness.metrics import RequestRecord, summarize
 
-from ..request import RequestOutput
+from adaserve_backend.request import RequestOutput
 from .acceptance import AcceptanceModel
 from .clock import EventQueue, Kind
 from .cost import IterationCost
@@ -73,7 +73,7 @@ def simulate(cfg: SimConfig, requests: Sequence[SimRequest], progress: Callable[
             waking[rep.index] = True
             q.push(t, Kind.WAKE, rep)
 
-    def take(outputs: list[RequestOutput]) -> None:  # as client/runners.run_inprocess records them
+    def take(outputs: list[RequestOutput]) -> None:  # as harness/runners.run_inprocess records them
         for out in outputs:
             if records[out.request_id].take(out) and progress:
                 progress(1)

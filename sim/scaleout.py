@@ -1,7 +1,7 @@
 """Scale-out: how many replicas a load needs for a joint-attainment target, per router.
 
-    python -m adaserve_backend.sim.scaleout                 # make sim-scaleout: 4, 16, 64 rps x 3 routers
-    python -m adaserve_backend.sim.scaleout --rps 16 --routers slo --policy spec:4
+    python -m sim.scaleout                 # make sim-scaleout: 4, 16, 64 rps x 3 routers
+    python -m sim.scaleout --rps 16 --routers slo --policy spec:4
 
 For each load and router: the smallest replica count whose run attains `--target` (joint), found by
 doubling from a first guess and then bisecting, on the assumption that attainment does not fall with
@@ -50,7 +50,7 @@ def fewest(attains: Callable[[int], bool], guess: int, limit: int) -> int | None
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m adaserve_backend.sim.scaleout", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m sim.scaleout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap, slo_mode="relative", arrival="azure", duration_s=120.0)
     ap.add_argument("--rps", type=floats, default=[4, 16, 64])

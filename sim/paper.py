@@ -2,9 +2,9 @@
 against RPS), the urgent-share sweep (Figure 9) and the SLO-scale sweep (Figure 10), each compared
 with the paper's headline ratios over the best baseline.
 
-    python -m adaserve_backend.sim.paper rps             # make sim-fig78
-    python -m adaserve_backend.sim.paper urgent_share    # make sim-urgent
-    python -m adaserve_backend.sim.paper slo_scale       # make sim-slo-scale
+    python -m sim.paper rps             # make sim-fig78
+    python -m sim.paper urgent_share    # make sim-urgent
+    python -m sim.paper slo_scale       # make sim-slo-scale
 
 Writes <out>/paper-<sweep>.json and .png. Defaults: Llama-3.1-70B TP4 on 4x A100, Azure-like arrivals,
 the paper's 60/20/20 mix and TPOT targets in proportion to the baseline (see workload.paper_slos).
@@ -92,7 +92,7 @@ def workloads(sweep: str, args: argparse.Namespace, baseline_ms: float, prompt_s
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m adaserve_backend.sim.paper", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m sim.paper", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", choices=SWEEPS)
     add_common(ap, slo_mode="relative", arrival="azure")

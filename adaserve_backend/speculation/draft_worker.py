@@ -13,15 +13,15 @@ import dataclasses
 
 import torch
 
-from .config import EngineConfig
-from .model_runner import ModelRunner, SeqInput
-from .models import LlamaModel, load_model
-from .scheduler.plan import IterationPlan
-from .sequence import Sequence, draft_chain_span, draft_reads, drafts_now
-from .speculation.beam import BeamRequest, beam_search
-from .speculation.draft_fit import check_draft_fits
-from .speculation.lookup import Lookup, NgramIndex, graft
-from .speculation.token_tree import CandidateTree
+from ..config import EngineConfig, Lookup
+from ..model_runner import ModelRunner, SeqInput
+from ..models import LlamaModel, load_model
+from ..scheduler.plan import IterationPlan
+from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
+from .beam import BeamRequest, beam_search
+from .draft_fit import check_draft_fits
+from .lookup import NgramIndex, graft
+from .token_tree import CandidateTree
 
 
 class DraftWorker:
@@ -103,10 +103,11 @@ class DraftWorker:
             features, start = features[read:], start + read
         self._features[seq.seq_id] = (features, start)
 
-    def release(self, seq: Sequence) -> None:
-        self.runner.free(seq.seq_id)
-        self._features.pop(seq.seq_id, None)
-        self._lookup.pop(seq.seq_id, None)
+    def forget(self, released: list[Sequence]) -> None:
+        """Drop the per-request state of requests whose KV blocks the scheduler freed."""
+        for seq in released:
+            self._features.pop(seq.seq_id, None)
+            self._lookup.pop(seq.seq_id, None)
 
     def _chain_features(self, seq: Sequence, n: int) -> torch.Tensor | None:
         """The features of the draft's next `n` tokens: token i reads position i-1 (zeros for i = 0)."""

@@ -2,7 +2,7 @@
 the target's step cost (a fit to recorded iterations), the machine's speed during the run, and the
 draft's acceptance (the engine table scaled to what calibration runs produced per verification).
 
-Why the speed has two sources: the speed probes either side of a run (client.bench) are cheap and
+Why the speed has two sources: the speed probes either side of a run (harness.bench) are cheap and
 independent of the run, but on this shared machine a run's own steps, priced by a fit from other runs,
 put its speed 0.9-1.7x away from the probe's now and then (a probe caught a slow second, or the
 machine moved during the run). `steps_speed` reads the speed off the run's own steps instead: only
@@ -16,8 +16,8 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 
-from ..cost_model.cost_model import CostModel
-from ..cost_model.step_cost import EngineStepCost
+from adaserve_backend.cost_model.cost_model import CostModel
+from adaserve_backend.cost_model.step_cost import EngineStepCost
 from .acceptance import AcceptanceModel
 
 SPEED_MOVED = 1.2  # a run whose speed probes before and after differ by more: one speed cannot price it
@@ -39,7 +39,7 @@ def step_fit(runs: list[dict], speeds: list[float], profile: CostModel, fallback
     speed); the draft's forwards keep the profile's roofline (EngineStepCost.from_iterations)."""
     records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s} for row, s in zip(runs, speeds) for r in row.get("iterations", [])]
     if not records:
-        raise SystemExit("in-run step pricing needs bench runs that recorded their iterations (a client.bench row's "
+        raise SystemExit("in-run step pricing needs bench runs that recorded their iterations (a harness.bench row's "
                          "`iterations`) in more than one run; pass --step-cost profile for older results")
     return EngineStepCost.from_iterations(records, profile.draft_step_ms, fallback)
 

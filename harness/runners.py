@@ -91,10 +91,10 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
     generates the same number of tokens whatever its numerics make of the end of sequence."""
     import numpy as np
 
-    from .stream import AsyncStreamClient
+    from adaserve_backend.triton.grpc_client import EnsembleClient
 
     async def main():
-        client = AsyncStreamClient(url, model)
+        client = EnsembleClient(url, model)
 
         async def send(item: WorkItem, rec: RequestRecord) -> None:
             extra_inputs = {}  # the scheduler plans for both targets (none: its class's TTFT target)

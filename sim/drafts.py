@@ -6,7 +6,7 @@ best children, then per level the w best extensions of the previous level by pat
 draft's conditional probabilities drawn from the acceptance model; it also draws, for every expanded
 node, which of its candidate children the target will pick (or none). `accept` walks a selected
 `TokenTree` from the root along those picks: the accepted path, then the bonus token, as
-`verification/acceptance.py` does with real logits.
+`speculation/acceptance.py` does with real logits.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from ..speculation.token_tree import CandidateTree, TokenTree
+from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree
 from .acceptance import AcceptanceModel
 
 TOKEN = 1  # every simulated token id but the end of sequence

@@ -11,12 +11,12 @@ import logging
 
 import torch
 
-from ..draft_worker import DraftWorker
+from .draft_worker import DraftWorker
 from ..model_runner import ForwardOutput, ModelRunner, SeqInput
 from ..sampling import choose_token
 from ..scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from ..sequence import Sequence
-from ..speculation.token_tree import CandidateTree, TokenTree
+from .token_tree import CandidateTree, TokenTree
 from .acceptance import accept
 
 log = logging.getLogger("adaserve")

@@ -1,15 +1,15 @@
-"""Simulated requests from the benchmark's own generators (client/workload.py: category mix, output
-lengths, Poisson / gamma / fluctuating / Azure-trace arrivals; client/slo_targets.py: targets).
+"""Simulated requests from the benchmark's own generators (harness/workload.py: category mix, output
+lengths, Poisson / gamma / fluctuating / Azure-trace arrivals; harness/slo_targets.py: targets).
 
 Arrivals: the paper replays the Azure LLM inference trace (Splitwise, Patel et al. 2024) rescaled to
 each RPS. The trace is not shipped here: `azure:PATH` replays a copy (AzureLLMInferenceTrace_conv.csv,
-through client.workload.read_azure_trace / rescale_trace); `azure` stands in for it with gamma
+through harness.workload.read_azure_trace / rescale_trace); `azure` stands in for it with gamma
 inter-arrivals of the trace's burstiness (AZURE_CV).
 
 Prompts are token counts, not text: uniform per category in PROMPT_TOKENS. `paper`: an assumption for
 HumanEval-like code prompts, Alpaca-like chat instructions and CNN/DailyMail-like articles (the
 datasets of the paper's categories). `cpu`: the range of the in-process benchmark's prompts as the
-served tokenizer encodes them (client.bench.InProcess.encode over client/prompts.py's families:
+served tokenizer encodes them (harness.bench.InProcess.encode over harness/prompts.py's families:
 coding 16-111 tokens, mean 37; chat 34-61, mean 42; summary 172-360, mean 231). validate.py encodes
 each prompt instead.
 """
@@ -20,12 +20,12 @@ import math
 import random
 from dataclasses import dataclass
 
-from client.slo_targets import DEFAULT_TTFT_SLO_MS, SloTargets
-from client.workload import (DEFAULT_MIX, build_workload, fluctuating_arrivals, gamma_arrivals, poisson_arrivals,
+from harness.slo_targets import DEFAULT_TTFT_SLO_MS, SloTargets
+from harness.workload import (DEFAULT_MIX, build_workload, fluctuating_arrivals, gamma_arrivals, poisson_arrivals,
                              read_azure_trace, rescale_trace)
 
-from ..request import Request
-from ..sequence import Sequence
+from adaserve_backend.request import Request
+from adaserve_backend.sequence import Sequence
 from .drafts import EOS
 
 PROMPT_TOKENS = {
@@ -68,7 +68,7 @@ def paper_slos(baseline_tpot_ms: float, ttft_ms: dict[str, float] | None = None,
                coding_scale: float = CODING_SCALE) -> SloTargets:
     """The paper's TPOT targets with the benchmark's TTFT targets. `absolute`: coding `coding_scale` x
     baseline, chat 50 ms, summary 150 ms, as the paper states them. `relative`: chat and summary keep
-    the paper's proportion to its baseline instead (client.slo_targets' relative mode: 2x and 6x), for
+    the paper's proportion to its baseline instead (harness.slo_targets' relative mode: 2x and 6x), for
     hardware whose baseline is not the paper's: where one request decodes slower than 50 ms/token, the
     absolute chat target is below what any batch reaches without speculation and tighter than coding's,
     the reverse of the paper's order."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..speculation.token_tree import TokenTree
+from .token_tree import TokenTree
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """A batch of simulated runs behind one progress bar: each run is a policy, a workload, a replica count
-and a router on one deployment; each gives one result row (the benchmark's metrics, client/metrics.py,
+and a router on one deployment; each gives one result row (the benchmark's metrics, harness/metrics.py,
 plus the simulator's own), labelled with what the sweep varies."""
 
 from __future__ import annotations

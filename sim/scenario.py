@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from client.slo_targets import SloTargets
+from harness.slo_targets import SloTargets
 
-from ..config import SchedulerConfig, SpeculationConfig
-from ..kv_cache.kv_cache import bytes_per_block
+from adaserve_backend.config import SchedulerConfig, SpeculationConfig
+from adaserve_backend.kv_cache.kv_cache import bytes_per_block
 from .acceptance import DEFAULT_FOR_MODEL, AcceptanceModel, acceptance_model
 from .cost import ENGINE_JSON, GpuIterationCost, IterationCost, cpu_cost
 from .hardware import deployment, kv_token_capacity, parse_hardware
