@@ -1,4 +1,5 @@
 # The README's two commands live here. Everything installs into .venv/ from the package registries.
+# Every run writes to runs/<date>-<name>/ (ignored by git; harness/run_dir.py); docs/figures is `make figures`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -9,7 +10,7 @@ OPENAI_PORT ?= 9000
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate clean
+.PHONY: setup system-deps serve test test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -45,14 +46,14 @@ perf: setup  # perf_analyzer against a running server (make serve first)
 		--stability-percentage 999 --max-trials 3
 
 bench-forward: setup
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.forward_latency --out results/forward_latency
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.forward_latency
 
 # The serving simulator (sim): the real scheduler at GPU scale on a virtual clock, no model.
 SIM_ARGS ?= --hardware a100x4 --model llama70b --policies adaserve,continuous,sarathi,spec:4 --rps 1,2,4,8 --duration-s 600 --replicas 1 --router slo
 sim: setup
-	$(PY) -m sim $(SIM_ARGS) --out results/sim/sweep
-# The paper's Figures 7-8 and its two sweeps at 4 rps (results/sim/paper-<sweep>.{json,png}), replicas
-# needed per router (results/sim/scaleout.{json,png}), and the simulator against a `make bench` result.
+	$(PY) -m sim $(SIM_ARGS)
+# The paper's Figures 7-8 and its two sweeps at 4 rps (paper-<sweep>.{json,png}), replicas needed per
+# router (scaleout.{json,png}), and the simulator against a `make bench` result (the latest by default).
 sim-fig78: setup
 	$(PY) -m sim.paper rps $(SIM_PAPER_ARGS)
 sim-urgent: setup
@@ -61,7 +62,7 @@ sim-slo-scale: setup
 	$(PY) -m sim.paper slo_scale $(SIM_PAPER_ARGS)
 sim-scaleout: setup
 	$(PY) -m sim.scaleout $(SIM_SCALEOUT_ARGS)
-BENCH_JSON ?= results/quick-rps.json
+BENCH_JSON ?= $(lastword $(sort $(wildcard runs/*-bench/quick-rps.json)))
 sim-validate: setup
 	$(PY) -m sim.validate $(BENCH_JSON)
 
@@ -80,10 +81,10 @@ $(VLLM_VENV)/smollm2-135m-instruct/config.json: $(VLLM_VENV)/.installed
 
 BENCH_ARGS ?=
 bench-vs-vllm: setup vllm-env  # same requests, arrivals and SLO targets: our tritonserver, then vLLM-CPU (FCFS, priority)
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm --out results $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm $(BENCH_ARGS)
 
 bench-load-tool: setup vllm-env  # `vllm bench serve`, unchanged, against our OpenAI endpoint and vLLM's; our two runners
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.load_tool --out results $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.load_tool $(BENCH_ARGS)
 
 # The shipped draft (EAGLE-3 recipe, tools/draft): the target's continuations in two processes, then
 # teacher data and training. Every stage is cached in DRAFT_CACHE, so an interrupted run resumes.
@@ -96,16 +97,33 @@ draft: setup
 	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.train --cache $(DRAFT_CACHE) --threads 2 $(DRAFT_TRAIN_ARGS)
 
 draft-eval: setup  # the shipped draft on held-out and benchmark families (agreement, acceptance, one-request TPOT)
-	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.evaluate --out results/draft_eval.json
+	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.evaluate
 
 profile: setup  # this device's roofline and budget B (see tools/profile.py)
-	HF_HUB_OFFLINE=1 $(PY) -m tools.profile --out results/profile.json
+	HF_HUB_OFFLINE=1 $(PY) -m tools.profile --out runs/profile.json
 
 bench-acceptance: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile model_repository/adaserve/1/profile-cpu.json
 
 bench: setup  # quick RPS sweep, every policy, in-process
-	HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick --out results
+	HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick
 
 bench-full: setup  # RPS, urgent-share and SLO-scale sweeps
-	HF_HUB_OFFLINE=1 $(PY) -m harness.bench full --out results
+	HF_HUB_OFFLINE=1 $(PY) -m harness.bench full
+
+# The figures docs/ shows, each re-measured into runs/figures-<date>/ and copied over (about 1.5 hours on
+# 2 cores; the vLLM side by side needs `make vllm-env`; the draft's curves are redrawn from the last
+# `make draft` run's curves.json). Commit the new PNGs with their entry in docs/experiments.md.
+FIG_RUN := runs/figures-$(shell date +%Y-%m-%d)
+figures: setup vllm-env
+	mkdir -p $(FIG_RUN) docs/figures
+	$(PY) -m sim.paper rps --out $(FIG_RUN)
+	cp $(FIG_RUN)/paper-rps.png docs/figures/sim-fig7-8-a100x4-llama70b-b45.png
+	HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick --out $(FIG_RUN)
+	cp $(FIG_RUN)/quick-rps.png docs/figures/policies-in-process-4-16rps.png
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.speculation_pays --prompts 6 --rounds 3 --out $(FIG_RUN)/speculation_pays
+	cp $(FIG_RUN)/speculation_pays.png docs/figures/one-request-tpot-speculation-ablations.png
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm --rps 4 8 --duration 60 --systems adaserve adaserve-direct vllm --out $(FIG_RUN)
+	cp $(FIG_RUN)/vs-vllm.png docs/figures/vs-vllm-cpu-4-8rps-prompt-lookup.png
+	[ ! -f $(DRAFT_CACHE)/curves.json ] || $(PY) -c "import json, sys; from tools.draft.curves import plot_curves; \
+		plot_curves(json.load(open(sys.argv[1])), sys.argv[2])" $(DRAFT_CACHE)/curves.json docs/figures/draft-training-curves-third-schedule.png

@@ -21,17 +21,17 @@ import torch
 
 from .config import EngineConfig
 from .cost_model.cost_model import load_cost_model
-from .speculation.draft_worker import DraftWorker
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
 from .request import Request, RequestOutput
 from .scheduler.estimator import Estimator
-from .scheduler.policies import make_policy
 from .scheduler.plan import IterationPlan, IterationResult
+from .scheduler.policies import make_policy
 from .scheduler.scheduler import Scheduler
 from .sequence import Sequence
 from .speculation.draft_fit import check_draft_tokenizer
+from .speculation.draft_worker import DraftWorker
 from .speculation.tree_choice import choose_trees
 from .speculation.verify import target_inputs, verify
 

@@ -19,7 +19,7 @@ def main() -> None:
     add_server_arguments(ap)
     ap.add_argument("--openai-port", type=int, default=9000)
     ap.add_argument("--served-model-name", default="adaserve")
-    ap.add_argument("--log", default=str(PROJECT_ROOT / "results" / "tritonserver.log"), help="tritonserver's log file")
+    ap.add_argument("--log", default=str(PROJECT_ROOT / "runs" / "tritonserver.log"), help="tritonserver's log file")
     args = ap.parse_args()
     server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log), Path(args.model_repository))
     print(f"starting tritonserver (log: {args.log}) ...", flush=True)

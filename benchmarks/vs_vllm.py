@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from harness.bench import score
 from harness.metrics import fmt_ms
+from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
 from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
 from harness.workload import (
@@ -105,7 +106,7 @@ def main() -> None:
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default=run_dir("vs-vllm"))
     ap.add_argument("--http-port", type=int, default=18000)
     ap.add_argument("--grpc-port", type=int, default=18001)
     ap.add_argument("--metrics-port", type=int, default=18002)

@@ -5,7 +5,7 @@
     python -m harness.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
     python -m harness.bench quick --target openai --url http://localhost:8000 --served-model NAME   # vLLM, SGLang
 
-Writes results/<name>.json (one row per load level and policy: rps, policy, slo_attainment,
+Writes runs/<date>-bench/<name>.json (one row per load level and policy: rps, policy, slo_attainment,
 goodput_tok_s, violations, finished, mean_accepted_per_verify, per-category breakdowns, latency
 breakdown), a CSV of the same rows, and PNG plots.
 """
@@ -33,6 +33,7 @@ from adaserve_backend.models import load_model, load_tokenizer, locate
 from adaserve_backend.profiler import probe_ms
 
 from .metrics import attainment_timeline, fmt_ms, summarize
+from .run_dir import run_dir
 from .runners import run_inprocess, run_openai, run_triton
 from .slo_targets import add_slo_arguments, slo_targets_from_args
 from .workload import DEFAULT_MIX, build_workload, builtin_prompts, fluctuating_arrivals, poisson_arrivals
@@ -135,7 +136,7 @@ def main() -> None:
     add_slo_arguments(ap)
     ap.add_argument("--sweeps", nargs="+", help="run only these of the suite's sweeps (rps, urgent_share, slo_scale, fluctuating)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default=run_dir("bench"))
     args = ap.parse_args()
 
     config = EngineConfig.from_json(args.config)

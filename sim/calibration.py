@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.step_cost import EngineStepCost
+
 from .acceptance import AcceptanceModel
 
 SPEED_MOVED = 1.2  # a run whose speed probes before and after differ by more: one speed cannot price it

@@ -19,8 +19,9 @@ from typing import Protocol
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.step_cost import EngineStepCost
+
 from .gpu_cost import GpuCost
-from .hardware import Gpu, Deployment
+from .hardware import Deployment, Gpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE_JSON = os.path.join(REPO, "model_repository", "adaserve", "1", "engine.json")

@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass, field
 
 from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree
+
 from .acceptance import AcceptanceModel
 
 TOKEN = 1  # every simulated token id but the end of sequence

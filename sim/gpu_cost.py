@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
+
 from .hardware import A100, BF16, H100, Deployment, Gpu, ModelShape
 
 ALPHA_S = 15e-6

@@ -20,6 +20,8 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+from harness.run_dir import run_dir
+
 from .options import add_common, deploy, floats
 from .plots import plot_panels
 from .report import print_rows, save
@@ -99,7 +101,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--policies", default="adaserve,continuous,sarathi,spec:2,spec:4,spec:6")
     ap.add_argument("--rps", type=floats, default=[1, 2, 3, 4, 5, 6], help="Figures 7-8's request rates")
     ap.add_argument("--at-rps", type=float, default=AT_RPS, help="the request rate of the two sweeps")
-    ap.add_argument("--out", default="results/sim", help="output directory")
+    ap.add_argument("--out", default=run_dir("sim-paper"), help="output directory")
     ap.add_argument("--tag", default="", help="appended to the output names (paper-<sweep><tag>)")
     return ap.parse_args(argv)
 

@@ -18,13 +18,14 @@ from adaserve_backend.config import SchedulerConfig, SpeculationConfig
 from adaserve_backend.kv_cache import BlockManager, chain_parents
 from adaserve_backend.request import RequestOutput
 from adaserve_backend.scheduler.estimator import Estimator
-from adaserve_backend.scheduler.policies import make_policy
 from adaserve_backend.scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
+from adaserve_backend.scheduler.policies import make_policy
 from adaserve_backend.scheduler.scheduler import Scheduler
 from adaserve_backend.sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from adaserve_backend.speculation import tree_choice
 from adaserve_backend.speculation.draft_worker import truncate_depth
 from adaserve_backend.speculation.verify import ends_prompt
+
 from . import drafts
 from .acceptance import AcceptanceModel
 from .cost import IterationCost, IterationShape

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from adaserve_backend.scheduler.deadlines import prefill_left
 from adaserve_backend.sequence import Sequence
+
 from .replica import Replica
 
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 
 from tqdm import tqdm
+
+from harness.run_dir import run_dir
 
 from .options import add_common, deploy, floats
 from .plots import plot_scaleout
@@ -58,7 +61,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--policy", default="adaserve")
     ap.add_argument("--target", type=float, default=0.9, help="joint attainment to reach")
     ap.add_argument("--max-replicas", type=int, default=128)
-    ap.add_argument("--out", default="results/sim/scaleout", help="output stem")
+    ap.add_argument("--out", default=os.path.join(run_dir("sim-scaleout"), "scaleout"), help="output stem")
     return ap.parse_args(argv)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from harness.slo_targets import SloTargets
-
 from adaserve_backend.config import SchedulerConfig, SpeculationConfig
 from adaserve_backend.kv_cache.kv_cache import bytes_per_block
+from harness.slo_targets import SloTargets
+
 from .acceptance import DEFAULT_FOR_MODEL, AcceptanceModel, acceptance_model
 from .cost import ENGINE_JSON, GpuIterationCost, IterationCost, cpu_cost
 from .hardware import deployment, kv_token_capacity, parse_hardware

@@ -9,9 +9,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from adaserve_backend.request import RequestOutput
 from harness.metrics import RequestRecord, summarize
 
-from adaserve_backend.request import RequestOutput
 from .acceptance import AcceptanceModel
 from .clock import EventQueue, Kind
 from .cost import IterationCost

@@ -36,14 +36,24 @@ import os
 import random
 from dataclasses import asdict, dataclass
 
-from harness.workload import build_workload, builtin_prompts, poisson_arrivals
-from harness.slo_targets import SloTargets
-
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.step_cost import EngineStepCost
+from harness.run_dir import run_dir
+from harness.slo_targets import SloTargets
+from harness.workload import build_workload, builtin_prompts, poisson_arrivals
+
 from .acceptance import acceptance_model
-from .calibration import (SPEED_MOVED, calibrated_acceptance, held_out_step, probe_speed, speculating_runs, speed_moved,
-                          step_fit, steps_speed, with_step)
+from .calibration import (
+    SPEED_MOVED,
+    calibrated_acceptance,
+    held_out_step,
+    probe_speed,
+    speculating_runs,
+    speed_moved,
+    step_fit,
+    steps_speed,
+    with_step,
+)
 from .plots import plot_panels
 from .report import save
 from .runs import RunSpec, run_all
@@ -172,7 +182,7 @@ def parse(argv=None) -> argparse.Namespace:
                     help="another run of the same bench, judged by the same bar as a prediction of this one: how close "
                          "the measured system comes to itself from run to run (the bar's noise floor on this machine)")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
-    ap.add_argument("--out", default="", help="output stem (default results/sim/validate-<bench name>)")
+    ap.add_argument("--out", default="", help="output stem (default runs/<date>-sim-validate/validate-<bench name>)")
     return ap.parse_args(argv)
 
 
@@ -252,7 +262,7 @@ def main(argv=None) -> None:
     checks = compare(measured, predicted)
     repeat = [r for r in json.load(open(args.repeat))["rows"] if not keep or r["policy"] in keep] if args.repeat else []
     repeat_checks = compare(measured, speed_matched(measured, speeds, repeat, lambda o, i: speed_of(o, steps[i]))) if repeat else []
-    stem = args.out or os.path.join("results", "sim", "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
+    stem = args.out or os.path.join(run_dir("sim-validate"), "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
     pricing = "calibration" if calibration else "in-run" if in_run else "profile"
     save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": pricing, "speed": args.speed,
                  "acceptance_factor": factor}, predicted,

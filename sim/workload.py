@@ -20,12 +20,19 @@ import math
 import random
 from dataclasses import dataclass
 
-from harness.slo_targets import DEFAULT_TTFT_SLO_MS, SloTargets
-from harness.workload import (DEFAULT_MIX, build_workload, fluctuating_arrivals, gamma_arrivals, poisson_arrivals,
-                             read_azure_trace, rescale_trace)
-
 from adaserve_backend.request import Request
 from adaserve_backend.sequence import Sequence
+from harness.slo_targets import DEFAULT_TTFT_SLO_MS, SloTargets
+from harness.workload import (
+    DEFAULT_MIX,
+    build_workload,
+    fluctuating_arrivals,
+    gamma_arrivals,
+    poisson_arrivals,
+    read_azure_trace,
+    rescale_trace,
+)
+
 from .drafts import EOS
 
 PROMPT_TOKENS = {

@@ -20,11 +20,11 @@ import torch
 
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.cost_model.cost_model import CostModel
-from adaserve_backend.cost_model.step_cost import PROFILE_KEY, EngineStepCost
-from adaserve_backend.profiler import measure_engine_steps, measure_forward, measure_speculative_steps, probe_ms
 from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
+from adaserve_backend.cost_model.step_cost import PROFILE_KEY, EngineStepCost
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
+from adaserve_backend.profiler import measure_engine_steps, measure_forward, measure_speculative_steps, probe_ms
 
 
 def engine_step_cost(cfg: EngineConfig, cost: CostModel, target, draft, batches: list[int], contexts: list[int],

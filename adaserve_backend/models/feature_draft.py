@@ -26,10 +26,10 @@ import os
 import torch
 from torch import nn
 
-from ..config import EMBEDDED_DRAFT, ModelConfig
-from .linear import Linear
 from ..attention.backend import AttentionBackend
+from ..config import EMBEDDED_DRAFT, ModelConfig
 from .fused_layer import fused_stack
+from .linear import Linear
 from .llama import DecoderLayer, LlamaModel, RMSNorm
 from .loader import TORCH_DTYPES, read_checkpoint
 

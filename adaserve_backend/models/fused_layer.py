@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from . import linear
 from ..attention.backend import AttentionBackend
 from ..cpu_extension import load_extension
+from . import linear
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.cpp"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from ..kv_cache import BlockManager
 from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 
-
 Needs = dict[Sequence, int]  # tokens each request may append to one cache this iteration
 
 

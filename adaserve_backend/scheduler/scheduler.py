@@ -24,8 +24,16 @@ from ..request import FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
 from .control import on_track, paced_chunk, seq_ends_within_slo, seq_slack_s
-from .deadlines import (NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, has_deadline, rejection_message,
-                        tokens_ahead, urgent_chunk)
+from .deadlines import (
+    NO_CAPACITY,
+    UNREACHABLE,
+    edf_key,
+    first_token_at,
+    has_deadline,
+    rejection_message,
+    tokens_ahead,
+    urgent_chunk,
+)
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy

@@ -11,13 +11,13 @@ import logging
 
 import torch
 
-from .draft_worker import DraftWorker
 from ..model_runner import ForwardOutput, ModelRunner, SeqInput
 from ..sampling import choose_token
 from ..scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from ..sequence import Sequence
-from .token_tree import CandidateTree, TokenTree
 from .acceptance import accept
+from .draft_worker import DraftWorker
+from .token_tree import CandidateTree, TokenTree
 
 log = logging.getLogger("adaserve")
 

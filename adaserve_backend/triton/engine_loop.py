@@ -23,7 +23,16 @@ from ..slo import attains, attains_ttft, tpot_seconds
 from .coalesce import must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
-from .protocol import ERROR_OUTPUT, FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, error_tensor, parse_request, response_tensors
+from .protocol import (
+    ERROR_OUTPUT,
+    FRONT_INPUTS,
+    INPUT_NAMES,
+    TEXT_INPUTS,
+    ResponseOptions,
+    error_tensor,
+    parse_request,
+    response_tensors,
+)
 from .repository import load_engine_config
 from .serving import SHUTTING_DOWN, ServingWatch, cancel_sweep_interval
 

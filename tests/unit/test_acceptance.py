@@ -11,8 +11,8 @@ from scipy.stats import chi2
 
 from adaserve_backend.request import SamplingParams
 from adaserve_backend.sampling import choose_token
-from adaserve_backend.speculation.token_tree import TokenTree
 from adaserve_backend.speculation.acceptance import accept
+from adaserve_backend.speculation.token_tree import TokenTree
 
 VOCAB = 8
 SAMPLES = 20_000

@@ -3,8 +3,8 @@ text it was distilled on than on what users send)."""
 
 from __future__ import annotations
 
-from tools.draft.data import build_prompts
 from harness.prompts import BENCHMARK_FAMILIES, benchmark_prompts, normalize
+from tools.draft.data import build_prompts
 
 
 def test_no_benchmark_prompt_is_a_draft_training_prompt():

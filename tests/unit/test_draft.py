@@ -11,17 +11,23 @@ import os
 import pytest
 import torch
 
-from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
-from adaserve_backend.config import CacheConfig
+from adaserve_backend.config import EMBEDDED_DRAFT, CacheConfig, ModelConfig
 from adaserve_backend.model_runner import ModelRunner, SeqInput
-from adaserve_backend.models.feature_draft import (SHIPPED, DraftLayout, base_draft, eagle3_taps, load_draft, save_draft, trainable,
-                                                   trained_draft)
+from adaserve_backend.models import load_model
+from adaserve_backend.models.feature_draft import (
+    SHIPPED,
+    DraftLayout,
+    base_draft,
+    eagle3_taps,
+    load_draft,
+    save_draft,
+    trainable,
+    trained_draft,
+)
+from tests.engines import POLICIES, make_engine, reference, run_staggered, workload
+from tests.model_fixtures import our_model, tiny_checkpoint
 from tools.draft.teacher import dense_hidden, dense_logits, dense_run, shifted
 from tools.draft.ttt import unrolled
-from adaserve_backend.models import load_model
-from tests.model_fixtures import our_model, tiny_checkpoint
-from tests.engines import POLICIES, make_engine, reference, run_staggered, workload
-
 
 LAYOUTS = ("eagle3", "eagle1")
 
@@ -187,8 +193,8 @@ def test_training_time_test_from_a_later_row_computes_the_same_rows(tmp_path):
 
 def test_a_draft_file_for_another_layout_is_rejected(tmp_path):
     out, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path)
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     tensors = load_file(out)
     with safe_open(out, "pt") as f:

@@ -14,6 +14,7 @@ from adaserve_backend.request import FinishReason, Request
 from tests.engines import POLICIES, assert_all_blocks_free, make_engine, reference, run_staggered, workload
 from tests.model_fixtures import tiny_checkpoint
 
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("draft", ["self", "other"])
 def test_greedy_matches_transformers_tiny(policy, draft):

@@ -6,8 +6,8 @@ import pytest
 
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request, SamplingParams
-from tests.model_fixtures import our_model, tiny_checkpoint
 from tests.engines import assert_all_blocks_free, make_engine, reference, workload
+from tests.model_fixtures import our_model, tiny_checkpoint
 
 
 def test_fail_all_answers_a_queued_abort():

@@ -6,7 +6,13 @@ from __future__ import annotations
 from adaserve_backend.config import SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.scheduler.estimator import DEPTH_EXPLORE_EVERY, EXPLORE_EVERY, PLAIN_EXPLORE_EVERY, SPEC_MIN_SAMPLES, Estimator
+from adaserve_backend.scheduler.estimator import (
+    DEPTH_EXPLORE_EVERY,
+    EXPLORE_EVERY,
+    PLAIN_EXPLORE_EVERY,
+    SPEC_MIN_SAMPLES,
+    Estimator,
+)
 from adaserve_backend.scheduler.plan import IterationStats
 from adaserve_backend.scheduler.policies import make_policy
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaserve_backend.attention import torch_sdpa
-from adaserve_backend.config import CacheConfig, EMBEDDED_DEFAULT
+from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig
 from adaserve_backend.kv_cache import KVCacheFull
 from adaserve_backend.model_runner import ModelRunner, SeqInput
 from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from adaserve_backend.speculation.token_tree import TokenTree
 from sim import drafts
 from sim.acceptance import PRESETS, acceptance_model, load_table
-from adaserve_backend.speculation.token_tree import TokenTree
 
 
 def mean_accepted(model, depth, width, n=4000, seed=0, nodes=10**6):

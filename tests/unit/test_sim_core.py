@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from adaserve_backend.speculation import selection, tree_choice
 from sim.clock import EventQueue, Kind
 from sim.replica import Replica
 from sim.router import LeastLoaded, RoundRobin, SloAware, predict
 from sim.scenario import scenario
 from sim.simulator import SimConfig, simulate
 from sim.workload import SimRequest, build_requests
-from adaserve_backend.speculation import selection, tree_choice
 
 
 def run(policy="adaserve", rps=2.0, duration=20.0, seed=0, replicas=1, router="round_robin", hardware="a100x4"):

@@ -7,8 +7,7 @@ import pytest
 
 from adaserve_backend.cost_model.step_cost import EngineStepCost
 from sim.cost import CpuIterationCost, IterationShape, cpu_cost
-from sim.gpu_cost import (EFFICIENCY, PUBLISHED_A100_TP8_LLAMA70B, GpuCost, calibrate, forward_s,
-                                           published_shape)
+from sim.gpu_cost import EFFICIENCY, PUBLISHED_A100_TP8_LLAMA70B, GpuCost, calibrate, forward_s, published_shape
 from sim.hardware import A100, H100, LLAMA_1B, LLAMA_70B, QWEN_32B, deployment, kv_token_capacity
 
 

@@ -100,9 +100,10 @@ def test_paper_command_writes_figure_and_ratios(tmp_path):
 
 
 def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
+    import dataclasses
+
     import harness.bench
     from harness.slo_targets import SloTargets
-    import dataclasses
 
     class Tokenless:  # InProcess without the tokenizer: every prompt 40 tokens
         def __init__(self, config):

@@ -7,8 +7,8 @@ import pytest
 
 from adaserve_backend.request import FinishReason, Request
 from adaserve_backend.stop_strings import StopScan, scan
-from tests.model_fixtures import tiny_checkpoint
 from tests.engines import assert_all_blocks_free, make_engine, reference, workload
+from tests.model_fixtures import tiny_checkpoint
 
 E_ACUTE = "é".encode()  # two bytes: one token each below
 

@@ -12,8 +12,8 @@ from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.protocol import response_error
 from adaserve_backend.triton.serving import CANCEL_CHECKS_PER_S, CANCEL_POLL_MAX_S, CANCEL_POLL_S, cancel_sweep_interval
 from tests import fake_pb
-from tests.model_fixtures import tiny_checkpoint
 from tests.engines import make_engine, reference, workload
+from tests.model_fixtures import tiny_checkpoint
 
 REPO_MODEL = "model_repository/adaserve"  # only its engine.json's SLO classes are read
 

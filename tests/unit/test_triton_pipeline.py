@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from adaserve_backend.triton import serving
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.pipeline import BLSPipeline
-from adaserve_backend.triton import serving
 from adaserve_backend.triton.protocol import response_error
 from tests import fake_pb
 from tests.engines import make_engine

@@ -23,18 +23,27 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from adaserve_backend.config import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculationConfig
-from adaserve_backend.profiler import measure_forward
+from adaserve_backend.config import (
+    EMBEDDED_DEFAULT,
+    EMBEDDED_DRAFT,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculationConfig,
+)
 from adaserve_backend.engine import Engine
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model, load_tokenizer, locate
+from adaserve_backend.profiler import measure_forward
 from adaserve_backend.request import Request
 from adaserve_backend.slo import tpot_seconds
 from adaserve_backend.speculation.lookup import MAX_NGRAM
+from harness.run_dir import run_dir
 from tools.draft.data import encode
+from tools.draft.teacher import continuations, dense_hidden, dense_run, shifted
 from tools.draft.train import eval_prompts
 from tools.draft.ttt import unrolled
-from tools.draft.teacher import continuations, dense_hidden, dense_run, shifted
 
 # (name, policy, depth, width, prompt lookup's (longest n-gram, copies)): the draft's own chain and
 # trees, then with copies from the context grafted on (speculation/lookup.py; as served by default:
@@ -104,7 +113,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="depths whose agreement is reported")
     ap.add_argument("--config", default="model_repository/adaserve/1/engine.json", help="the engine compared at one request")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the one-request comparison")
-    ap.add_argument("--out", default="results/draft_eval.json")
+    ap.add_argument("--out", default=os.path.join(run_dir("draft-eval"), "draft_eval.json"))
     args = ap.parse_args()
 
     tokenizer = load_tokenizer(locate(args.target))

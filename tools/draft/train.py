@@ -39,9 +39,17 @@ from tqdm import tqdm
 
 from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
 from adaserve_backend.models import load_model, load_tokenizer, locate, read_checkpoint
-from adaserve_backend.models.feature_draft import (SHIPPED, DraftLayout, base_draft, eagle3_taps, save_draft, trainable,
-                                                   trained_draft)
+from adaserve_backend.models.feature_draft import (
+    SHIPPED,
+    DraftLayout,
+    base_draft,
+    eagle3_taps,
+    save_draft,
+    trainable,
+    trained_draft,
+)
 from harness.prompts import BENCHMARK_FAMILIES, benchmark_prompts
+from harness.run_dir import run_dir
 from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
 from tools.draft.generate import shard_path
 from tools.draft.teacher import continuations, padded_batch, teacher_data
@@ -166,7 +174,7 @@ def main() -> None:
     ap.add_argument("--target", default=EMBEDDED_DEFAULT)
     ap.add_argument("--dtype", default="bfloat16", help="the served target's dtype (the teacher)")
     ap.add_argument("--out", default=SHIPPED)
-    ap.add_argument("--plot", default="results/draft_training.png")
+    ap.add_argument("--plot", default=os.path.join(run_dir("draft-training"), "draft_training.png"))
     ap.add_argument("--vocab", type=int, default=8192, help="tokens the draft head covers")
     ap.add_argument("--topk", type=int, default=16)
     ap.add_argument("--steps", type=int, default=4, help="training-time test depth")
