@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
+from .slo import SLO
+
 T = TypeVar("T")
 
 # Prompt lookup's limits (speculation/lookup.py keeps a measured acceptance prior for each match length
@@ -100,8 +102,7 @@ class CacheConfig:
     block_size: tokens per block (page). 16 matches vLLM's GPU default and FlashInfer page sizes. The
       served CPU engine.json takes 128 (vLLM-CPU's choice too): the attention kernel reads each page's
       keys and values from DRAM as one run, and decode appends scatter a sequence's pages over the
-      cache; 24 decoding sequences over 500-token contexts stepped in 58.6 ms at 128, 60.3 at 64 and
-      63.7-64.0 at 16 (bfloat16, free list shuffled as after churn, one run).
+      cache, so larger pages step faster under churn (docs/experiments.md#kv-pages).
     memory_mb: bytes reserved for one model's KV cache; the number of blocks follows from the model's
       layer count, KV heads, head size and dtype.
     num_blocks: an explicit block count instead (wins over memory_mb).
@@ -167,20 +168,17 @@ class SchedulerConfig:
       as far as the decoding requests' slack pays for it. Past saturation this serves the requests it
       admits within their SLOs, where admitting all of them makes every one slow.
     admission_headroom: the predicted time per token with one more request is taken this much larger
-      in admission (iteration times on a busy CPU vary by +-15%; without it admitted requests that are
-      just on track fall behind). The served engine.json sets 1.0: on_track is about a request's mean
-      time per token, over which the per-iteration noise averages out, and with 1.15 the batch stopped
-      short of what the tightest class allows (2026-11-24, one run each: in-process at 12 rps 0.96 ->
-      1.00 joint attainment, `sarathi` 1.00; served straight to the scheduler 0.73-0.74 -> 0.91 at
-      12 rps and 0.43-0.48 -> 0.69 at 16).
+      in admission (iteration times on a busy CPU vary from step to step; without it admitted requests
+      that are just on track fall behind). The served engine.json sets 1.0: on_track is about a
+      request's mean time per token, over which the per-iteration noise averages out, and with 1.15 the
+      batch stopped short of what the tightest class allows (docs/experiments.md#bench-4-16,
+      docs/experiments.md#vllm-headroom1).
     first_token_margin_ms: the scheduler plans each first token this long before its TTFT deadline,
       for the response to reach the client (admission runs first tokens up to their deadlines, so
-      without it the client's TTFT p99 came out just over the target: chat 2.003-2.008 s against 2 s,
-      served straight to the scheduler at 16 rps, the first token to client leg p99 36-57 ms there,
-      `benchmarks.ttft_path`). 0 (the default) for in-process use; the served engine.json sets 200
-      (with 50, TTFT p99 through the ensemble came out 8-17 ms over two class targets at 12-16 rps;
-      with 100, 19-27 ms over chat's and coding's and 205 ms over summary's at 20 rps: a long prompt's
-      prefill chunks run later than predicted under overload).
+      without it the client's TTFT p99 lands just over the target by the response's delivery time).
+      0 (the default) for in-process use; the served engine.json sets 200: smaller margins left the
+      ensemble's delivery p99 and late prefill chunks under overload over class targets
+      (docs/experiments.md#first-token-margin).
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers.
     overload: what SLO-aware admission does with a request whose first-token deadline (arrival + TTFT
       target) no admissible schedule meets, predicted at arrival or while it waits: "reject" ends it at
@@ -225,19 +223,13 @@ class SchedulerConfig:
                 return c
         raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
 
-    def slo_ms(self, name: str) -> float:
-        return self.slo_class(name).tpot_ms
-
-    def request_slo_ms(self, tpot_slo_ms: float | None, slo_class: str | None) -> float:
-        """A request's TPOT SLO: its own, else its class's, else the default class's. The class is looked
-        up even when the request's own SLO leaves it unused: a typo is an error, not silently ignored."""
-        class_ms = self.slo_ms(slo_class or self.default_slo_class)
-        return tpot_slo_ms or class_ms
-
-    def request_ttft_ms(self, ttft_slo_ms: float | None, slo_class: str | None) -> float:
-        """A request's TTFT target, resolved as request_slo_ms resolves the TPOT one."""
-        class_ms = self.slo_class(slo_class or self.default_slo_class).ttft_ms
-        return ttft_slo_ms or class_ms
+    def resolve_slo(self, slo: SLO) -> SLO:
+        """The request's targets with what it left open taken from its class (or the default class),
+        and the class it is counted under: its own, "custom" when it gave its own TPOT, else the default.
+        ValueError for an unknown class."""
+        cls = self.slo_class(slo.slo_class or self.default_slo_class)
+        label = slo.slo_class or ("custom" if slo.tpot_ms is not None else self.default_slo_class)
+        return SLO(slo.tpot_ms or cls.tpot_ms, slo.ttft_ms or cls.ttft_ms, label)
 
 
 @dataclass(frozen=True)
@@ -255,14 +247,15 @@ class SpeculationConfig:
       in the paper; on a CPU, where every verified token costs time, often less.
     lookup_ngram, lookup_tokens, lookup_copies: prompt lookup (speculation/lookup.py; 0 turns it off):
       up to lookup_tokens that followed the context's last 1..lookup_ngram tokens earlier join the tree
-      as candidates (no draft forward), deeper than d if selected (a chain of 8 beat one of d=4 by
-      7-9%); from the latest occurrence and, with 2 copies, also the latest followed by another token
-      (+0.00-0.03 tokens per verification for ~0.5 more verified tokens an iteration: no faster at one
-      request on this CPU; where extra rows are free, as below a GPU's knee, it may pay).
+      as candidates (no draft forward), deeper than d if selected (a longer copied chain beat a d=4 one;
+      docs/experiments.md#draft-eval-lookup); from the latest occurrence and, with 2 copies, also the
+      latest followed by another token (more verified rows for almost no more accepted tokens, so it
+      stays off where each row costs time; where extra rows are free, as below a GPU's knee, it may
+      pay; docs/experiments.md#lookup-variants).
 
-    Defaults are this 2-core CPU's, measured: a float32 verification forward of the embedded model
-    stays within 1.3x its flat latency up to B = 19 tokens (a later profile, shipped as
-    model_repository/adaserve/1/profile-cpu.json and used by the served config, put the knee at 15). With c1 = 2 a
+    Defaults come from a float32 profile of the embedded model on a 2-core CPU: B is where a
+    verification forward stays within 1.3x its flat latency (docs/experiments.md#profile); the served
+    config's profile_path replaces B with its own profile's knee. With c1 = 2 a
     lone request gets depth 5, four requests depth 2 and sixteen depth 1; the draft budget of 16 tokens
     per step keeps width 4 up to four requests and 1 beyond sixteen. A GPU profile raises all of these.
     """

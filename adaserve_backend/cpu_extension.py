@@ -17,7 +17,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SHARED_HEADERS = Path(__file__).parent / "csrc"
-# The kernels' loops are written for the compiler to vectorize; -march=native picks AVX-512 here.
+# The kernels' loops are written for the compiler to vectorize; -march=native picks AVX-512 where the CPU has it.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 

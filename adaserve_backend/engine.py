@@ -76,9 +76,8 @@ class Engine:
         request.validate(self.vocab_size, self.max_model_len)
         if request.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need an engine built with a tokenizer")
-        slo_ms = self.config.scheduler.request_slo_ms(request.tpot_slo_ms, request.slo_class)
-        ttft_ms = self.config.scheduler.request_ttft_ms(request.ttft_slo_ms, request.slo_class)
-        self._inbox.put_request(request, (slo_ms, ttft_ms))  # ValueError if its id is in flight
+        slo = self.config.scheduler.resolve_slo(request.slo)  # ValueError for an unknown class
+        self._inbox.put_request(request, slo)  # ValueError if its id is in flight
 
     def abort(self, request_id: str) -> None:
         self._inbox.put_abort(request_id)
@@ -114,10 +113,9 @@ class Engine:
 
     def _take_inbox(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
-        for item, slos, received in self._inbox.take():
+        for item, slo, received in self._inbox.take():
             if isinstance(item, Request):
-                tpot_ms, ttft_ms = slos
-                seq = Sequence.start(item, next(self._seq_ids), tpot_ms, received, self.eos_token_ids, ttft_ms)
+                seq = Sequence.start(item, next(self._seq_ids), slo, received, self.eos_token_ids)
                 self.scheduler.add(seq)
             else:
                 outputs += self.scheduler.abort(item, time.monotonic())

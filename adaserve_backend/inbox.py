@@ -12,8 +12,7 @@ import time
 from collections.abc import Iterator
 
 from .request import Request, RequestOutput
-
-Slos = tuple[float, float]  # a request's (TPOT, TTFT) targets in ms
+from .slo import SLO
 
 
 class Inbox:
@@ -23,13 +22,13 @@ class Inbox:
         self._lock = threading.Lock()
 
     # ---- any thread -----------------------------------------------------------------------------
-    def put_request(self, request: Request, slos: Slos) -> None:
+    def put_request(self, request: Request, slo: SLO) -> None:
         """Enqueue with its targets and the time it was received (ValueError for a live id)."""
         with self._lock:
             if request.request_id in self._live_ids:
                 raise ValueError(f"request id {request.request_id!r} is already in flight")
             self._live_ids.add(request.request_id)
-        self._queue.put((request, slos, time.monotonic()))
+        self._queue.put((request, slo, time.monotonic()))
 
     def put_abort(self, request_id: str) -> None:
         self._queue.put((request_id, None, None))
@@ -38,8 +37,8 @@ class Inbox:
         return self._queue.empty()
 
     # ---- the engine loop ------------------------------------------------------------------------
-    def take(self) -> Iterator[tuple[Request | str, Slos | None, float | None]]:
-        """What arrived so far, in order: (request, slos, received) or (aborted id, None, None)."""
+    def take(self) -> Iterator[tuple[Request | str, SLO | None, float | None]]:
+        """What arrived so far, in order: (request, resolved SLO, received) or (aborted id, None, None)."""
         while not self._queue.empty():
             yield self._queue.get()
 

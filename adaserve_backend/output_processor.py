@@ -52,8 +52,7 @@ def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason 
         emit_time=now,
         num_prompt_tokens=len(seq.request.prompt_ids),
         num_output_tokens=seq.emitted,
-        tpot_slo_ms=seq.tpot_slo_s * 1e3,
-        ttft_slo_ms=seq.ttft_slo_s * 1e3,
+        slo=seq.slo,
         stats=RequestStats(seq.verifications, seq.draft_tokens, seq.accepted_drafts, queue_wait_s(seq, now, reason),
                            seq.missed),
     )

@@ -80,7 +80,7 @@ PROBE_TOKENS = (1, 16)
 
 
 def probe_ms(runner: ModelRunner) -> dict[str, float]:
-    """How fast this machine runs the target right now: the verification forwards the profile's
+    """How fast the machine runs the target right now: the verification forwards the profile's
     roofline is made of (8-token trees over 128 cached tokens) at PROBE_TOKENS, in ms. About a second;
     CostModel.relative_speed compares it with the profile."""
     out = measure_forward(runner, list(PROBE_TOKENS), per_seq=8, repeats=7, desc="speed probe")

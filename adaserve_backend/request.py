@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .slo import SLO
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -59,8 +61,9 @@ class RequestStats:
 
 @dataclass(frozen=True)
 class Request:
-    """One generation request. `tpot_slo_ms` and `ttft_slo_ms` win over `slo_class`'s targets; with
-    neither, the configured default class applies. `arrival_time` (time.monotonic()) defaults to when the engine receives it."""
+    """One generation request. `slo`: its latency targets as asked (slo.SLO; the engine resolves what it
+    leaves open from the configured classes). `arrival_time` (time.monotonic()) defaults to when the
+    engine receives it."""
 
     request_id: str
     prompt_ids: list[int]
@@ -70,9 +73,7 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
-    tpot_slo_ms: float | None = None
-    ttft_slo_ms: float | None = None
-    slo_class: str | None = None
+    slo: SLO = SLO()
     arrival_time: float | None = None
 
     def validate(self, vocab_size: int, max_model_len: int) -> None:
@@ -92,10 +93,6 @@ class Request:
                 f"prompt ({len(self.prompt_ids)} tokens) + max_tokens ({self.max_tokens}) exceeds "
                 f"the model's context of {max_model_len} tokens"
             )
-        for name in ("tpot_slo_ms", "ttft_slo_ms"):
-            v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive finite number, got {v}")
 
 
 @dataclass
@@ -112,6 +109,5 @@ class RequestOutput:
     emit_time: float = 0.0
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
-    tpot_slo_ms: float = 0.0
-    ttft_slo_ms: float = 0.0
+    slo: SLO = SLO()  # the resolved targets it was served under
     stats: RequestStats = field(default_factory=RequestStats)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from .request import Request
+from .slo import SLO
 from .stop_strings import StopScan
 
 
@@ -15,7 +15,7 @@ from .stop_strings import StopScan
 class Sequence:
     request: Request
     seq_id: int
-    tpot_slo_s: float
+    slo: SLO  # resolved (SchedulerConfig.resolve_slo): both targets set; slo.ttft_s inf: no first-token deadline
     arrival: float
     eos_ids: frozenset[int]
     generator: torch.Generator | None
@@ -28,27 +28,24 @@ class Sequence:
     verifications: int = 0
     draft_tokens: int = 0
     accepted_drafts: int = 0
-    ttft_slo_s: float = math.inf  # inf: no first-token deadline
     delivery_s: float = 0.0  # planned for the first token to reach the client (first_token_margin_ms)
     admitted_time: float | None = None  # first left the waiting queue
     missed: str | None = None  # why admission gave up its first-token deadline (overload: best_effort)
 
     @classmethod
-    def start(cls, req: Request, seq_id: int, tpot_slo_ms: float, received: float, eos_ids: frozenset[int],
-              ttft_slo_ms: float = math.inf) -> Sequence:
+    def start(cls, req: Request, seq_id: int, slo: SLO, received: float, eos_ids: frozenset[int]) -> Sequence:
         """A new request's state; a sampled request gets its own generator, seeded if it asked."""
         gen = None
         if not req.sampling.greedy:
             gen = torch.Generator().manual_seed(req.sampling.seed if req.sampling.seed is not None else torch.seed())
         eos = frozenset() if req.ignore_eos else eos_ids
-        return cls(req, seq_id, tpot_slo_ms / 1e3, req.arrival_time or received, eos, gen, len(req.prompt_ids),
-                   ttft_slo_s=ttft_slo_ms / 1e3)
+        return cls(req, seq_id, slo, req.arrival_time or received, eos, gen, len(req.prompt_ids))
 
     @property
     def deadline(self) -> float:
         """When the scheduler must have made its first token: arrival + TTFT target, less the time
         planned for it to reach the client."""
-        return self.arrival + self.ttft_slo_s - self.delivery_s
+        return self.arrival + self.slo.ttft_s - self.delivery_s
 
     @property
     def slo_missed(self) -> bool:
@@ -86,8 +83,8 @@ def draft_chain_span(seq: Sequence, target_committed: int, draft_committed: int)
 
 # The draft reads lazily. An iteration that decodes without speculating runs no draft at all, its
 # prefill chunks included: at loads where speculation does not pay, reading every chunk and every
-# accepted token cost a draft forward per iteration for nothing (served at 8 rps: 8.9 ms of each
-# prefill iteration; and each exploration first read 16 iterations' tokens of every request). What it
+# accepted token cost a draft forward per iteration for nothing (each prefill iteration paid a draft
+# pass, and each exploration first read every request's skipped tokens; docs/experiments.md#vllm-lazy-draft). What it
 # skipped, the draft reads when speculation resumes: at most DRAFT_CATCH_UP tokens of a decoding
 # request per speculative iteration, and a decoding request drafts only once it lags at most
 # DRAFT_MAX_LAG tokens (meanwhile it decodes plain), so resuming costs no iteration much more.

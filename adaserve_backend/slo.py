@@ -6,6 +6,38 @@ token / (tokens - 1)) within its TPOT target: the definition of DistServe, `vllm
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SLO:
+    """A request's latency targets: TPOT and TTFT in ms, or a named class of them. The one type every
+    entrance (gRPC, OpenAI, in-process) builds, so validation happens here, once. As a request asks:
+    numbers win over the class's, and what is left open comes from the server's default class
+    (SchedulerConfig.resolve_slo fills it in; the engine holds only resolved ones). `tpot_s`/`ttft_s`
+    are the same targets in the engine clock's seconds."""
+
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    slo_class: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tpot_ms", "ttft_ms"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+                raise ValueError(f"{name.replace('_ms', '_slo_ms')} must be a positive finite number of ms, got {v!r}")
+        if self.slo_class is not None and (not isinstance(self.slo_class, str) or not self.slo_class):
+            raise ValueError(f"slo_class must be a non-empty string, got {self.slo_class!r}")
+
+    @property
+    def tpot_s(self) -> float:
+        return self.tpot_ms / 1e3 if self.tpot_ms is not None else math.inf
+
+    @property
+    def ttft_s(self) -> float:
+        return self.ttft_ms / 1e3 if self.ttft_ms is not None else math.inf
+
 
 def tpot_seconds(first_token_time: float, last_token_time: float, num_output_tokens: int) -> float | None:
     """Mean time per output token after the first; None for single-token outputs."""

@@ -19,7 +19,7 @@ from adaserve_backend.chat import encode_chat
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import Request
-from adaserve_backend.slo import tpot_seconds
+from adaserve_backend.slo import SLO, tpot_seconds
 from harness.run_dir import run_dir
 
 PROMPTS = [
@@ -39,7 +39,7 @@ def run_level(engine: Engine, tokenizer, concurrency: int, max_tokens: int) -> d
     first, last, counts = {}, {}, {}
     for i in range(concurrency):
         ids = encode_chat(tokenizer, PROMPTS[i % len(PROMPTS)])
-        engine.add_request(Request(f"c{concurrency}-{i}", ids, max_tokens=max_tokens, tpot_slo_ms=1.0))
+        engine.add_request(Request(f"c{concurrency}-{i}", ids, max_tokens=max_tokens, slo=SLO(tpot_ms=1.0)))
     start = time.monotonic()
     while engine.has_work():
         for o in engine.step():

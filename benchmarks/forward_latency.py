@@ -61,8 +61,8 @@ def measure_transformers(path: str, dtype: torch.dtype, repeats: int, vocab: int
 
 
 def copy_bandwidth_gbs(mb: int = 256, repeats: int = 7) -> float:
-    """Bytes copied per second (each byte read once and written once), best of `repeats`: the measure
-    behind the 16-17 GB/s the project's notes quote for this machine."""
+    """Bytes copied per second (each byte read once and written once), best of `repeats`: the bandwidth
+    the issue's memory floor is defined by (evidence: docs/experiments.md#forward-latency)."""
     src = torch.ones(mb * 2**20, dtype=torch.uint8)
     dst = torch.empty_like(src)
     return src.numel() / (timed_ms(lambda: dst.copy_(src), repeats) / 1e3) / 1e9

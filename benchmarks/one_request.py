@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adaserve_backend.chat import chat_text
 from adaserve_backend.config import EngineConfig
-from adaserve_backend.slo import tpot_seconds
+from adaserve_backend.slo import SLO, tpot_seconds
 from adaserve_backend.triton.process import PROJECT_ROOT
 
 ENGINE_JSON = PROJECT_ROOT / "model_repository" / "adaserve" / "1" / "engine.json"
@@ -89,7 +89,7 @@ def engine_tpot_ms(engine, prompts: list[tuple[str, bool]], tokens: int) -> floa
     tpots = []
     for i, text in enumerate([texts[0]] + texts):  # the first one warms up
         ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
-        engine.add_request(Request(f"r{i}", ids, max_tokens=tokens, min_tokens=tokens, tpot_slo_ms=1e6))
+        engine.add_request(Request(f"r{i}", ids, max_tokens=tokens, min_tokens=tokens, slo=SLO(tpot_ms=1e6)))
         first = last = None
         count = 0
         while engine.has_work():

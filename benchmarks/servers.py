@@ -16,7 +16,7 @@ VLLM_SERVED_NAME = "smollm2"
 
 
 def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = VLLM_VENV) -> ServerProcess:
-    """vLLM's OpenAI server on the embedded model in bfloat16, pinned to this machine's 2 cores, every
+    """vLLM's OpenAI server on the embedded model in bfloat16, pinned to every core of the machine, every
     cache and temporary file inside the venv's scratch folder (the first start compiles for minutes;
     later starts reuse it)."""
     if not (venv / ".installed").exists() or not (VLLM_MODEL_DIR / "config.json").exists():

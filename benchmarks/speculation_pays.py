@@ -9,8 +9,9 @@ unpaying speculation on (the served behaviour) and off (the paper's depth from l
 With --head-rows N [N ...], `adaserve` also runs with the draft's head cut to N rows (ModelConfig.head_rows;
 the plain `adaserve` rows keep engine.json's). Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per verification, the share of
 iterations that speculated) and OUT.png. With --rounds R every row is measured R times, the rows
-interleaved round by round (every other round in reverse order), and reported by its median: this machine drifts over the minutes a round
-takes (one sequential round put the useless draft at 1.25x where interleaved rounds measured 1.07x).
+interleaved round by round (every other round in reverse order), and reported by its median: a shared
+machine's speed drifts over the minutes a round takes, enough to move a row's ratio by more than the
+effect measured when the rows run one after the other (evidence: docs/experiments.md#spec-pays-trim).
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ scheduler's first token (queueing, prefill), and from there to the client (the r
 
 Replays the vs-vllm workload (same generator, prompts, targets) against one tritonserver, one model
 after the other, with `return_perf_metrics` so each stream carries the scheduler's `arrival_time_ns`
-and `first_token_time_ns` (wall clock; client and server share this machine's clock). Prints p50 /
-p90 / p99 of each leg in ms and writes OUT.json. Found with it (16 rps, 2026-11-24): through the
-ensemble the leg in front of the scheduler took p50 ~0.6-1.0 s and the response leg p90 ~1 s, against
-3 ms and 40 ms straight to the scheduler model. Why: each BLS call to the scheduler held one of the
-Python backend's 32 shared threads until its first token (seconds under load), and the same threads
-carry every response the pipeline streams; with the scheduler's acceptance ack (`accept_ack`): 2 ms
-and 48 ms.
+and `first_token_time_ns` (wall clock; client and server must share one clock, i.e. run on the same
+machine). Prints p50 / p90 / p99 of each leg in ms and writes OUT.json. What it found: through the
+ensemble, both legs outside the scheduler took far longer than straight to the scheduler model,
+because each BLS call to the scheduler held one of the Python backend's shared threads (32 by
+default) until its first token, and the same threads carry every response the pipeline streams; the
+scheduler's acceptance ack (`accept_ack`) frees the thread at once (evidence:
+docs/experiments.md#ttft-path, docs/experiments.md#ack).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ async def replay(url: str, model: str, items) -> list[dict]:
         extra = {"ttft_slo_ms": np.array([item.ttft_slo_ms], dtype=np.float32),
                  "min_tokens": np.array([item.max_tokens], dtype=np.int32), "return_perf_metrics": np.array([True])}
         try:
-            async for text, out in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra):
+            async for text, out in client.stream(item.prompt, item.max_tokens, tpot_slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra):
                 if text and "received" not in rec:
                     rec.update(received=time.time_ns(), arrival=int(out["arrival_time_ns"]), first_token=int(out["first_token_time_ns"]))
         except Exception as e:  # rejections: counted, not timed

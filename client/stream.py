@@ -67,7 +67,7 @@ async def _main(args) -> int:
     client = AsyncStreamClient(args.url, args.model)
     try:
         res = await client.generate(
-            args.prompt, args.max_tokens, on_chunk=lambda t: print(t, end="", flush=True), slo_ms=args.slo_ms,
+            args.prompt, args.max_tokens, on_chunk=lambda t: print(t, end="", flush=True), tpot_slo_ms=args.slo_ms,
             slo_class=args.slo_class, temperature=args.temperature, seed=args.seed, chat=args.chat,
         )
     finally:

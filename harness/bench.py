@@ -105,8 +105,9 @@ def run_level(args, runner, policies, items, label: dict) -> list[dict]:
             row = score(records, wall, timeline_s=timeline_s)
         else:
             engine = runner.engine(policy)
-            # The machine's speed either side of the run: shared machines drift 20-40% between runs, so
-            # a simulation of this run (sim.validate) is priced for the speed it saw.
+            # The machine's speed either side of the run: a shared machine's speed drifts between runs
+            # (evidence: docs/experiments.md#sim-bands), so a simulation of this run (sim.validate) is
+            # priced for the speed it saw.
             before = probe_ms(engine.target)
             records, wall = run_inprocess(engine, runner.encode, items, args.time_limit, desc=f"{policy} {label}")
             row = score(records, wall, engine, timeline_s)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from adaserve_backend.slo import SLO
+
 from .metrics import RequestRecord
 from .workload import WorkItem
 
@@ -42,7 +44,7 @@ def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float
             item = pending[nxt]
             records[item.request_id] = _record(item, start)
             engine.add_request(Request(item.request_id, ids[item.request_id], max_tokens=item.max_tokens,
-                                       tpot_slo_ms=item.tpot_slo_ms, ttft_slo_ms=_finite(item.ttft_slo_ms),
+                                       slo=SLO(item.tpot_slo_ms, _finite(item.ttft_slo_ms)),
                                        arrival_time=start + item.arrival_s))
             nxt += 1
         if not engine.has_work():
@@ -102,7 +104,7 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
                 extra_inputs["ttft_slo_ms"] = np.array([item.ttft_slo_ms], dtype=np.float32)
             if exact_length:
                 extra_inputs["min_tokens"] = np.array([item.max_tokens], dtype=np.int32)
-            async for text, extra in client.stream(item.prompt, item.max_tokens, slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra_inputs):
+            async for text, extra in client.stream(item.prompt, item.max_tokens, tpot_slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra_inputs):
                 now = time.monotonic()
                 if text:
                     rec.first_token = rec.first_token or now

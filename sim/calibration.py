@@ -1,11 +1,11 @@
-"""What sim.validate prices a measured bench run with, each taken from measurements on this machine:
-the target's step cost (a fit to recorded iterations), the machine's speed during the run, and the
+"""What sim.validate prices a measured bench run with, each taken from measurements on the machine that
+ran it: the target's step cost (a fit to recorded iterations), the machine's speed during the run, and the
 draft's acceptance (the engine table scaled to what calibration runs produced per verification).
 
 Why the speed has two sources: the speed probes either side of a run (harness.bench) are cheap and
-independent of the run, but on this shared machine a run's own steps, priced by a fit from other runs,
-put its speed 0.9-1.7x away from the probe's now and then (a probe caught a slow second, or the
-machine moved during the run). `steps_speed` reads the speed off the run's own steps instead: only
+independent of the run, but on a shared machine a run's own steps, priced by a fit from other runs,
+now and then put its speed far from the probe's (a probe caught a slow second, or the machine moved
+during the run; evidence: docs/experiments.md#sim-bands). `steps_speed` reads the speed off the run's own steps instead: only
 their level over a fit from elsewhere, so batch shapes, queueing, speculation and attainment are still
 the simulator's to predict; validate reports which source priced a result.
 """
@@ -69,8 +69,8 @@ def calibrated_acceptance(model: AcceptanceModel, runs: Sequence[dict], predict:
     """`model` with every rate scaled by the one factor at which the simulator's tokens per verification
     over `runs` (calibration bench rows that speculated, SPECULATING) match what they measured;
     `predict(model)` simulates those runs. The table is a one-request evaluation of the draft's chains;
-    served trees at load produce fewer (the engine's own runs here: 1.5-1.7 tokens per verification
-    at 4 rps where the table made the simulator's 1.8). Bisection: more acceptance, more tokens."""
+    served trees at load produce fewer tokens per verification than it predicts (evidence:
+    docs/experiments.md#sim-bands). Bisection: more acceptance, more tokens."""
     target = statistics.mean(r["mean_accepted_per_verify"] for r in runs)
     for _ in range(rounds):
         mid = (low + high) / 2

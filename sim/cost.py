@@ -1,6 +1,6 @@
 """The simulated iteration's duration, from a cost model, and the profile the scheduler is given.
 
-Two kinds: `CpuIterationCost`, this machine as the project profiled it (the profile JSON the engine
+Two kinds: `CpuIterationCost`, the CPU as the project profiled it (the profile JSON the engine
 config points at: the draft's steps from its roofline, the target's from the whole-engine-step fit
 `tools.profile` stores beside the rooflines, which prices decoding requests and the context they read;
 the engine's scheduler sees only the rooflines and corrects them with what it measures, as the

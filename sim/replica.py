@@ -155,7 +155,7 @@ class Replica:
         for seq in plan.decode:
             n = chains[seq.seq_id]
             drafting = drafts_now(n, True, plan.depth)
-            p = drafts.propose(self.rng, self.acceptance, plan.depth if drafting else 0, plan.width, seq.request.slo_class)
+            p = drafts.propose(self.rng, self.acceptance, plan.depth if drafting else 0, plan.width, seq.slo.slo_class)
             if drafting:  # beam_search: the chain, then d-1 levels of w beams, then only the chain stays
                 ctx += blocks.num_committed(seq.seq_id) + n
                 blocks.append(seq.seq_id, chain_parents(0, n) + [n - 1] * (plan.depth - 1) * plan.width)

@@ -51,7 +51,7 @@ class Prediction:
     first_token_s: float  # from now
 
     def meets(self, seq: Sequence) -> bool:
-        return self.tpot_s <= seq.tpot_slo_s and self.first_token_s <= seq.ttft_slo_s
+        return self.tpot_s <= seq.slo.tpot_s and self.first_token_s <= seq.slo.ttft_s
 
 
 def predict(replica: Replica, seq: Sequence) -> Prediction:
@@ -75,7 +75,7 @@ class SloAware(Router):
         ok = [r for p, r in preds if p.meets(seq)]
         if ok:
             return min(ok, key=lambda r: (r.load(), r.index))
-        in_time = [(p, r) for p, r in preds if p.first_token_s <= seq.ttft_slo_s]
+        in_time = [(p, r) for p, r in preds if p.first_token_s <= seq.slo.ttft_s]
         if in_time:
             return min(in_time, key=lambda pr: (pr[0].tpot_s, pr[1].load(), pr[1].index))[1]
         return min(preds, key=lambda pr: (pr[0].first_token_s, pr[1].index))[1]

@@ -1,4 +1,4 @@
-"""A simulated deployment from names: `cpu` (this machine, the served engine config and its profile) or
+"""A simulated deployment from names: `cpu` (the profiled CPU, the served engine config and its profile) or
 `a100x4` / `h100x8` with `llama70b` / `qwen32b`; the scheduler and speculation settings, KV capacity,
 cost model, acceptance model and the SLO targets that go with it."""
 
@@ -40,7 +40,7 @@ def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", a
     """`max_slowdown` sets B on GPUs as `tools.profile --max-slowdown` does (the CPU keeps its profile's);
     `slo_mode`: the paper's TPOT targets as stated or in proportion to the baseline (workload.paper_slos);
     `engine_json`: the CPU's engine config (its scheduler settings and the profile it points at);
-    `cpu_speed`: this machine's speed during a measured run, relative to its profile (cost.CpuIterationCost)."""
+    `cpu_speed`: the machine's speed during a measured run, relative to its profile (cost.CpuIterationCost)."""
     if hardware == "cpu":
         return _cpu(policy, acceptance, engine_json, cpu_speed, scheduler_overrides)
     gpu, count = parse_hardware(hardware)

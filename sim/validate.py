@@ -1,5 +1,5 @@
 """The simulator against a measured `make bench` run: the same workload, policies and load levels on
-this CPU's cost model, predicted next to measured joint and TPOT-only attainment and TPOT p50.
+the CPU cost model, predicted next to measured joint and TPOT-only attainment and TPOT p50.
 
     make bench && make sim-validate                        # results/quick-rps.json
     python -m sim.validate results/quick-rps.json [--seed 0 --output-scale 0.5 --time-limit 90]
@@ -13,7 +13,7 @@ harness.bench.InProcess does, so prompt lengths are the measured run's; a prompt
 runs saw the model stop it (their `outputs`), else at max_tokens. The bench JSON does not record
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
 Target steps are priced by a fit to other runs' recorded iterations: `--fit-from` benches (a calibration
-run on this machine; none of the validated bench's own measurements then price it), else every run of
+run on the same machine; none of the validated bench's own measurements then price it), else every run of
 this bench but the one predicted (`--step-cost in-run`, the default when every run recorded its
 iterations), or by the profile's synthetic sweep (`--step-cost profile`); the draft's forwards by the
 profile's roofline. Times are scaled by the speed the machine had during each measured run: `--speed

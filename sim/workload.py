@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from adaserve_backend.request import Request
 from adaserve_backend.sequence import Sequence
+from adaserve_backend.slo import SLO
 from harness.slo_targets import DEFAULT_TTFT_SLO_MS, SloTargets
 from harness.workload import (
     DEFAULT_MIX,
@@ -65,10 +66,10 @@ class SimRequest:
     def sequence(self, seq_id: int) -> Sequence:
         """The engine's own request state (Sequence.start, as Engine._take_inbox makes it); the category
         rides along as the SLO class so the acceptance model can read it."""
+        slo = SLO(self.tpot_slo_ms, self.ttft_slo_ms, self.category)
         req = Request(self.request_id, [0] * self.prompt_tokens, max_tokens=self.max_tokens, ignore_eos=self.stop_after is None,
-                      tpot_slo_ms=self.tpot_slo_ms, ttft_slo_ms=self.ttft_slo_ms, slo_class=self.category,
-                      arrival_time=self.arrival_s)
-        return Sequence.start(req, seq_id, self.tpot_slo_ms, self.arrival_s, frozenset({EOS}), self.ttft_slo_ms)
+                      slo=slo, arrival_time=self.arrival_s)
+        return Sequence.start(req, seq_id, slo, self.arrival_s, frozenset({EOS}))
 
 
 def paper_slos(baseline_tpot_ms: float, ttft_ms: dict[str, float] | None = None, mode: str = "absolute",

@@ -7,6 +7,7 @@ import torch
 from adaserve_backend.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculationConfig
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request
+from adaserve_backend.slo import SLO
 from tests.model_fixtures import hf_reference, our_model
 
 POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:3"]
@@ -44,7 +45,7 @@ def workload(path: str, n: int = 9, seed: int = 0) -> list[Request]:
                 prompt_ids=prompt,
                 max_tokens=int(torch.randint(4, 17, (1,), generator=g)),
                 min_tokens=2 if i % 4 == 0 else 0,
-                tpot_slo_ms=[20.0, 50.0, 150.0][i % 3],
+                slo=SLO(tpot_ms=[20.0, 50.0, 150.0][i % 3]),
             )
         )
     return reqs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -43,6 +44,11 @@ TINY_QWEN2 = dict(
 )
 
 
+# Where checkpoints are written: pytest's session temporary folder (tests/conftest.py sets it, so pytest
+# cleans them up with its other temporary folders); a plain temporary folder outside pytest.
+CHECKPOINT_ROOT: Path | None = None
+
+
 @functools.cache
 def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sharpen: float = 1.0, hidden_size: int | None = None) -> str:
     """Save a random tiny model (safetensors + config.json) and return its directory. `sharpen` scales
@@ -63,7 +69,7 @@ def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sha
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
         model.get_output_embeddings().weight.mul_(sharpen)
-    path = tempfile.mkdtemp(prefix=f"tiny-{kind}-")
+    path = tempfile.mkdtemp(prefix=f"tiny-{kind}-", dir=CHECKPOINT_ROOT)
     model.save_pretrained(path)
     return path
 

@@ -1,13 +1,11 @@
 """CPU attention that reads the paged cache in place (the C++ kernel of csrc/paged_attention.cpp).
 
 torch's SDPA needs each sequence's keys and values contiguous, so the torch backend gathers them into
-padded copies every layer; on this machine that gather cost as much as the attention for a decode
-batch (10 sequences, contexts 150-510, bf16: 7.6 ms of gathers and 7.7 ms of SDPA per forward). The
-kernel walks the pages instead, for every kind of sequence: decode steps, token trees and prefill
-chunks. Until its bfloat16 loops kept their accumulators in registers (bf16_tiles.h), trees of more than
-2 tokens went to SDPA; measured after (whole target forward, bf16, one run each, SDPA -> kernel): one
-9-token tree over 300 keys 22.8 -> 19.1 ms, ten 16-token trees over 800 keys 231 -> 177 ms, a
-256-token prefill chunk over 600 keys 334 -> 297 ms, over 100 keys 237 -> 239 ms (a tie).
+padded copies every layer, a copy of the whole context that under load costs about as much as the
+attention itself (evidence: docs/experiments.md#decode-kernel). The kernel walks the pages instead, for
+every kind of sequence: decode steps, token trees and prefill chunks. Its bfloat16 loops keep their
+accumulators in registers (bf16_tiles.h); without that, trees were slower through the kernel than
+through SDPA (evidence: docs/experiments.md#tree-kernel).
 """
 
 from __future__ import annotations

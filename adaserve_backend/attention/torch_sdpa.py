@@ -7,11 +7,10 @@ trees of 6 tokens pads every tree to 64 queries (9 x 64 query rows for 112 real 
 therefore grouped (`group_sequences`) so that padding costs less than the extra SDPA call would.
 
 In bfloat16 (and float16) the query heads that share a KV head are folded into the query length, so
-SDPA sees a plain multi-head problem of kv_heads heads with heads/kv_heads times the queries: measured
-here, torch 2.x's CPU kernel takes 250 us for one bf16 decode query against 500 keys with
-`enable_gqa` and 40 us folded (8 sequences: 1.8 ms and 0.22 ms; trees of 6 tokens: 1.1 and 0.73 ms),
-with bit-identical outputs for masked problems. float32 keeps the unfolded call: its single-query
-kernel rounds differently when folded (1e-7), and float32 is the exact oracle.
+SDPA sees a plain multi-head problem of kv_heads heads with heads/kv_heads times the queries: torch's
+CPU kernel has a fast path for that shape and none for `enable_gqa`, with bit-identical outputs for
+masked problems (evidence: docs/experiments.md#attention-grouping). float32 keeps the unfolded call:
+its single-query kernel rounds differently when folded (1e-7), and float32 is the exact oracle.
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ from ..kv_cache.kv_cache import KVCache
 from .metadata import AttentionMetadata
 
 # The fixed cost of one more SDPA call per layer (gathers of K, V and the queries, the call, a copy
-# back), in query-key pairs of attention work: ~75 us per layer on this CPU against ~25 ns per pair.
+# back), in query-key pairs of attention work: the ratio of a call's overhead to one pair's cost on the
+# CPU it was tuned for (evidence: docs/experiments.md#attention-grouping).
 GROUP_OVERHEAD_PAIRS = 3072
 
 
@@ -66,8 +66,8 @@ class PaddedGroup:
 
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask as SDPA's additive one (0 where seen, -inf where not), made once per forward:
-    given the boolean mask, SDPA converts it in every layer's call (a prefill chunk of 256 tokens over
-    556 keys, bf16: 0.82 -> 0.67 ms per call, outputs bit-identical)."""
+    given the boolean mask, SDPA converts it in every layer's call; outputs are bit-identical
+    (evidence: docs/experiments.md#bf16-kernel)."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 

@@ -3,8 +3,9 @@ decoding requests, the context they read and the new tokens beyond one per reque
 
 Why beside the rooflines: those are fitted to forwards of 8-token trees over 128-token contexts, which
 is what selection and B need. Under load a CPU step is something else, mostly decode over long
-contexts plus the engine's own per-request work (scheduling, sampling, bookkeeping): measured here,
-26 requests over 150-500-token contexts took 40-60 ms a step where the roofline said 24. The serving
+contexts plus the engine's own per-request work (scheduling, sampling, bookkeeping), which the
+rooflines do not see: they price a loaded step at a fraction of what it takes (evidence:
+docs/experiments.md#profile). The serving
 simulator prices its CPU iterations with this fit; the engine itself keeps the rooflines and corrects
 them with what it measures (scheduler/estimator.py).
 """
@@ -26,8 +27,8 @@ class EngineStepCost:
     per_1k_context_ms: float  # each 1000 cached tokens the decoding requests read
     per_extra_token_ms: float  # each new token beyond one per decoding request (prefill chunks, trees)
     # each request prefilling in the step, whatever its chunk: its own attention call per layer, the
-    # gathers for it, its first token's sampling (measured 2026-11-24: a 16-token chunk beside 20
-    # decodes added 8 ms, a 128-token one 25 ms; per token alone priced the small chunk at 3 ms)
+    # gathers for it, its first token's sampling; priced per token alone, a small chunk looks far
+    # cheaper than it is (evidence: docs/experiments.md#profile)
     per_prefill_ms: float = 0.0
     # Speculating steps, beyond the draft's forwards (its roofline) and the tokens verified:
     spec_base_ms: float = 0.0  # a speculating step's own work
@@ -67,11 +68,13 @@ class EngineStepCost:
                         fallback: EngineStepCost | None = None, min_speculative: int = 20) -> EngineStepCost:
         """The fit from a served run's own iterations (`iteration_record`s, each step's time divided by the
         run's speed if known) instead of tools.profile's synthetic sweep: under a benchmark's load, steps
-        took 10-16% longer than the sweep's fit at the same machine speed (mixed contexts, churned pages,
-        SLO bookkeeping), and about twice as long on a machine without AMX whose probe matched the profile. The speculative terms come from the speculating steps when there are at least
-        `min_speculative`, else from `fallback` (the profile's); their draft forwards are priced as the
-        simulator prices them (sim/cost.py): `draft_step_ms` (the draft's roofline) over the tokens the
-        first step read, then over the beams of each later level."""
+        take longer than the sweep's fit at the same machine speed (mixed contexts, churned pages, SLO
+        bookkeeping), and on another machine the cost's shape moves, not only its scale, even where the
+        speed probe matches the profile (evidence: docs/experiments.md#sim-speed,
+        docs/experiments.md#sim-inrun). The speculative terms come from the speculating steps when there
+        are at least `min_speculative`, else from `fallback` (the profile's); their draft forwards are
+        priced as the simulator prices them (sim/cost.py): `draft_step_ms` (the draft's roofline) over the
+        tokens the first step read, then over the beams of each later level."""
         timed = [r for r in records if r["step_ms"] > 0]
         fit = cls.fit([{"n": r["n"], "context": r["context"], "new_tokens": r["verified"] + r["prefill"],
                         "prefills": r["prefills"], "ms": r["step_ms"]} for r in timed if not r["depth"]])

@@ -32,7 +32,8 @@ class KVCache:
         )
         # Flat views [layers, 2, slots, heads, dim] share storage with `data`.
         self._flat = self.data.view(num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim)
-        # made once: indexing per call cost ~8 us per layer and forward, ~0.5 ms an iteration of target and draft
+        # made once: indexing per call is paid per layer and forward, in both models, every iteration
+        # (evidence: docs/experiments.md#iteration-profile)
         self._layer_views = [(self._flat[i, 0], self._flat[i, 1]) for i in range(num_layers)]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,9 +39,9 @@ def decoder_layer_ops(model):
 @dataclass(frozen=True)
 class FusedStack:
     """What the fused ops read of each layer, gathered once: looked up per forward through nn.Module
-    attributes, the ~14 tensors of 30 layers and the currency check over 120 projections cost ~1.8 ms of
-    Python per target forward here (cProfile, one request: 0.44 ms the check, ~1.3 ms the rest of the
-    loop), a tenth of a decode step."""
+    attributes, the ~14 tensors of every layer and the currency check over every projection are Python
+    paid on each target forward, a noticeable share of a small model's decode step (evidence:
+    docs/experiments.md#iteration-profile)."""
 
     pre: list[tuple]  # per layer: input norm weight, packed qkv, its bias
     post: list[tuple]  # per layer: packed o_proj, its bias, post-attention norm weight, packed gate_up, its bias, packed down, its bias

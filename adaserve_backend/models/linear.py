@@ -1,10 +1,9 @@
 """A linear layer that runs CPU bfloat16 inference on a weight prepacked for oneDNN.
 
 `F.linear` in bfloat16 on CPU reorders the weight into oneDNN's blocked layout on every call; with
-the weight prepacked once, AMX/AVX512-BF16 kernels read it straight away. Measured on this machine
-(2 cores, AMX-BF16): 576->3072 with 1 and 16 rows went from 0.32 / 0.29 ms to 0.18 ms each, and the
-49152-row output head from 8 to 6 ms. float32 keeps `F.linear` so the oracle path stays bit-exact
-with `transformers`.
+the weight prepacked once, AMX/AVX512-BF16 kernels read it straight away, which matters most for the
+few-row GEMMs of decode and small trees (evidence: docs/experiments.md#threads). float32 keeps
+`F.linear` so the oracle path stays bit-exact with `transformers`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..slo import SLO
+
 MAX_STOP = 16
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 512  # chat has no OpenAI default short of the context; a bounded one here
@@ -53,9 +55,7 @@ class Generation:
     min_tokens: int = 0
     stream: bool = False
     include_usage: bool = False
-    tpot_slo_ms: float | None = None
-    ttft_slo_ms: float | None = None
-    slo_class: str | None = None
+    slo: SLO = SLO()
 
 
 def _number(body: Mapping, name: str, lo: float, hi: float, default: float) -> float:
@@ -85,19 +85,17 @@ def _flag(body: Mapping, name: str) -> bool:
     return v
 
 
-def _positive_ms(name: str, v) -> float | None:
-    if v is None:
-        return None
+def _number_of_ms(name: str, v) -> float | None:
+    """A header's text or a JSON number as a float (slo.SLO checks that it is a positive finite one)."""
+    if v is None or isinstance(v, bool):
+        return v
     try:
-        f = float(v)
-    except (TypeError, ValueError):
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
         raise bad(name, f"'{name}' must be a positive number of milliseconds, got {v!r}") from None
-    if isinstance(v, bool) or not math.isfinite(f) or f <= 0:
-        raise bad(name, f"'{name}' must be a positive number of milliseconds, got {v!r}")
-    return f
 
 
-def _slo(body: Mapping, headers: Mapping[str, str]) -> dict:
+def _slo(body: Mapping, headers: Mapping[str, str]) -> SLO:
     """SLO fields from the body or llm-d style headers; both given and different is an error."""
     out = {}
     lower = {k.lower(): v for k, v in headers.items()}
@@ -106,13 +104,11 @@ def _slo(body: Mapping, headers: Mapping[str, str]) -> dict:
         if from_body is not None and from_header is not None and str(from_body) != from_header:
             raise bad(name, f"'{name}' is {from_body!r} in the body but {from_header!r} in header {header}")
         v = from_body if from_body is not None else from_header
-        if name == "slo_class":
-            if v is not None and (not isinstance(v, str) or not v):
-                raise bad(name, f"'slo_class' must be a non-empty string, got {v!r}")
-            out[name] = v
-        else:
-            out[name] = _positive_ms(name, v)
-    return out
+        out[name] = v if name == "slo_class" else _number_of_ms(name, v)
+    try:
+        return SLO(out["tpot_slo_ms"], out["ttft_slo_ms"], out["slo_class"])
+    except ValueError as e:
+        raise bad(str(e).split()[0], str(e)) from None  # SLO's message starts with the field's name
 
 
 def _check_fields(body: Mapping, endpoint: str) -> None:
@@ -183,5 +179,5 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k), seed=_integer(body, "seed", 0, None, 2**64 - 1),
         stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
-        **_slo(body, headers or {}),
+        slo=_slo(body, headers or {}),
     )

@@ -45,12 +45,10 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
              "min_tokens": np.array([gen.min_tokens], dtype=np.int32), "return_num_input_tokens": np.array([True])}
     if gen.stop:
         extra["stop_words"] = np.array([s.encode() for s in gen.stop], dtype=object)
-    if gen.ttft_slo_ms is not None:
-        if "ttft_slo_ms" not in supported:  # an older model repository: never ignore a target silently
-            raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
-        extra["ttft_slo_ms"] = np.array([gen.ttft_slo_ms], dtype=np.float32)
-    return ensemble_tensors(prompt, gen.max_tokens, stream=True, slo_ms=gen.tpot_slo_ms, slo_class=gen.slo_class,
-                            temperature=gen.temperature, seed=gen.seed, chat=False, extra=extra)
+    if gen.slo.ttft_ms is not None and "ttft_slo_ms" not in supported:  # an older model repository: never ignore a target
+        raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
+    return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms, ttft_slo_ms=gen.slo.ttft_ms,
+                            slo_class=gen.slo.slo_class, temperature=gen.temperature, seed=gen.seed, chat=False, extra=extra)
 
 
 class Frontend:

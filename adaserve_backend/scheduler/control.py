@@ -53,15 +53,15 @@ def paced_chunk(allowance_ms: float, extra_ms: Callable[[int], float], cap: int)
 
 def seq_slack_s(seq: Sequence, now: float, t_iter: float) -> float:
     """How far a decoding `seq` is ahead of its SLO after an iteration of `t_iter` yielding one token."""
-    return slo_slack_s(now - seq.first_token_time, t_iter, seq.tpot_slo_s, len(seq.output) - 1)
+    return slo_slack_s(now - seq.first_token_time, t_iter, seq.slo.tpot_s, len(seq.output) - 1)
 
 
 def seq_ends_within_slo(seq: Sequence, slack: float, tpot: float) -> bool:
-    return ends_within_slo(slack, seq.tpot_slo_s, seq.remaining, tpot)
+    return ends_within_slo(slack, seq.slo.tpot_s, seq.remaining, tpot)
 
 
 def on_track(seq: Sequence, now: float, tpot: float) -> bool:
     """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
     if seq.first_token_time is None:
-        return tpot <= seq.tpot_slo_s
+        return tpot <= seq.slo.tpot_s
     return seq_ends_within_slo(seq, seq_slack_s(seq, now, tpot), tpot)

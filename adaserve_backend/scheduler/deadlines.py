@@ -62,5 +62,5 @@ def urgent_chunk(prefilling: list[Sequence], now: float, t_iter_s: float) -> int
 
 
 def rejection_message(seq: Sequence, first_token: float) -> str:
-    return (f"server cannot meet ttft_slo_ms={seq.ttft_slo_s * 1e3:g} at the current load "
+    return (f"server cannot meet ttft_slo_ms={seq.slo.ttft_ms:g} at the current load "
             f"(predicted first token in {(first_token - seq.arrival) * 1e3:.0f} ms)")

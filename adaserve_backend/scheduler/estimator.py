@@ -26,11 +26,12 @@ SPEC_MIN_SAMPLES = 8.0
 EXPLORE_EVERY = 16
 SPEC_MARGIN = 1.03
 # An exploration is not free: the draft first reads every token it skipped while speculation was off
-# (16 requests x 16 tokens), and at high load the selection then often verifies no draft at all. Served
-# at 8 rps, explorations were 11% of the iterations, cost 28-46 ms of drafting each and bought nothing.
-# So each exploration that did not pay by itself, after which speculation still does not pay, doubles
-# the interval (up to EXPLORE_MAX); it restarts at EXPLORE_EVERY when one pays, or once the load falls
-# below EXPLORE_RELOAD of the load where the last one failed (fewer requests: larger trees each).
+# (every request's tokens since the last one), and at high load the selection then often verifies no
+# draft at all, so under sustained load explorations cost drafting and buy nothing (evidence:
+# docs/experiments.md#vllm-lazy-draft). So each exploration that did not pay by itself, after which
+# speculation still does not pay, doubles the interval (up to EXPLORE_MAX); it restarts at
+# EXPLORE_EVERY when one pays, or once the load falls below EXPLORE_RELOAD of the load where the last
+# one failed (fewer requests: larger trees each).
 EXPLORE_MAX = 512
 EXPLORE_RELOAD = 0.75
 # The mirror image: while speculating, one decode iteration in PLAIN_EXPLORE_EVERY runs plain, so the
@@ -38,9 +39,10 @@ EXPLORE_RELOAD = 0.75
 # busier machine, would otherwise keep speculation on where plain decoding is faster).
 PLAIN_EXPLORE_EVERY = 64
 # Likewise between depths: each depth's own measured/predicted time. A profile taken on another machine
-# gets the shape wrong, not only the scale (without AMX a 9-token tree costs 26% more than a 5-token one
-# where the profile said 9%), and one correction for every speculative depth keeps the deeper one; so one
-# speculative iteration in DEPTH_EXPLORE_EVERY runs a neighbouring depth (shallower, then deeper, in turn).
+# gets the shape wrong, not only the scale (a CPU without AMX pays more for a deeper tree's extra rows
+# than an AMX profile says; evidence: docs/experiments.md#spec-pays-depths), and one correction for
+# every speculative depth keeps the deeper one; so one speculative iteration in DEPTH_EXPLORE_EVERY
+# runs a neighbouring depth (shallower, then deeper, in turn).
 DEPTH_EXPLORE_EVERY = 32
 
 
@@ -81,8 +83,8 @@ class Estimator:
         self.total_verifications = 0
         self.total_accepted = 0
         # depth_width(n) until the next measurement changes what it depends on: admission and first-token
-        # deadlines ask it dozens of times a step (in-process at 12 rps, 37 calls a step, 1.4 of a
-        # step's 3.7 ms of scheduling under cProfile)
+        # deadlines ask it dozens of times a step, a large share of the scheduling time (evidence:
+        # docs/experiments.md#depth-width-memo)
         self._depth_width: dict[int, tuple[int, int]] = {}
 
     # ---- learning ------------------------------------------------------------------------------
@@ -179,8 +181,8 @@ class Estimator:
         """Measured over predicted time of this kind of iteration. A prefill chunk's share is the
         target's work, so it takes the plain kind's: with the mixed EMA, each rare speculative
         iteration (the draft catching up, a larger tree) made every chunk look slower for a while, so
-        chunks shrank and waiting requests were turned away (served at 8 rps: 42-52 rejections with
-        speculation on, none with it off)."""
+        chunks shrank and waiting requests were turned away that a run without speculation served
+        (evidence: docs/experiments.md#vllm-lazy-draft)."""
         return self.kind_correction.get(speculative, self.cost_correction)
 
     def verify_tokens(self, n: int, depth: int) -> int:

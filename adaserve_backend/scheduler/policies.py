@@ -72,13 +72,13 @@ class Priority(Sarathi):
     name = "priority"
 
     def order(self, waiting: deque[Sequence]) -> deque[Sequence]:
-        return deque(sorted(waiting, key=lambda s: (s.tpot_slo_s, s.arrival)))
+        return deque(sorted(waiting, key=lambda s: (s.slo.tpot_s, s.arrival)))
 
     def victim(self, running: list[Sequence]) -> Sequence:
-        return max(running, key=lambda s: (s.tpot_slo_s, s.arrival))  # the loosest SLO; ties: the newest
+        return max(running, key=lambda s: (s.slo.tpot_s, s.arrival))  # the loosest SLO; ties: the newest
 
     def preempts_for(self, head: Sequence, running: list[Sequence]) -> bool:
-        return bool(running) and self.victim(running).tpot_slo_s > head.tpot_slo_s
+        return bool(running) and self.victim(running).slo.tpot_s > head.slo.tpot_s
 
 
 class AdaServe(Policy):

@@ -208,16 +208,16 @@ class Scheduler:
         it back would make it wait for nothing). One that fell behind blocks admissions until it has
         caught up: letting others in because it is behind anyway would make it, and those after it, miss.
         One too far behind to catch up still keeps its pace: no admission slows the batch below its
-        target rate (without this, a few late requests let the batch grow until every TPOT collapsed:
-        in-process at 1 rps, TPOT p50 1.3 s with the old rule against 99 ms with this one). The time per
-        token after admitting counts what arriving requests' prefill chunks add to decode iterations
-        (served at 8 rps, 65% of iterations carried one; predicting decode alone admitted until batches
-        of 22 ran at 64 ms per token, past the coding class's 65 ms target)."""
+        target rate (without this, a few late requests let the batch grow until every TPOT collapsed;
+        evidence: docs/experiments.md#admission-late). The time per token after admitting counts what
+        arriving requests' prefill chunks add to decode iterations: under load most iterations carry
+        one, and predicting decode alone lets the batch grow until the chunks push it to the tightest
+        class's target (evidence: docs/experiments.md#vllm-lazy-draft)."""
         est, n = self.estimator, len(self.running)
         best, after = est.tpot_at(1), est.tpot_at(n + 1) * est.ride_along * self.config.admission_headroom
         if not (on_track(seq, now, after) or seq.slo_missed or not on_track(seq, now, best)):
             return False
-        return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.tpot_slo_s < best or after <= s.tpot_slo_s))
+        return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.slo.tpot_s < best or after <= s.slo.tpot_s))
                    for s in self.running)
 
     # ---- first-token deadlines (see deadlines.py) ------------------------------------------------

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import LOOKUP_MAX_COPIES, LOOKUP_MAX_NGRAM, Lookup
+from ..config import LOOKUP_MAX_COPIES, LOOKUP_MAX_NGRAM
 from .token_tree import CandidateTree
 
 # P(the target emits a copied token | it emitted the copied ones before it), by the length of the
-# matched suffix (1-5 tokens) and the token's place in the copy (0, 1, 2, 3+): measured on the target's
-# continuations of draft training prompts (`python -m tools.draft.lookup_rates --max-n 5`: .cache/draft
-# shards 0-3, 2026-11-25), never on benchmark prompts. A 5-token match is followed by the same token
-# 87% of the time, a single token only 21%.
+# matched suffix (1-5 tokens) and the token's place in the copy (0, 1, 2, 3+): priors taken from the
+# target's continuations of draft training prompts, never from benchmark prompts, so they do not flatter
+# the benchmark (`python -m tools.draft.lookup_rates --max-n 5`; evidence:
+# docs/experiments.md#lookup-variants). The longer the match, the likelier the copy is right.
 HIT_RATE = {
     5: (0.87, 0.89, 0.90, 0.91),
     4: (0.72, 0.78, 0.82, 0.81),

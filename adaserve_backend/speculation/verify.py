@@ -55,8 +55,9 @@ def verify(
     """Accept a path of each tree and commit it; keep each prefill chunk. The requests' own state
     (output, prefill progress) is left to `Scheduler.update`."""
     result = IterationResult(now)
-    # Every row's argmax in one call: per row, argmax and the logits' clone cost ~0.1 ms each (24 decoding
-    # requests: ~2 ms of a 55-ms step); greedy rows take it from here (see choose).
+    # Every row's argmax in one call: per row, argmax and the logits' clone add a fixed cost per decoding
+    # request, which a large batch feels (evidence: docs/experiments.md#vllm-4-16); greedy rows take it
+    # from here (see choose).
     tops = out.logits.argmax(-1).tolist() if len(out.logits) else []
     for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
         try:

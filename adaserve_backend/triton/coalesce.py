@@ -6,10 +6,10 @@ comes out of the engine's step (see StreamingConfig). A held token leaves at mos
 after it was made. The first and the last token are never held, so neither the time to first token
 nor the time per output token (mean over the request) changes; the gaps between responses do.
 
-Why not also bound the hold by the request's TPOT target (this module did until 2026-11-24): at 8 rps
-through the ensemble, requests near their targets then streamed nearly every iteration, the engine's
-steps took 58-62 ms instead of 44-55 at the same batch (16-25 requests) and 74-117 of 480 requests
-were rejected; with a 250 ms hold alone, 10.
+Why not also bound the hold by the request's TPOT target (an earlier version did): requests near their
+targets then stream nearly every iteration, which is exactly when the engine has no time to spare; its
+steps slow down at the same batch and admission turns requests away (evidence:
+docs/experiments.md#holds).
 """
 
 from __future__ import annotations

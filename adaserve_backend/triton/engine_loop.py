@@ -4,7 +4,7 @@ never blocks on a client.
 
 Every accepted request ends with exactly one FINAL response: its last data response, an error, or
 CANCELLED. Cancellation (client cancel or dropped stream) is polled by a watcher thread, paced by
-serving.cancel_sweep_interval, and frees the request's KV blocks at once. Requests from the ensemble
+cancellation.py, and frees the request's KV blocks at once. Requests from the ensemble
 pipeline (accept_ack) are not polled: the pipeline watches its client and aborts them by id.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..engine import Engine
 from ..request import FinishReason, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
+from .cancellation import CancellationWatcher
 from .coalesce import must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
@@ -34,7 +35,7 @@ from .protocol import (
     response_tensors,
 )
 from .repository import load_engine_config
-from .serving import SHUTTING_DOWN, ServingWatch, cancel_sweep_interval
+from .serving import SHUTTING_DOWN, ServingWatch
 
 log = logging.getLogger("adaserve")
 
@@ -69,7 +70,7 @@ class TritonEngineLoop:
             raise self._build_error
         self.tokenizer = self.engine.tokenizer
         classes = [c.name for c in config.scheduler.slo_classes] + ["custom"]
-        self.default_class = config.scheduler.default_slo_class
+        self.scheduler_config = config.scheduler  # resolves each request's SLO class for the metrics
         self.max_hold_ms = config.streaming.max_hold_ms
         self.next_step_s: float | None = None
         self.metrics = EngineMetrics(pb, classes)
@@ -81,8 +82,12 @@ class TritonEngineLoop:
         self.sends: queue.SimpleQueue = queue.SimpleQueue()
         self.send_thread = threading.Thread(target=self._send_loop, name="adaserve-responses", daemon=True)
         self.send_thread.start()
-        self.cancel_thread = threading.Thread(target=self._watch_cancellations, name="adaserve-cancel-watch", daemon=True)
-        self.cancel_thread.start()
+        # On its own thread: polling from the engine thread stalls the loop once per sweep, longer the more
+        # requests are in flight (docs/experiments.md#cancel-thread).
+        self.cancel_watch = CancellationWatcher(
+            "adaserve-cancel-watch", self.lock, lambda: [i for i, a in self.active.items() if a.watched],
+            lambda i: a.sender if (a := self.active.get(i)) is not None else None, self.engine.abort,
+            lambda: self.stopping).start()
         self._started.set()
 
     # ---- called from Triton's execute -----------------------------------------------------------
@@ -103,7 +108,7 @@ class TritonEngineLoop:
             if "request_id" in tensors:
                 request_id = _string(tensors["request_id"])
             req, options = parse_request(request_id, tensors, self.tokenizer)
-            slo_class = req.slo_class or ("custom" if req.tpot_slo_ms is not None else self.default_class)
+            slo_class = self.scheduler_config.resolve_slo(req.slo).slo_class
         except ValueError as e:
             self._send_error(sender, str(e), self.pb.TritonError.INVALID_ARG)
             return
@@ -130,16 +135,15 @@ class TritonEngineLoop:
         self.loop_thread.join(timeout=SHUTDOWN_WAIT_S)
         if self.loop_thread.is_alive():
             log.warning("the engine loop did not stop within %.0f s", SHUTDOWN_WAIT_S)
-        self.cancel_thread.join(timeout=1)
+        self.cancel_watch.thread.join(timeout=1)
         self.sends.put(None)
         self.send_thread.join(timeout=SHUTDOWN_WAIT_S)
 
     # ---- engine loop thread ---------------------------------------------------------------------
     def _loop(self, engine: Engine | None, config) -> None:
         # The engine is built on this thread, not on Triton's: once a thread has run oneDNN's GEMMs,
-        # the same GEMMs run on any other thread take 1.5x as long (measured here: 30 bf16 576x3072
-        # decode linears 6.0 ms, 9.2 ms on a second thread; a whole decode step 22 -> 37 ms), and the
-        # model's prepacking and load run oneDNN.
+        # the same GEMMs run on any other thread take markedly longer (docs/experiments.md#engine-thread),
+        # and the model's prepacking and load run oneDNN.
         try:
             self.engine = engine or Engine.from_config(config)
         except BaseException as e:  # initialize re-raises it: the model fails to load, loudly
@@ -184,31 +188,6 @@ class TritonEngineLoop:
                 self.metrics.on_step(self.engine, sum(len(o.new_token_ids) for o in outputs), iteration, now)
             except Exception:
                 log.exception("metrics failed")
-
-    def _watch_cancellations(self) -> None:
-        # Why on its own thread: on the engine thread, 16 requests' polls stalled the loop every 0.1 s.
-        watched = 0
-        while not self.stopping:
-            time.sleep(cancel_sweep_interval(watched))
-            try:
-                watched = self._poll_cancellations()
-            except Exception:  # never ends the watcher
-                log.exception("cancellation polling failed")
-
-    def _poll_cancellations(self) -> int:
-        """Aborts the watched requests whose client cancelled; returns how many it asked about."""
-        with self.lock:
-            ids = [request_id for request_id, a in self.active.items() if a.watched]
-        for request_id in ids:
-            # Asked under the lock, only while the request is active: once _deliver removed it, its final
-            # response may be sent, Triton frees the sender's response factory, and is_cancelled() on a
-            # freed factory crashes the server.
-            with self.lock:
-                a = self.active.get(request_id)
-                cancelled = a is not None and a.sender.is_cancelled()
-            if cancelled:
-                self.engine.abort(request_id)
-        return len(ids)
 
     def _deliver(self, out: RequestOutput) -> None:
         with self.lock:
@@ -282,7 +261,7 @@ class TritonEngineLoop:
         tpot = tpot_seconds(first, out.emit_time, out.num_output_tokens)
         self.metrics.on_finish(Finished(
             a.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot, out.emit_time - out.arrival_time,
-            out.stats.queue_wait_s, attains_ttft(ttft, out.ttft_slo_ms), not rejected and attains(tpot, out.tpot_slo_ms),
+            out.stats.queue_wait_s, attains_ttft(ttft, out.slo.ttft_ms), not rejected and attains(tpot, out.slo.tpot_ms),
             rejected, out.stats.overload,
         ))
 

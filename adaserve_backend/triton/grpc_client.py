@@ -20,10 +20,11 @@ DTYPES = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32):
           np.dtype(np.uint64): "UINT64"}
 
 
-def ensemble_tensors(prompt: str, max_tokens: int, stream: bool = True, slo_ms: float | None = None, slo_class: str | None = None,
-                     temperature: float = 0.0, seed: int | None = None, chat: bool = False, extra: dict | None = None) -> dict[str, np.ndarray]:
-    """The named inputs; `extra` maps further input names to numpy arrays. Token counts and the finish
-    reason are always asked for (clients score and report with them)."""
+def ensemble_tensors(prompt: str, max_tokens: int, stream: bool = True, tpot_slo_ms: float | None = None,
+                     slo_class: str | None = None, temperature: float = 0.0, seed: int | None = None, chat: bool = False,
+                     extra: dict | None = None, ttft_slo_ms: float | None = None) -> dict[str, np.ndarray]:
+    """The named inputs, as sent (the server validates them: slo.SLO); `extra` maps further input names
+    to numpy arrays. Token counts and the finish reason are always asked for (clients score with them)."""
     tensors = {
         "text_input": np.array([prompt.encode("utf-8")], dtype=object),
         "max_tokens": np.array([max_tokens], dtype=np.int32),
@@ -33,8 +34,9 @@ def ensemble_tensors(prompt: str, max_tokens: int, stream: bool = True, slo_ms: 
         "return_num_output_tokens": np.array([True]),
         "return_finish_reason": np.array([True]),
     }
-    if slo_ms is not None:
-        tensors["tpot_slo_ms"] = np.array([slo_ms], dtype=np.float32)
+    for name, ms in (("tpot_slo_ms", tpot_slo_ms), ("ttft_slo_ms", ttft_slo_ms)):
+        if ms is not None:
+            tensors[name] = np.array([ms], dtype=np.float32)
     if slo_class is not None:
         tensors["slo_class"] = np.array([slo_class.encode()], dtype=object)
     if seed is not None:

@@ -4,8 +4,8 @@ postprocessing, with the same inputs and outputs a Triton ensemble would expose.
 Where each response's text comes from (`detokenizer`, the model's config parameter): "scheduler" (the
 default) passes on the text the scheduler model rendered in its stream; "postprocessing" calls the
 detokenizer model once per response. Why the default: on 2 cores every process hop a token takes is
-felt by the engine's threads; at 4 rps the per-response BLS call to the detokenizer made served decode
-iterations of 10 sequences 42 ms instead of 37 (the same ids were decoded twice, once in each model).
+felt by the engine's threads; a per-response BLS call to the detokenizer slows served decode iterations,
+and the same ids would be decoded twice, once in each model (docs/experiments.md#scheduler-text).
 
 Why not `platform: "ensemble"`: Triton 2.51's ensemble scheduler does not forward a client's
 cancellation to an in-flight decoupled step (the server log shows the gRPC handler dropping the
@@ -28,7 +28,7 @@ serves stub-to-parent requests ran ~ResponseIterator from SendCleanupId): a stre
 every response it returned, and the stub drops its own reference to a finished iterator on a thread
 that does not hold the GIL. If Python dropped its reference first, the iterator and the numpy arrays of
 all its responses are freed on that thread, racing the interpreter; under load this crashed the
-pipeline's stub every few hundred requests, and every later request failed ("Stub process is not
+pipeline's stub (docs/experiments.md#pipeline-crash), and every later request failed ("Stub process is not
 healthy"). Released by Python, the destruction runs under the GIL.
 """
 
@@ -42,9 +42,10 @@ from collections import deque
 
 import numpy as np
 
+from .cancellation import CancellationWatcher
 from .protocol import ACK_INPUT, ERROR_OUTPUT, INPUT_NAMES, TEXT_OUTPUT, response_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
-from .serving import CANCEL_POLL_S, SERVER_NOT_READY, SHUTTING_DOWN, ServingWatch, cancel_sweep_interval
+from .serving import SERVER_NOT_READY, SHUTTING_DOWN, ServingWatch
 
 log = logging.getLogger("adaserve")
 # How long finalize waits for request threads still reading the scheduler model's stream (Triton's own
@@ -71,8 +72,10 @@ class BLSPipeline:
         self.runs = 0  # request threads alive, under `idle`
         self.idle = threading.Condition()
         self.retired: deque[tuple[float, object]] = deque()  # (when, BLS stream), oldest first
-        self.watcher = threading.Thread(target=self._watch_cancellations, name="adaserve-cancel-watch", daemon=True)
-        self.watcher.start()
+        self._aborted: set[str] = set()
+        self._stopped_at: float | None = None
+        self.watcher = CancellationWatcher("adaserve-cancel-watch", self.lock, self._cancellation_candidates, self.active.get,
+                                           self._cancel, lambda: self.stopping, self._between_sweeps).start()
 
     def submit(self, request) -> None:
         arrival_ns = time.time_ns()  # the scheduler's first-token deadline counts from here (protocol._arrival)
@@ -86,11 +89,11 @@ class BLSPipeline:
 
     def shutdown(self) -> None:
         self.stopping = True
-        self.watcher.join(timeout=1)
+        self.watcher.thread.join(timeout=1)
         self._answer_all()
         # Why wait: a request thread may still be reading the scheduler model's stream to its end
         # (_drain). Responses that arrive after this model's stub has exited land in freed shared
-        # memory, and the server aborts (seen: boost lock_exception, SIGABRT, during a shutdown).
+        # memory, and the server aborts (the failure: boost lock_exception, SIGABRT).
         with self.idle:
             if not self.idle.wait_for(lambda: self.runs == 0, timeout=DRAIN_TIMEOUT_S):
                 log.warning("pipeline shutdown: %d request threads still reading after %.0f s", self.runs, DRAIN_TIMEOUT_S)
@@ -228,7 +231,7 @@ class BLSPipeline:
 
     def _finish(self, sender, request_id: str, response) -> None:
         # Under the lock: Triton frees a sender's response factory once the final response is sent,
-        # and is_cancelled() on a freed factory crashes the server (seen under load), so the watcher
+        # and is_cancelled() on a freed factory crashes the server (a crash under load), so the watcher
         # must never hold a sender past its final send.
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self.lock:
@@ -240,39 +243,27 @@ class BLSPipeline:
                 log.warning("could not send the final response", exc_info=True)
 
     # ---- cancellation ---------------------------------------------------------------------------
-    def _watch_cancellations(self) -> None:
-        aborted: set[str] = set()
-        stopped_at, next_sweep = None, 0.0
-        while not self.stopping:
-            time.sleep(CANCEL_POLL_S)
-            self._release_retired()
-            if self.active and self.serving.stopping():  # see serving.py
-                # The scheduler model ends each request itself, and the request thread answers its
-                # client after that (see the module docstring); only what it leaves is answered here.
-                stopped_at = stopped_at or time.monotonic()
-                if time.monotonic() - stopped_at > ANSWER_AFTER_S:
-                    self._answer_all()
-                continue
-            if time.monotonic() < next_sweep:
-                continue
-            with self.lock:
-                live = set(self.active)
-            next_sweep = time.monotonic() + cancel_sweep_interval(len(live - aborted))
-            for request_id in live - aborted:
-                # One request at a time under the lock (see _finish), never the whole sweep: every response
-                # this pipeline forwards takes the lock too, and each is_cancelled() is a round trip to the
-                # server process, so a sweep under the lock held every stream for one round trip per active
-                # request (hundreds under overload). Not what limits the ensemble at 16 rps, measured: 0.08
-                # joint attainment before, 0.07 after, one run each.
-                with self.lock:
-                    if self.stopping:
-                        return
-                    sender = self.active.get(request_id)
-                    cancelled = sender is not None and sender.is_cancelled()
-                if cancelled:
-                    aborted.add(request_id)
-                    self._abort(request_id)
-            aborted &= live
+    def _cancellation_candidates(self) -> set[str]:
+        """Live requests not aborted yet (called under the lock)."""
+        live = set(self.active)
+        self._aborted &= live
+        return live - self._aborted
+
+    def _cancel(self, request_id: str) -> None:
+        self._aborted.add(request_id)
+        self._abort(request_id)
+
+    def _between_sweeps(self) -> bool:
+        """Drop retired streams; once the server stops, skip cancellation and answer what the scheduler
+        model has not ended after ANSWER_AFTER_S (it ends each request itself, and the request thread
+        answers its client after that: see the module docstring)."""
+        self._release_retired()
+        if not (self.active and self.serving.stopping()):  # see serving.py
+            return False
+        self._stopped_at = self._stopped_at or time.monotonic()
+        if time.monotonic() - self._stopped_at > ANSWER_AFTER_S:
+            self._answer_all()
+        return True
 
     def _abort(self, request_id: str) -> None:
         pb = self.pb

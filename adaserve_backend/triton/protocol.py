@@ -16,6 +16,7 @@ import numpy as np
 
 from ..chat import encode_chat
 from ..request import Request, RequestOutput, SamplingParams
+from ..slo import SLO
 from .detokenize import Rendered
 
 MAX_STOP_WORDS = 16
@@ -120,8 +121,8 @@ def _arrival(x: _Inputs) -> float | None:
     """`arrival_time_ns` (wall clock: when the request reached the server, stamped by the ensemble
     pipeline or a gateway in front) on the engine's monotonic clock, never later than now; None: the
     engine takes its own receipt. Why: the first-token deadline runs from the client's arrival, and
-    under overload the pipeline's own queueing before this model was seconds (served at 16 rps through
-    the ensemble: TTFT p50 9.3 s while the scheduler, counting from its receipt, saw requests on time)."""
+    under overload the pipeline's own queueing before this model can take seconds that a scheduler
+    counting from its receipt never sees (docs/experiments.md#vllm-4-16)."""
     ns = x.scalar("arrival_time_ns", None, int)
     if ns is None:
         return None
@@ -145,13 +146,6 @@ def _finite(name: str):
         return f
 
     return cast
-
-
-def _positive_ms(x: _Inputs, name: str) -> float | None:
-    ms = x.scalar(name, None, _finite(name))
-    if ms is not None and ms <= 0:
-        raise ValueError(f"{name} must be positive, got {ms}")
-    return ms
 
 
 def encode_prompt(tokenizer, raw: bytes, apply_chat_template: bool) -> list[int]:
@@ -202,8 +196,8 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
     stop_words = [w for w in x.strings("stop_words") if w]
     if len(stop_words) > MAX_STOP_WORDS:
         raise ValueError(f"at most {MAX_STOP_WORDS} stop_words")
-    slo_ms, ttft_ms = (_positive_ms(x, name) for name in ("tpot_slo_ms", "ttft_slo_ms"))
-    slo_class = x.scalar("slo_class", None, str) or None
+    slo = SLO(*(x.scalar(name, None, _finite(name)) for name in ("tpot_slo_ms", "ttft_slo_ms")),
+              x.scalar("slo_class", None, str) or None)
     min_length = x.scalar("min_length", 0, int)  # parsed even when min_tokens wins: a bad value is an error
     min_tokens = x.scalar("min_tokens", min_length, int)
     request = Request(
@@ -213,9 +207,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         min_tokens=min_tokens,
         sampling=sampling,
         stop_strings=tuple(stop_words),
-        tpot_slo_ms=slo_ms,
-        ttft_slo_ms=ttft_ms,
-        slo_class=slo_class,
+        slo=slo,
         arrival_time=_arrival(x),
     )
     options = ResponseOptions(

@@ -53,7 +53,7 @@ def server_environment() -> dict[str, str]:
     """This environment without an active virtual environment's `bin` on PATH. Why: the stub embeds the
     system's libpython and sets its prefix from the first `python3` on PATH; an activated venv's python3
     reads pyvenv.cfg and points the stub at another build's standard library, whose C modules fail to
-    load against the system's libpython (seen: `_ssl ... undefined symbol: _PyModule_Add`). The venv
+    load against the system's libpython (the failure: `_ssl ... undefined symbol: _PyModule_Add`). The venv
     reaches the models through PYTHONPATH instead (stub_path.py)."""
     env = dict(os.environ)
     env.pop("VIRTUAL_ENV", None)

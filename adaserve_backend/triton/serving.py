@@ -10,10 +10,10 @@ while it serves and "Server not ready" once it stops. Why not `pb_utils.is_model
 server stops it fails with that same error, and in the 2.51 Python backend (still so upstream) a
 failing model-control request frees its error message in shared memory while the stub may still read
 it (`Stub::SendMessage` reads `msg->error` after releasing the parent, whose `ProcessMessage` then
-frees it). The likely cause of our shutdowns that aborted the server (boost::interprocess::
-lock_exception) or segfaulted within a second of the first failing checks: 2 of 5 runs before this
-change (the shutdown test's old xfail said about 1 in 4), none of 11 after. A failing BLS call hands
-its error over before it releases the parent (`ExecuteBLSRequest`), so the probe does not race.
+frees it). The likely cause of shutdowns that aborted the server (boost::interprocess::lock_exception)
+or segfaulted within a second of the first failing checks; they stopped with this probe (evidence:
+docs/experiments.md#shutdown-race). A failing BLS call hands its error over before it releases the
+parent (`ExecuteBLSRequest`), so the probe does not race.
 """
 
 from __future__ import annotations
@@ -27,19 +27,6 @@ CHECK_EVERY_S = 0.25  # one BLS call per check; requests end within this of a sh
 SHUTTING_DOWN = "the server is shutting down"
 SERVER_NOT_READY = "Server not ready"  # Triton's answer to a BLS call once the server stops
 PROBE_MODEL = "adaserve-serving-probe"  # no model has this name
-# Cancellation is polled (the Python backend has no callback for it), and each is_cancelled() is a round
-# trip to the server process that wakes a thread on the two cores the engine's OpenMP threads use. So a
-# model's sweep over its requests is paced to at most CANCEL_CHECKS_PER_S checks a second, between every
-# CANCEL_POLL_S (few requests) and every CANCEL_POLL_MAX_S (a cancelled request keeps its KV blocks at
-# most this much longer). Under load, unpaced, both models' sweeps were ~640 round trips a second at 16 rps.
-CANCEL_POLL_S = 0.1
-CANCEL_POLL_MAX_S = 1.0
-CANCEL_CHECKS_PER_S = 40
-
-
-def cancel_sweep_interval(active: int) -> float:
-    """Seconds until the next cancellation sweep over `active` requests."""
-    return min(CANCEL_POLL_MAX_S, max(CANCEL_POLL_S, active / CANCEL_CHECKS_PER_S))
 
 
 class ServingWatch:

@@ -3,7 +3,7 @@
 the backend stub's sys.path that all models share.
 
 Why it exists: the Python backend stub embeds an *isolated* interpreter (sys.flags.isolated and
-ignore_environment are 1, seen on this server), so the PYTHONPATH the launcher sets (this project and
+ignore_environment are 1 inside the stub), so the PYTHONPATH the launcher sets (this project and
 its virtual environment's site-packages) is never read. Its sys.path holds only the system Python's
 directories, the model's own directories and the backend directory. This honours PYTHONPATH.
 No imports beyond the standard library: nothing else is importable yet.

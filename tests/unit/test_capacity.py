@@ -6,6 +6,7 @@ from adaserve_backend.kv_cache import BlockManager
 from adaserve_backend.request import Request
 from adaserve_backend.scheduler.capacity import draft_chain_len, iteration_fits
 from adaserve_backend.sequence import Sequence
+from adaserve_backend.slo import SLO
 
 
 def cached(blocks: BlockManager, seq_id: int, n: int) -> None:
@@ -14,7 +15,7 @@ def cached(blocks: BlockManager, seq_id: int, n: int) -> None:
 
 
 def test_a_tree_fits_the_target_and_its_beams_the_draft_or_not():
-    s = Sequence(Request("a", [5] * 7), 0, 0.1, 0.0, frozenset(), None, 7, output=[9], prefilled=7)
+    s = Sequence(Request("a", [5] * 7), 0, SLO(tpot_ms=100.0), 0.0, frozenset(), None, 7, output=[9], prefilled=7)
     target, draft = BlockManager(4, 4), BlockManager(3, 4)
     cached(target, s.seq_id, 8)  # prompt and first token: 2 blocks, 2 free
     cached(draft, s.seq_id, 6)  # two tokens behind: 2 blocks, 1 free
@@ -30,5 +31,5 @@ def test_a_tree_fits_the_target_and_its_beams_the_draft_or_not():
     assert not iteration_fits(target, None, [s], {}, 3, 2, lookup_tokens=2)
     assert iteration_fits(target, draft, [s], {}, 2, 2, lookup_tokens=1)
     # a prefill chunk rides along: one decode token (a third block) and a new block of 4, not 2 of 5
-    p = Sequence(Request("b", [5] * 8), 1, 0.1, 0.0, frozenset(), None, 8)
+    p = Sequence(Request("b", [5] * 8), 1, SLO(tpot_ms=100.0), 0.0, frozenset(), None, 8)
     assert iteration_fits(target, None, [s], {p: 4}, 0, 0) and not iteration_fits(target, None, [s], {p: 5}, 0, 0)

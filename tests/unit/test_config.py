@@ -7,6 +7,7 @@ import json
 import pytest
 
 from adaserve_backend.config import EngineConfig
+from adaserve_backend.slo import SLO
 
 
 def test_engine_json_profile_path_is_relative_to_the_file(tmp_path):
@@ -19,13 +20,21 @@ def test_engine_json_profile_path_is_relative_to_the_file(tmp_path):
 
 def test_a_request_slo_is_its_own_then_its_class_then_the_default_and_a_bad_class_is_an_error():
     sched = EngineConfig().scheduler
-    default = sched.slo_ms(sched.default_slo_class)
-    name, ms = sched.slo_classes[0].name, sched.slo_classes[0].tpot_ms
-    assert sched.request_slo_ms(None, None) == default
-    assert sched.request_slo_ms(None, name) == ms
-    assert sched.request_slo_ms(42.0, name) == 42.0
+    default = sched.slo_class(sched.default_slo_class)
+    cls = sched.slo_classes[0]
+    assert sched.resolve_slo(SLO()) == SLO(default.tpot_ms, default.ttft_ms, default.name)
+    assert sched.resolve_slo(SLO(slo_class=cls.name)) == SLO(cls.tpot_ms, cls.ttft_ms, cls.name)
+    assert sched.resolve_slo(SLO(42.0, slo_class=cls.name)) == SLO(42.0, cls.ttft_ms, cls.name)
+    assert sched.resolve_slo(SLO(42.0)) == SLO(42.0, default.ttft_ms, "custom")  # counted apart in the metrics
     with pytest.raises(ValueError, match="slo_class"):
-        sched.request_slo_ms(42.0, "no-such-class")  # unused, still checked
+        sched.resolve_slo(SLO(42.0, 100.0, "no-such-class"))  # unused, still checked
+
+
+@pytest.mark.parametrize("fields", [dict(tpot_ms=-5.0), dict(tpot_ms=float("nan")), dict(ttft_ms=0.0),
+                                    dict(ttft_ms=float("inf")), dict(tpot_ms=True), dict(slo_class=""), dict(tpot_ms="50")])
+def test_an_slo_is_validated_where_it_is_made(fields):
+    with pytest.raises(ValueError, match=r"^(tpot_slo_ms|ttft_slo_ms|slo_class) must be"):
+        SLO(**fields)
 
 
 def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_benchmark():
@@ -34,10 +43,8 @@ def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_be
 
     sched = SchedulerConfig()
     assert {c.name: c.ttft_ms for c in sched.slo_classes} == DEFAULT_TTFT_SLO_MS
-    assert sched.request_ttft_ms(None, None) == sched.slo_class(sched.default_slo_class).ttft_ms
-    assert sched.request_ttft_ms(None, "summary") == 5000.0 and sched.request_ttft_ms(300.0, "summary") == 300.0
-    with pytest.raises(ValueError, match="slo_class"):
-        sched.request_ttft_ms(300.0, "no-such-class")
+    assert sched.resolve_slo(SLO(slo_class="summary")).ttft_ms == 5000.0
+    assert sched.resolve_slo(SLO(ttft_ms=300.0, slo_class="summary")).ttft_ms == 300.0
     with pytest.raises(ValueError, match="ttft_ms"):
         SLOClass("x", 50.0, 0.0)
     with pytest.raises(ValueError, match="overload"):

@@ -14,6 +14,7 @@ from adaserve_backend.scheduler.plan import IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
 from adaserve_backend.scheduler.scheduler import Scheduler
 from adaserve_backend.sequence import Sequence
+from adaserve_backend.slo import SLO
 from tests.unit.test_scheduler import SPEC, Clock, TableEstimator, _ids, steep_estimator
 
 # 50 ms per token alone; a second request would make everyone's 300 ms: admission allows one at a time
@@ -28,7 +29,7 @@ def deadline_scheduler(estimator=None, **config) -> Scheduler:
 
 def arrive(sched: Scheduler, rid: str, clock: Clock, ttft_ms: float, tpot_ms: float = 100.0, prompt: int = 8,
            max_tokens: int = 4) -> Sequence:
-    s = Sequence.start(Request(rid, [5] * prompt, max_tokens=max_tokens), next(_ids), tpot_ms, clock.now, frozenset(), ttft_ms)
+    s = Sequence.start(Request(rid, [5] * prompt, max_tokens=max_tokens), next(_ids), SLO(tpot_ms, ttft_ms), clock.now, frozenset())
     sched.add(s)
     return s
 
@@ -157,8 +158,8 @@ def test_first_tokens_set_a_floor_under_prefill_pacing():
     """A decoding request behind its TPOT stops prefill pacing (test_scheduler); a prefilling request
     whose first token is due gets the chunk its deadline needs anyway."""
     now = 1000.0
-    a = Sequence.start(Request("a", [5] * 300), 1, 100.0, now, frozenset(), 1000.0)
-    b = Sequence.start(Request("b", [5] * 100), 2, 100.0, now - 0.5, frozenset(), 1000.0)
+    a = Sequence.start(Request("a", [5] * 300), 1, SLO(100.0, 1000.0), now, frozenset())
+    b = Sequence.start(Request("b", [5] * 100), 2, SLO(100.0, 1000.0), now - 0.5, frozenset())
     # b is due at +0.5 s (5 iterations of 0.1 s: 20 tokens each), a at +1.0 s behind b (400 in 10: 40)
     assert urgent_chunk([a, b], now, 0.1) == 40
     assert urgent_chunk([a], now + 2.0, 0.1) == 300  # late already: all of it now

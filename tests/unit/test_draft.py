@@ -26,7 +26,7 @@ from adaserve_backend.models.feature_draft import (
 )
 from tests.engines import POLICIES, make_engine, reference, run_staggered, workload
 from tests.model_fixtures import our_model, tiny_checkpoint
-from tools.draft.teacher import dense_hidden, dense_logits, dense_run, shifted
+from tools.draft.teacher import dense_logits, dense_run, shifted
 from tools.draft.ttt import unrolled
 
 LAYOUTS = ("eagle3", "eagle1")

@@ -11,50 +11,40 @@ from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
 from adaserve_backend.request import FinishReason, Request
+from adaserve_backend.slo import SLO
 from tests.engines import POLICIES, assert_all_blocks_free, make_engine, reference, run_staggered, workload
 from tests.model_fixtures import tiny_checkpoint
 
+# The oracle cases: (target, draft, engine options, workload options). "other": an unrelated random draft,
+# without prompt lookup (this tiny target repeats itself, so copies from the context would be accepted
+# where the draft's guesses are not: test_prompt_lookup_grafts_copies...). "kv-pressure": a cache too
+# small for all requests at once (64 tokens for 10 requests): admission waits, preemption recomputes.
+ORACLE_CASES = {
+    "tiny-self-draft": (lambda: ("llama", "self"), dict(lookup_ngram=3), dict()),
+    "tiny-other-draft": (lambda: ("llama", tiny_checkpoint("llama", seed=1)), dict(lookup_ngram=0), dict()),
+    "kv-pressure": (lambda: ("qwen2", "self"), dict(num_blocks=16), dict(n=10, seed=3)),
+    "embedded": (lambda: (EMBEDDED_DEFAULT, None), dict(), dict(n=8, seed=5)),
+}
+
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("draft", ["self", "other"])
-def test_greedy_matches_transformers_tiny(policy, draft):
-    target = tiny_checkpoint("llama")
-    # without prompt lookup for the unrelated draft: this tiny target repeats itself, so copies from the
-    # context would be accepted where the draft's guesses are not (test_prompt_lookup_grafts_copies...)
-    engine = make_engine(target, target if draft == "self" else tiny_checkpoint("llama", seed=1), policy,
-                         lookup_ngram=3 if draft == "self" else 0)
-    reqs = workload(target)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "embedded" else c for c in ORACLE_CASES])
+def test_greedy_matches_transformers(case, policy):
+    """Greedy outputs equal transformers' greedy generate, token for token, and every block is freed."""
+    pair, options, load = ORACLE_CASES[case]
+    target, draft = pair()
+    target = tiny_checkpoint(target) if target in ("llama", "qwen2") else target
+    engine = make_engine(target, target if draft == "self" else draft, policy, **options)
+    reqs = workload(target, **load)
     got = run_staggered(engine, reqs)
     for r in reqs:
         assert got[r.request_id] == reference(target, r), r.request_id
     assert_all_blocks_free(engine)
-    if policy in ("adaserve", "spec:3"):
+    if case == "kv-pressure":
+        assert engine.num_preemptions > 0
+    if case.startswith("tiny") and policy in ("adaserve", "spec:3"):
         # a draft identical to the target is always right; an unrelated random one almost never
-        assert engine.mean_accepted() > 1.8 if draft == "self" else engine.mean_accepted() < 1.2
-
-
-@pytest.mark.parametrize("policy", POLICIES)
-def test_greedy_matches_transformers_under_kv_pressure(policy):
-    """A cache too small for all requests at once: admission waits and preemption recomputes."""
-    target = tiny_checkpoint("qwen2")
-    engine = make_engine(target, target, policy, num_blocks=16)  # 64 tokens for 10 requests
-    reqs = workload(target, n=10, seed=3)
-    got = run_staggered(engine, reqs)
-    for r in reqs:
-        assert got[r.request_id] == reference(target, r), r.request_id
-    assert_all_blocks_free(engine)
-    assert engine.num_preemptions > 0
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("policy", POLICIES)
-def test_greedy_matches_transformers_embedded(policy):
-    engine = make_engine(EMBEDDED_DEFAULT, None, policy)
-    reqs = workload(EMBEDDED_DEFAULT, n=8, seed=5)
-    got = run_staggered(engine, reqs)
-    for r in reqs:
-        assert got[r.request_id] == reference(EMBEDDED_DEFAULT, r), r.request_id
-    assert_all_blocks_free(engine)
+        assert engine.mean_accepted() > 1.8 if case == "tiny-self-draft" else engine.mean_accepted() < 1.2
 
 
 def steep_profile(tmp_path) -> str:
@@ -68,7 +58,7 @@ def test_slo_paced_prefill_keeps_greedy_exact(tmp_path):
     target = tiny_checkpoint("llama")
     engine = make_engine(target, target, "adaserve", profile_path=steep_profile(tmp_path))
     assert engine.cost is not None
-    reqs = [dataclasses.replace(r, tpot_slo_ms=slo) for r, slo in zip(workload(target), [2.0, 5.0, 1e3] * 3)]
+    reqs = [dataclasses.replace(r, slo=SLO(tpot_ms=slo)) for r, slo in zip(workload(target), [2.0, 5.0, 1e3] * 3)]
     got = run_staggered(engine, reqs)
     for r in reqs:
         assert got[r.request_id] == reference(target, r), r.request_id
@@ -78,8 +68,8 @@ def test_slo_paced_prefill_keeps_greedy_exact(tmp_path):
 def test_a_request_whose_first_token_cannot_come_in_time_is_rejected_while_the_others_match_the_oracle(tmp_path):
     target = tiny_checkpoint("llama")
     engine = make_engine(target, target, "adaserve", profile_path=steep_profile(tmp_path))
-    reqs = [dataclasses.replace(r, ttft_slo_ms=1e7) for r in workload(target, n=4)]
-    doomed = Request("doomed", [5] * 30, max_tokens=8, ttft_slo_ms=1.0)  # its prefill alone takes > 100 ms
+    reqs = [dataclasses.replace(r, slo=dataclasses.replace(r.slo, ttft_ms=1e7)) for r in workload(target, n=4)]
+    doomed = Request("doomed", [5] * 30, max_tokens=8, slo=SLO(ttft_ms=1.0))  # its prefill alone takes > 100 ms
     for r in reqs[:2] + [doomed] + reqs[2:]:
         engine.add_request(r)
     got: dict[str, list[int]] = {}
@@ -108,10 +98,7 @@ def test_bad_requests_are_rejected_and_the_engine_keeps_serving():
         Request("e2", [1, 2], max_tokens=0),
         Request("e3", [1, 2], max_tokens=10_000),
         Request("e4", [10_000]),
-        Request("e5", [1, 2], tpot_slo_ms=-5.0),
-        Request("e6", [1, 2], tpot_slo_ms=float("nan")),
-        Request("e6b", [1, 2], ttft_slo_ms=0.0),
-        Request("e7", [1, 2], slo_class="no-such-class"),
+        Request("e7", [1, 2], slo=SLO(slo_class="no-such-class")),
         Request("e8", [1, 2], stop_strings=("x",)),  # this engine has no tokenizer
     ]
     for r in bad:
@@ -203,7 +190,7 @@ def test_prompt_lookup_grafts_copies_and_greedy_stays_exact(lookup_ngram, monkey
     monkeypatch.setattr(draft_worker, "graft", lambda tree, tokens, probs: (grafted.append(len(tokens)), real_graft(tree, tokens, probs)))
     target = tiny_checkpoint("llama")
     engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=lookup_ngram)
-    reqs = [Request(f"r{i}", [7 + i, 40, 41, 42, 43, 44] * 3 + [7 + i, 40], max_tokens=12, tpot_slo_ms=20.0) for i in range(4)]
+    reqs = [Request(f"r{i}", [7 + i, 40, 41, 42, 43, 44] * 3 + [7 + i, 40], max_tokens=12, slo=SLO(tpot_ms=20.0)) for i in range(4)]
     got = run_staggered(engine, reqs)
     for r in reqs:
         assert got[r.request_id] == reference(target, r), r.request_id

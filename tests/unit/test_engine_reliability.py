@@ -6,6 +6,7 @@ import pytest
 
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request, SamplingParams
+from adaserve_backend.slo import SLO
 from tests.engines import assert_all_blocks_free, make_engine, reference, workload
 from tests.model_fixtures import our_model, tiny_checkpoint
 
@@ -30,7 +31,7 @@ def test_inputs_made_unused_by_others_are_still_validated():
     target = tiny_checkpoint("llama")
     engine = make_engine(target, target, "adaserve")
     with pytest.raises(ValueError, match="slo_class"):
-        engine.add_request(Request("x", [5, 6], tpot_slo_ms=50.0, slo_class="no-such-class"))
+        engine.add_request(Request("x", [5, 6], slo=SLO(50.0, None, "no-such-class")))
     for bad in ([-1], [10_000]):
         with pytest.raises(ValueError, match="stop_token_ids"):
             engine.add_request(Request("y", [5, 6], stop_token_ids=tuple(bad)))

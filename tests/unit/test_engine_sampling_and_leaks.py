@@ -14,6 +14,7 @@ from scipy.stats import chi2
 
 from adaserve_backend.engine import Engine
 from adaserve_backend.request import FinishReason, Request, SamplingParams
+from adaserve_backend.slo import SLO
 from tests.engines import small_config
 from tests.model_fixtures import hf_reference, our_model, tiny_checkpoint
 from tests.unit.test_acceptance import filtered
@@ -105,7 +106,7 @@ def test_hundreds_of_requests_with_cancellations_and_preemptions_leak_nothing():
     for i in range(200):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 30))]
         sampling = SamplingParams(temperature=rng.choice([0.0, 0.8]), seed=i)
-        engine.add_request(Request(f"q{i}", prompt, max_tokens=rng.randint(1, 20), sampling=sampling, tpot_slo_ms=rng.choice([20.0, 80.0])))
+        engine.add_request(Request(f"q{i}", prompt, max_tokens=rng.randint(1, 20), sampling=sampling, slo=SLO(tpot_ms=rng.choice([20.0, 80.0]))))
         submitted.append(f"q{i}")
         if rng.random() < 0.2:
             victim = rng.choice(submitted)

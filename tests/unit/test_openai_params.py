@@ -7,6 +7,7 @@ import pytest
 from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
 from adaserve_backend.openai_frontend.responses import Tally, sse
 from adaserve_backend.openai_frontend.server import ensemble_request, error_from_ensemble
+from adaserve_backend.slo import SLO
 from adaserve_backend.triton.grpc_client import EnsembleError
 
 
@@ -39,9 +40,9 @@ def test_chat_messages_max_completion_tokens_and_ignore_eos():
 
 def test_slo_from_body_or_headers():
     g = parse({"prompt": "x", "tpot_slo_ms": 50, "slo_class": "coding"}, "completions")
-    assert (g.tpot_slo_ms, g.slo_class, g.ttft_slo_ms) == (50.0, "coding", None)
+    assert g.slo == SLO(50.0, None, "coding")
     h = parse({"prompt": "x"}, "completions", {"X-SLO-TPOT-MS": "40", "x-slo-ttft-ms": "1500", "x-slo-class": "chat"})
-    assert (h.tpot_slo_ms, h.ttft_slo_ms, h.slo_class) == (40.0, 1500.0, "chat")
+    assert h.slo == SLO(40.0, 1500.0, "chat")
     t = ensemble_request(h, "x", supported={"ttft_slo_ms"})
     assert t["tpot_slo_ms"][0] == 40.0 and t["ttft_slo_ms"][0] == 1500.0 and t["slo_class"][0] == b"chat"
     with pytest.raises(OpenAIError, match="not supported by this server's scheduler"):

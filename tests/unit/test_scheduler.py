@@ -15,6 +15,7 @@ from adaserve_backend.scheduler.plan import IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
 from adaserve_backend.scheduler.scheduler import NO_ROOM, Scheduler
 from adaserve_backend.sequence import Sequence
+from adaserve_backend.slo import SLO
 
 SPEC = SpeculationConfig(budget=24, draft_budget=8, d_max=4, w_max=3)
 START = 1000.0
@@ -68,7 +69,7 @@ _ids = iter(range(10**6))
 
 def seq(slo_ms, prompt=8, max_tokens=100, arrival=0.0) -> Sequence:
     req = Request(f"r{next(_ids)}", [5] * prompt, max_tokens=max_tokens)
-    return Sequence(req, next(_ids), slo_ms / 1e3, arrival, frozenset(), None, prompt)
+    return Sequence(req, next(_ids), SLO(tpot_ms=slo_ms), arrival, frozenset(), None, prompt)
 
 
 def decoding(s: Sequence, decoded: int, elapsed_s: float, now: float = START) -> Sequence:
@@ -98,7 +99,7 @@ def admitted(sched: Scheduler, waiting: list[Sequence]) -> list[float]:
     for s in waiting:
         sched.add(s)
     sched.schedule(START)
-    return [s.tpot_slo_s * 1e3 for s in sched.running if s not in before]
+    return [s.slo.tpot_s * 1e3 for s in sched.running if s not in before]
 
 
 def test_slo_admission_starts_only_what_keeps_slos():
@@ -112,7 +113,7 @@ def test_slo_admission_starts_only_what_keeps_slos():
         for s, state in zip(running(sched, *[r for r, _ in run]), run):
             decoding(s, *state[1])
         got = admitted(sched, waiting)
-        return got, [s.tpot_slo_s * 1e3 for s in sched.waiting]
+        return got, [s.slo.tpot_s * 1e3 for s in sched.waiting]
 
     relaxed = lambda: [(seq(100), (10, 0.5))]  # noqa: E731  0.6 s ahead
     assert case(relaxed(), [seq(100)]) == ([100], [])
@@ -215,7 +216,7 @@ def lifecycle_scheduler(policy="continuous", num_blocks=1024, **config) -> tuple
 
 
 def start(sched: Scheduler, request_id: str, prompt: int, clock: Clock, **kw) -> Sequence:
-    s = Sequence.start(Request(request_id, [5] * prompt, **kw), next(_ids), 100.0, clock.now, frozenset({2}))
+    s = Sequence.start(Request(request_id, [5] * prompt, **kw), next(_ids), SLO(tpot_ms=100.0), clock.now, frozenset({2}))
     sched.add(s)
     return s
 

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from adaserve_backend.triton.cancellation import CHECKS_PER_S, POLL_MAX_S, POLL_S, sweep_interval
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.protocol import response_error
-from adaserve_backend.triton.serving import CANCEL_CHECKS_PER_S, CANCEL_POLL_MAX_S, CANCEL_POLL_S, cancel_sweep_interval
 from tests import fake_pb
 from tests.engines import make_engine, reference, workload
 from tests.model_fixtures import tiny_checkpoint
@@ -113,9 +113,9 @@ def test_pipeline_requests_are_not_polled_for_cancellation_and_end_cancelled_whe
 
 
 def test_cancellation_sweeps_are_paced_by_how_many_requests_they_ask_about():
-    assert cancel_sweep_interval(0) == CANCEL_POLL_S and cancel_sweep_interval(1) == CANCEL_POLL_S
-    assert cancel_sweep_interval(CANCEL_CHECKS_PER_S // 2) == pytest.approx(0.5)
-    assert cancel_sweep_interval(10_000) == CANCEL_POLL_MAX_S
+    assert sweep_interval(0) == POLL_S and sweep_interval(1) == POLL_S
+    assert sweep_interval(CHECKS_PER_S // 2) == pytest.approx(0.5)
+    assert sweep_interval(10_000) == POLL_MAX_S
 
 
 def test_shutdown_ends_requests_in_flight_with_a_final_response_at_once(loop):
@@ -178,7 +178,7 @@ def test_error_codes_bad_input_invalid_arg_and_an_overload_rejection_unavailable
         assert message.startswith("server cannot meet ttft_slo_ms=1 at the current load")
         (resp, _), = bad.sender.sent
         code, message = response_error(resp)
-        assert code == "INVALID_ARG" and "ttft_slo_ms must be positive" in message
+        assert code == "INVALID_ARG" and "ttft_slo_ms must be a positive finite number" in message
         m = loop.metrics
         assert m.rejected[UNREACHABLE].value == 1 and m.requests["coding"].value == 1 and m.attained["coding"].value == 0
         assert m.requests["chat"].value == 2 and m.ttft_attained["chat"].value == 2 and m.tpot_attained["coding"].value == 0

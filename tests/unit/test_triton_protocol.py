@@ -62,10 +62,10 @@ def test_parse_request_accepts_the_vllm_style_inputs():
             "return_finish_reason": np.array([True]),
         },
     )
-    assert req.ttft_slo_ms == 1500.0
+    assert req.slo.ttft_ms == 1500.0
     assert req.prompt_ids == [5, 6, 7] and req.max_tokens == 9 and req.min_tokens == 2
     assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.top_k == 20 and req.sampling.seed == 3
-    assert req.stop_strings == ("\n\n",) and req.slo_class == "coding" and req.tpot_slo_ms is None
+    assert req.stop_strings == ("\n\n",) and req.slo.slo_class == "coding" and req.slo.tpot_ms is None
     assert opts.stream and opts.return_finish_reason and not opts.return_perf_metrics
 
 
@@ -93,7 +93,7 @@ def test_an_arrival_stamped_in_front_moves_the_deadline_base_back_never_forward(
         ({"temperature": np.array([np.inf], dtype=np.float32)}, "finite"),
         ({"tpot_slo_ms": np.array([-5.0], dtype=np.float32)}, "positive"),
         ({"tpot_slo_ms": np.array([np.nan], dtype=np.float32)}, "finite"),
-        ({"ttft_slo_ms": np.array([0.0], dtype=np.float32)}, "ttft_slo_ms must be positive"),
+        ({"ttft_slo_ms": np.array([0.0], dtype=np.float32)}, "ttft_slo_ms must be a positive"),
         ({"ttft_slo_ms": np.array([np.inf], dtype=np.float32)}, "finite"),
         ({"slo_class": np.array([b"\xff\xfe"], dtype=object)}, "UTF-8"),
         ({"top_p": np.array([0.0], dtype=np.float32)}, "top_p"),

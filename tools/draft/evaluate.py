@@ -37,7 +37,7 @@ from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model, load_tokenizer, locate
 from adaserve_backend.profiler import measure_forward
 from adaserve_backend.request import Request
-from adaserve_backend.slo import tpot_seconds
+from adaserve_backend.slo import SLO, tpot_seconds
 from adaserve_backend.speculation.lookup import MAX_NGRAM
 from harness.run_dir import run_dir
 from tools.draft.data import encode
@@ -91,7 +91,7 @@ def run_one_by_one(engine: Engine, prompts: list[list[int]], max_tokens: int, sl
     n_max nodes every iteration); returns outputs and TPOTs (s)."""
     outs, tpots = [], []
     for i, ids in enumerate(prompts):
-        engine.add_request(Request(f"p{i}", ids, max_tokens=max_tokens, tpot_slo_ms=slo_ms))
+        engine.add_request(Request(f"p{i}", ids, max_tokens=max_tokens, slo=SLO(tpot_ms=slo_ms)))
         toks, first, last = [], None, None
         for o in engine.drain():
             toks += o.new_token_ids
@@ -146,7 +146,7 @@ def main() -> None:
         entry["latency_ms"] = {"target_decode": t_ms, "draft_step_1_token": d_ms[1], "draft_step_4_beams": d_ms[4]}
         entry["draft_step_fraction"] = d_ms[1] / t_ms
         # the served engine (its knobs and profile) at one request: adaserve (with and without lookup)
-        # vs continuous, in interleaved rounds (every other one reversed: this machine drifts)
+        # vs continuous, in interleaved rounds (every other one reversed: a shared machine's speed drifts)
         one = [encode(tokenizer, p)[-320:] for fam in families for p in [q for q in prompts if q.family == fam][:2]]
         entry["one_request"] = one_request(EngineConfig.from_json(args.config), target, draft, eos, one, args.max_tokens, args.rounds)
         report["drafts"][path] = entry

@@ -51,7 +51,6 @@ from adaserve_backend.models.feature_draft import (
 from harness.prompts import BENCHMARK_FAMILIES, benchmark_prompts
 from harness.run_dir import run_dir
 from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
-from tools.draft.generate import shard_path
 from tools.draft.teacher import continuations, padded_batch, teacher_data
 from tools.draft.ttt import SoftTargets, shifted_rows, step_loss, unrolled
 
