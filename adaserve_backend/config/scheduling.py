@@ -1,0 +1,118 @@
+"""How the scheduler is configured: the policy, admission, SLO classes, overload."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..slo import SLO
+
+# Policy names; scheduler/policies.py builds the objects (and checks it knows exactly these), "spec:N" besides.
+POLICY_NAMES = ("adaserve", "continuous", "sarathi", "priority")
+SPECULATIVE_POLICIES = ("adaserve",)  # and every spec:N
+
+
+
+def check_policy_name(name: str) -> str:
+    if name.startswith("spec:"):
+        n = name[5:]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"spec:N needs a positive integer N, got {name!r}")
+    elif name not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICY_NAMES + ('spec:N',))}")
+    return name
+
+
+@dataclass(frozen=True)
+class SLOClass:
+    """A named pair of targets: time per output token after the first, and time to the first token."""
+
+    name: str
+    tpot_ms: float
+    ttft_ms: float = 2000.0
+
+    def __post_init__(self) -> None:
+        for key in ("tpot_ms", "ttft_ms"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"slo class {self.name!r}: {key} must be a positive number of ms, got {v}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """policy: `adaserve` (SLO-customized tree speculation), `continuous` (vLLM-style continuous
+      batching, prefill iterations first), `sarathi` (chunked prefill piggybacked on decode under
+      `token_budget`), `priority` (sarathi-style batching, tightest SLO first, preempts the loosest),
+      or `spec:N` (every request drafts a chain of N tokens).
+    max_num_seqs: running requests at most; the rest wait.
+    prefill_chunk: prompt tokens prefilled per iteration across requests (chunked prefill cap).
+    token_budget: sarathi/priority iteration budget (decode tokens + prefill chunk tokens).
+    slo_admission: `adaserve` with a profiled cost model: a waiting request starts only if the predicted
+      time per token with it running keeps every running request that can still make its SLO on
+      track, and itself (a looser request may start ahead of a tighter one that does not fit yet; with
+      nothing running, the next one always starts); a prefill chunk rides along a decode iteration only
+      as far as the decoding requests' slack pays for it. Past saturation this serves the requests it
+      admits within their SLOs, where admitting all of them makes every one slow.
+    admission_headroom: the predicted time per token with one more request is taken this much larger
+      in admission (iteration times on a busy CPU vary from step to step; without it admitted requests
+      that are just on track fall behind). The served engine.json sets 1.0: on_track is about a
+      request's mean time per token, over which the per-iteration noise averages out, and with 1.15 the
+      batch stopped short of what the tightest class allows (docs/experiments.md#bench-4-16,
+      docs/experiments.md#vllm-headroom1).
+    first_token_margin_ms: the scheduler plans each first token this long before its TTFT deadline,
+      for the response to reach the client (admission runs first tokens up to their deadlines, so
+      without it the client's TTFT p99 lands just over the target by the response's delivery time).
+      0 (the default) for in-process use; the served engine.json sets 200: smaller margins left the
+      ensemble's delivery p99 and late prefill chunks under overload over class targets
+      (docs/experiments.md#first-token-margin).
+    slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers.
+    overload: what SLO-aware admission does with a request whose first-token deadline (arrival + TTFT
+      target) no admissible schedule meets, predicted at arrival or while it waits: "reject" ends it at
+      once with a REJECTED error (gRPC UNAVAILABLE, HTTP 503), "best_effort" keeps it, marked as having
+      missed its SLO, and serves it when capacity frees. A request that has streamed is never rejected.
+    """
+
+    policy: str = "adaserve"
+    max_num_seqs: int = 64
+    prefill_chunk: int = 256
+    token_budget: int = 256
+    slo_admission: bool = True
+    admission_headroom: float = 1.15
+    first_token_margin_ms: float = 0.0
+    slo_classes: tuple[SLOClass, ...] = (
+        SLOClass("coding", 60.0, 2000.0), SLOClass("chat", 100.0, 2000.0), SLOClass("summary", 300.0, 5000.0))
+    default_slo_class: str = "chat"
+    overload: str = "reject"
+
+    def __post_init__(self) -> None:
+        classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
+        object.__setattr__(self, "slo_classes", classes)
+        check_policy_name(self.policy)
+        if self.default_slo_class not in {c.name for c in classes}:
+            raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
+        if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
+            raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
+        if self.admission_headroom < 1.0:
+            raise ValueError("admission_headroom must be >= 1")
+        if not (math.isfinite(self.first_token_margin_ms) and self.first_token_margin_ms >= 0):
+            raise ValueError(f"first_token_margin_ms must be a number of ms >= 0, got {self.first_token_margin_ms}")
+        if self.overload not in ("reject", "best_effort"):
+            raise ValueError(f"overload must be 'reject' or 'best_effort', got {self.overload!r}")
+
+    @property
+    def speculative(self) -> bool:
+        return self.policy in SPECULATIVE_POLICIES or self.policy.startswith("spec:")
+
+    def slo_class(self, name: str) -> SLOClass:
+        for c in self.slo_classes:
+            if c.name == name:
+                return c
+        raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
+
+    def resolve_slo(self, slo: SLO) -> SLO:
+        """The request's targets with what it left open taken from its class (or the default class),
+        and the class it is counted under: its own, "custom" when it gave its own TPOT, else the default.
+        ValueError for an unknown class."""
+        cls = self.slo_class(slo.slo_class or self.default_slo_class)
+        label = slo.slo_class or ("custom" if slo.tpot_ms is not None else self.default_slo_class)
+        return SLO(slo.tpot_ms or cls.tpot_ms, slo.ttft_ms or cls.ttft_ms, label)

@@ -1,0 +1,81 @@
+"""How speculation is configured: the budget B, the draft's beam, selection, prompt lookup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+# Prompt lookup's limits (speculation/lookup.py keeps a measured acceptance prior for each match length
+# up to LOOKUP_MAX_NGRAM and each copy rank up to LOOKUP_MAX_COPIES, and checks that it does).
+LOOKUP_MAX_NGRAM = 5
+LOOKUP_MAX_COPIES = 2
+
+class Lookup(NamedTuple):
+    """What prompt lookup adds to a request's tree (Policy.lookup); all zero: none."""
+
+    ngram: int = 0  # longest suffix matched
+    tokens: int = 0  # longest copy
+    copies: int = 0  # distinct continuations grafted
+
+    @property
+    def reserved(self) -> int:
+        """Tree nodes the copies may add (KV capacity)."""
+        return self.tokens * self.copies
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """AdaServe's knobs (paper section 5, adaptive control):
+      d = clip(floor(B1 / (n + c1)) - 1, d_min, d_max)   with B1 = budget
+      w = clip(floor(B2 / n) + c2, 1, w_max)            with B2 = draft_budget
+    budget: B, tokens verified per iteration (roots included); `profile_path`, when the file exists,
+      overrides it with the knee of the profiled roofline.
+    n_max: largest tree the SLO-customized phase builds for one request (root included).
+    order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
+    goodput_selection: with a profile, the throughput phase verifies only as much of the remaining
+      budget as raises expected tokens per second (acceptance probabilities: draft scores times the
+      measured accepted/score ratio). Where tokens below the knee are free (GPUs) that is all of B, as
+      in the paper; on a CPU, where every verified token costs time, often less.
+    lookup_ngram, lookup_tokens, lookup_copies: prompt lookup (speculation/lookup.py; 0 turns it off):
+      up to lookup_tokens that followed the context's last 1..lookup_ngram tokens earlier join the tree
+      as candidates (no draft forward), deeper than d if selected (a longer copied chain beat a d=4 one;
+      docs/experiments.md#draft-eval-lookup); from the latest occurrence and, with 2 copies, also the
+      latest followed by another token (more verified rows for almost no more accepted tokens, so it
+      stays off where each row costs time; where extra rows are free, as below a GPU's knee, it may
+      pay; docs/experiments.md#lookup-variants).
+
+    Defaults come from a float32 profile of the embedded model on a 2-core CPU: B is where a
+    verification forward stays within 1.3x its flat latency (docs/experiments.md#profile); the served
+    config's profile_path replaces B with its own profile's knee. With c1 = 2 a
+    lone request gets depth 5, four requests depth 2 and sixteen depth 1; the draft budget of 16 tokens
+    per step keeps width 4 up to four requests and 1 beyond sixteen. A GPU profile raises all of these.
+    """
+
+    budget: int = 19
+    draft_budget: int = 16
+    d_min: int = 1
+    d_max: int = 6
+    w_max: int = 4
+    c1: int = 2
+    c2: int = 0
+    n_max: int = 8
+    order: str = "desc"
+    goodput_selection: bool = True
+    profile_path: str | None = None
+    lookup_ngram: int = LOOKUP_MAX_NGRAM
+    lookup_tokens: int = 8
+    lookup_copies: int = 1
+
+    def __post_init__(self) -> None:
+        if self.order not in ("desc", "asc"):
+            raise ValueError("order must be 'desc' or 'asc'")
+        if min(self.budget, self.draft_budget, self.d_max, self.w_max, self.n_max) < 1 or self.d_min < 1:
+            raise ValueError("budgets, depths, widths and n_max must be >= 1")
+        if self.d_min > self.d_max:
+            raise ValueError("d_min must not exceed d_max")
+        if not 0 <= self.lookup_ngram <= LOOKUP_MAX_NGRAM:
+            raise ValueError(f"lookup_ngram must be 0 (off) to {LOOKUP_MAX_NGRAM}, got {self.lookup_ngram}")
+        if self.lookup_tokens < 1:
+            raise ValueError(f"lookup_tokens must be >= 1, got {self.lookup_tokens}")
+        if not 1 <= self.lookup_copies <= LOOKUP_MAX_COPIES:
+            raise ValueError(f"lookup_copies must be 1 to {LOOKUP_MAX_COPIES}, got {self.lookup_copies}")
