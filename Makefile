@@ -7,6 +7,9 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
+# Addresses: Triton's endpoints, and the OpenAI frontend's (0.0.0.0: every interface). API key: ADASERVE_API_KEY.
+HOST ?= 127.0.0.1
+OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
@@ -31,7 +34,8 @@ $(VENV)/.installed: requirements.txt
 
 serve: setup  # the embedded default model behind a real tritonserver, and the OpenAI API in front of it
 	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.serve --model-repository model_repository \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) \
+		--host $(HOST) --openai-host $(OPENAI_HOST)
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)

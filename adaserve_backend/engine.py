@@ -79,6 +79,10 @@ class Engine:
         slo = self.config.scheduler.resolve_slo(request.slo)  # ValueError for an unknown class
         self._inbox.put_request(request, slo)  # ValueError if its id is in flight
 
+    def num_waiting(self) -> int:
+        """Requests not admitted yet, queued ones included. Read from any thread: a bound, not a count."""
+        return len(self.scheduler.waiting) + self._inbox.queued()
+
     def abort(self, request_id: str) -> None:
         self._inbox.put_abort(request_id)
 

@@ -36,6 +36,10 @@ class Inbox:
     def empty(self) -> bool:
         return self._queue.empty()
 
+    def queued(self) -> int:
+        """Requests and aborts not yet taken by the engine loop."""
+        return self._queue.qsize()
+
     # ---- the engine loop ------------------------------------------------------------------------
     def take(self) -> Iterator[tuple[Request | str, SLO | None, float | None]]:
         """What arrived so far, in order: (request, resolved SLO, received) or (aborted id, None, None)."""

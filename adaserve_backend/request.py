@@ -59,6 +59,16 @@ class RequestStats:
         return self.accepted_drafts / self.draft_tokens if self.draft_tokens else 0.0
 
 
+# What a client is told when the server failed it: never the exception's own text (paths, internals),
+# which goes to the server's log where the failure is caught.
+INTERNAL_ERROR = "internal error (the server's log has the details)"
+
+
+class Overloaded(RuntimeError):
+    """A request refused at once: too many are waiting already (SchedulerConfig.max_waiting), or the
+    engine is not running."""
+
+
 @dataclass(frozen=True)
 class Request:
     """One generation request. `slo`: its latency targets as asked (slo.SLO; the engine resolves what it

@@ -9,7 +9,10 @@ from .request import SamplingParams
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution the target samples from ([..., V] float32) after temperature, top-k, top-p."""
-    logits = logits.float() / params.temperature
+    # Shifted by the maximum first (softmax does not change): a tiny temperature then sends the others to
+    # -inf instead of the maximum to inf, whose inf - inf made the whole distribution NaN.
+    logits = logits.float()
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
     if params.top_k:
         kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

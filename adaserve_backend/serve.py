@@ -19,9 +19,12 @@ def main() -> None:
     add_server_arguments(ap)
     ap.add_argument("--openai-port", type=int, default=9000)
     ap.add_argument("--served-model-name", default="adaserve")
+    ap.add_argument("--openai-host", default="127.0.0.1", help="the OpenAI frontend's address (0.0.0.0: every interface)")
+    ap.add_argument("--api-key", help="the OpenAI frontend requires `Authorization: Bearer KEY` (default: $ADASERVE_API_KEY)")
     ap.add_argument("--log", default=str(PROJECT_ROOT / "runs" / "tritonserver.log"), help="tritonserver's log file")
     args = ap.parse_args()
-    server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log), Path(args.model_repository))
+    server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log), Path(args.model_repository),
+                           args.host)
     print(f"starting tritonserver (log: {args.log}) ...", flush=True)
     try:
         server.start()
@@ -29,8 +32,11 @@ def main() -> None:
               f"OpenAI API: http://localhost:{args.openai_port}/v1 (model {args.served_model_name!r})", flush=True)
         from .openai_frontend.server import main as frontend
 
-        frontend(["--triton-url", f"localhost:{args.grpc_port}", "--port", str(args.openai_port),
-                  "--served-model-name", args.served_model_name, "--model-repository", args.model_repository])
+        triton_host = "127.0.0.1" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
+        frontend(["--triton-url", f"{triton_host}:{args.grpc_port}",
+                  "--triton-metrics-url", f"http://{triton_host}:{args.metrics_port}/metrics", "--port", str(args.openai_port), "--host", args.openai_host,
+                  "--served-model-name", args.served_model_name, "--model-repository", args.model_repository,
+                  *(["--api-key", args.api_key] if args.api_key else [])])
     except (RuntimeError, TimeoutError) as e:
         sys.exit(str(e))
     finally:

@@ -77,6 +77,12 @@ class SchedulerConfig:
     prefill_chunk: int = 256
     token_budget: int = 256
     slo_admission: bool = True
+    # A request whose TPOT target only a lone request meets holds every other admission while it runs;
+    # it does so for at most this long (a client declaring such a target cannot starve the others).
+    exclusive_hold_s: float = 10.0
+    # Requests waiting for admission (queued or not yet scheduled) beyond which the served model refuses
+    # new ones at once (UNAVAILABLE / 503 with Retry-After): overload is answered, not queued without bound.
+    max_waiting: int = 256
     admission_headroom: float = 1.15
     first_token_margin_ms: float = 0.0
     slo_classes: tuple[SLOClass, ...] = (
@@ -92,6 +98,8 @@ class SchedulerConfig:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
             raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
+        if not (math.isfinite(self.exclusive_hold_s) and self.exclusive_hold_s > 0) or self.max_waiting < 1:
+            raise ValueError("exclusive_hold_s must be a positive number of seconds and max_waiting >= 1")
         if self.admission_headroom < 1.0:
             raise ValueError("admission_headroom must be >= 1")
         if not (math.isfinite(self.first_token_margin_ms) and self.first_token_margin_ms >= 0):

@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..slo import SLO
+from ..triton.protocol import MAX_STOP_CHARS
+from ..triton.protocol import MAX_STOP_WORDS as MAX_STOP
 
-MAX_STOP = 16
+INT32_MAX = 2**31 - 1  # token counts travel to Triton as INT32: a larger one would wrap, not fail
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 512  # chat has no OpenAI default short of the context; a bounded one here
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's (and vLLM's) default: sampling unless the client asks for 0
@@ -62,9 +64,13 @@ def _number(body: Mapping, name: str, lo: float, hi: float, default: float) -> f
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise bad(name, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {v!r}")
-    return float(v)
+    try:
+        f = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    except OverflowError:  # an integer literal of hundreds of digits
+        f = math.nan
+    if not math.isfinite(f) or not lo <= f <= hi:
+        raise bad(name, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {shown(v)}")
+    return f
 
 
 def _integer(body: Mapping, name: str, lo: int, default: int | None, hi: int = 2**63 - 1) -> int | None:
@@ -72,8 +78,26 @@ def _integer(body: Mapping, name: str, lo: int, default: int | None, hi: int = 2
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise bad(name, f"'{name}' must be an integer >= {lo}, got {v!r}")
+        raise bad(name, f"'{name}' must be an integer in [{lo}, {hi}], got {shown(v)}")
     return v
+
+
+def shown(v, limit: int = 60) -> str:
+    """A client's value in an error message, cut short (a 4,000-digit number stays out of the log)."""
+    try:
+        text = repr(v)
+    except (RecursionError, ValueError):  # deeply nested, or an integer too long to print
+        return f"a {type(v).__name__}"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _utf8(text: str, where: str) -> str:
+    """JSON can carry lone UTF-16 surrogates ("\\ud800"), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(where, f"'{where}' is not valid Unicode text (a lone surrogate)") from None
+    return text
 
 
 def _flag(body: Mapping, name: str) -> bool:
@@ -92,7 +116,7 @@ def _number_of_ms(name: str, v) -> float | None:
     try:
         return float(v)
     except (TypeError, ValueError, OverflowError):
-        raise bad(name, f"'{name}' must be a positive number of milliseconds, got {v!r}") from None
+        raise bad(name, f"'{name}' must be a positive number of milliseconds, got {shown(v)}") from None
 
 
 def _slo(body: Mapping, headers: Mapping[str, str]) -> SLO:
@@ -104,7 +128,7 @@ def _slo(body: Mapping, headers: Mapping[str, str]) -> SLO:
         if from_body is not None and from_header is not None and str(from_body) != from_header:
             raise bad(name, f"'{name}' is {from_body!r} in the body but {from_header!r} in header {header}")
         v = from_body if from_body is not None else from_header
-        out[name] = v if name == "slo_class" else _number_of_ms(name, v)
+        out[name] = (_utf8(v, name) if isinstance(v, str) else v) if name == "slo_class" else _number_of_ms(name, v)
     try:
         return SLO(out["tpot_slo_ms"], out["ttft_slo_ms"], out["slo_class"])
     except ValueError as e:
@@ -124,9 +148,9 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
 
 def _text(content, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _utf8(content, where)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return _utf8("".join(p["text"] for p in content), where)
     raise bad(where, f"'{where}' must be a string or a list of text parts (images and audio are not supported)")
 
 
@@ -142,7 +166,8 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise bad("prompt", "'prompt' must be a non-empty string (token-id and batched prompts are not supported)")
-        max_tokens = _integer(body, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        _utf8(prompt, "prompt")
+        max_tokens = _integer(body, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS, INT32_MAX)
     else:
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
@@ -157,12 +182,15 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         a, b = body.get("max_completion_tokens"), body.get("max_tokens")
         if a is not None and b is not None and a != b:
             raise bad("max_completion_tokens", "'max_completion_tokens' and 'max_tokens' disagree")
-        max_tokens = _integer(body, "max_completion_tokens" if a is not None else "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS)
+        max_tokens = _integer(body, "max_completion_tokens" if a is not None else "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP:
-        raise bad("stop", f"'stop' must be a non-empty string or a list of at most {MAX_STOP} of them")
-    min_tokens = _integer(body, "min_tokens", 0, 0)
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP
+            or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)):
+        raise bad("stop", f"'stop' must be a string of 1-{MAX_STOP_CHARS} characters or a list of at most {MAX_STOP} of them")
+    for s in stop:
+        _utf8(s, "stop")
+    min_tokens = _integer(body, "min_tokens", 0, 0, INT32_MAX)
     if min_tokens > max_tokens:
         raise bad("min_tokens", f"'min_tokens' ({min_tokens}) exceeds the maximum ({max_tokens})")
     if _flag(body, "ignore_eos"):
@@ -173,7 +201,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         raise bad("stream_options", "'stream_options' supports only include_usage")
     if options and not stream:
         raise bad("stream_options", "'stream_options' is only allowed with stream=true")
-    top_k = _integer(body, "top_k", -1, 0)
+    top_k = _integer(body, "top_k", -1, 0, INT32_MAX)
     return Generation(
         prompt=prompt, messages=messages, max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),

@@ -13,19 +13,41 @@ free its KV cache (streaming or not).
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
+import os
 from collections.abc import Callable
 
 import numpy as np
 from aiohttp import web
 
 from ..triton.grpc_client import EnsembleClient, EnsembleError, ensemble_tensors
-from .params import Generation, OpenAIError, parse
+from ..triton.metrics import ENGINE_UP
+from .params import Generation, OpenAIError, parse, shown
 from .responses import DONE, Tally, sse
 
 log = logging.getLogger("adaserve.openai")
 RETRY_AFTER_S = 1
+MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
+API_KEY_ENV = "ADASERVE_API_KEY"
+OPEN_PATHS = ("/health",)  # answered without the API key (a load balancer's probe)
+
+
+def read_json(raw: bytes):
+    """The body as JSON, whatever Content-Type's charset claims (JSON is UTF-8: RFC 8259); OpenAIError
+    400 for anything that is not a JSON object a parser can take without harm."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OpenAIError(400, "the request body is not UTF-8 text") from None
+    try:  # RecursionError: nesting past the parser's depth; ValueError: an integer past Python's 4,300 digits
+        body = json.loads(text)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        raise OpenAIError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    return body
 
 
 def error_from_ensemble(e: EnsembleError) -> OpenAIError:
@@ -52,13 +74,15 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
 
 
 class Frontend:
-    def __init__(self, triton_url: str, model_name: str, render_chat: Callable[[tuple[dict, ...]], str]) -> None:
+    def __init__(self, triton_url: str, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
+                 api_key: str | None = None, metrics_url: str | None = None) -> None:
         self.triton_url, self.model_name, self.render_chat = triton_url, model_name, render_chat
+        self.api_key, self.metrics_url = api_key, metrics_url
         self.ensemble: EnsembleClient | None = None
         self.inputs: set[str] | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
         app.add_routes([web.get("/health", self.health), web.get("/v1/models", self.models),
                         web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat)])
         app.on_startup.append(self._connect)
@@ -74,15 +98,41 @@ class Frontend:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
+        """Every error in OpenAI's JSON shape: ours, aiohttp's own (404, 405, 413...), and a failure,
+        which the client sees as a 500 without its internal text (the log keeps the traceback)."""
         try:
             return await handler(request)
         except OpenAIError as e:
             headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s is not None else None
             return web.json_response(e.body(), status=e.status, headers=headers)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            kind = {401: "authentication_error", 404: "not_found_error"}.get(e.status, "invalid_request_error")
+            return web.json_response(OpenAIError(e.status, e.reason, kind=kind).body(), status=e.status,
+                                     headers={k: v for k, v in e.headers.items() if k in ("Allow", "Retry-After")})
+        except Exception:
+            log.exception("request failed: %s %s", request.method, request.path)
+            return web.json_response(OpenAIError(500, "internal error", kind="internal_error").body(), status=500)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        """With an API key, every path but OPEN_PATHS needs `Authorization: Bearer <key>` (compared in
+        constant time, as vLLM and llama.cpp do)."""
+        if self.api_key and request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                raise OpenAIError(401, "a valid API key is required (Authorization: Bearer <key>)", kind="authentication_error")
+        return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
-        ok = await self.ensemble.is_ready()
-        return web.Response(status=200 if ok else 503, text="ok" if ok else "the Triton ensemble is not ready")
+        """Triton's readiness of the ensemble, and (with Triton's metrics URL) whether the engine loop
+        still runs: Triton keeps a model ready whose engine failed for good."""
+        if not await self.ensemble.is_ready():
+            return web.Response(status=503, text="the Triton ensemble is not ready")
+        if self.metrics_url and not await engine_up(self.metrics_url):
+            return web.Response(status=503, text="the engine is not running")
+        return web.Response(text="ok")
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "adaserve"}]})
@@ -94,13 +144,10 @@ class Frontend:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise OpenAIError(400, "the request body is not valid JSON") from None
+        body = read_json(await request.read())
         gen = parse(body, endpoint, request.headers)
         if body.get("model") not in (None, self.model_name):
-            raise OpenAIError(404, f"The model `{body['model']}` does not exist.", "model", kind="not_found_error")
+            raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
         if self.inputs is None:
             self.inputs = await self.ensemble.input_names()
         prompt = self.render_chat(gen.messages) if gen.messages is not None else gen.prompt
@@ -154,6 +201,19 @@ class Frontend:
         return resp
 
 
+async def engine_up(metrics_url: str) -> bool:
+    """adaserve_engine_up from Triton's metrics (unreachable or absent: not up)."""
+    from aiohttp import ClientError, ClientSession, ClientTimeout
+
+    try:
+        async with ClientSession(timeout=ClientTimeout(total=2)) as session, session.get(metrics_url) as resp:
+            text = await resp.text()
+    except (ClientError, TimeoutError):
+        return False
+    values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith(ENGINE_UP)]
+    return bool(values) and all(float(v) == 1 for v in values)
+
+
 def tokenizer_chat_renderer(model_repository: str) -> Callable[[tuple[dict, ...]], str]:
     """Chat messages -> prompt text with the served model's own chat template (the tokenizer the
     ensemble's preprocessing uses)."""
@@ -174,11 +234,16 @@ def tokenizer_chat_renderer(model_repository: str) -> Callable[[tuple[dict, ...]
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--triton-url", default="localhost:8001", help="Triton gRPC host:port")
-    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--triton-metrics-url", help="Triton's metrics, e.g. http://localhost:8002/metrics: /health then "
+                    "also reports an engine that stopped running")
+    ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; none: no key)")
     ap.add_argument("--port", type=int, default=9000)
     ap.add_argument("--served-model-name", default="adaserve", help="the `model` clients name")
     ap.add_argument("--model-repository", default="model_repository", help="for the chat template")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    frontend = Frontend(args.triton_url, args.served_model_name, tokenizer_chat_renderer(args.model_repository))
+    frontend = Frontend(args.triton_url, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
+                        args.api_key or None, args.triton_metrics_url)
     web.run_app(frontend.app(), host=args.host, port=args.port, handler_cancellation=True, print=None)

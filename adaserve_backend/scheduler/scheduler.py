@@ -20,7 +20,7 @@ from collections import deque
 from ..config import SchedulerConfig, SpeculationConfig
 from ..kv_cache import BlockManager
 from ..output_processor import append_tokens, make_output
-from ..request import FinishReason, RequestOutput
+from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
 from .control import on_track, paced_chunk, seq_ends_within_slo, seq_slack_s
@@ -152,9 +152,9 @@ class Scheduler:
     def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
         try:
             new, reason = append_tokens(seq, tokens, self.tokenizer)
-        except Exception as e:  # a stop-string check that fails ends this request only
+        except Exception:  # a stop-string check that fails ends this request only
             log.exception("request %s failed", seq.request.request_id)
-            return self._end(seq, now, FinishReason.ERROR, f"internal error: {type(e).__name__}: {e}")
+            return self._end(seq, now, FinishReason.ERROR, INTERNAL_ERROR)
         if reason:
             self._drop(seq)
         return make_output(seq, new, now, reason)
@@ -217,8 +217,14 @@ class Scheduler:
         best, after = est.tpot_at(1), est.tpot_at(n + 1) * est.ride_along * self.config.admission_headroom
         if not (on_track(seq, now, after) or seq.slo_missed or not on_track(seq, now, best)):
             return False
+        pair = est.tpot_at(2) * est.ride_along * self.config.admission_headroom
         return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.slo.tpot_s < best or after <= s.slo.tpot_s))
-                   for s in self.running)
+                   for s in self.running if not self._held_too_long(s, now, pair))
+
+    def _held_too_long(self, seq: Sequence, now: float, pair: float) -> bool:
+        """A request whose target even one companion breaks has held admissions for exclusive_hold_s:
+        from now on it no longer does (bounded starvation; its own target may then be missed)."""
+        return seq.slo.tpot_s < pair and now - (seq.admitted_time or now) >= self.config.exclusive_hold_s
 
     # ---- first-token deadlines (see deadlines.py) ------------------------------------------------
     def _prefill_view(self) -> tuple[int, list[Sequence]]:

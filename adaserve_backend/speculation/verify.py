@@ -12,6 +12,7 @@ import logging
 import torch
 
 from ..model_runner import ForwardOutput, ModelRunner, SeqInput
+from ..request import INTERNAL_ERROR
 from ..sampling import choose_token
 from ..scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from ..sequence import Sequence
@@ -91,4 +92,4 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
 
 def _failure(seq: Sequence, error: Exception) -> str:
     log.exception("request %s failed", seq.request.request_id, exc_info=error)
-    return f"internal error: {type(error).__name__}: {error}"
+    return INTERNAL_ERROR

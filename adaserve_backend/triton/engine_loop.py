@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..engine import Engine
-from ..request import FinishReason, RequestOutput
+from ..request import INTERNAL_ERROR, FinishReason, Overloaded, RequestOutput
 from ..slo import attains, attains_ttft, tpot_seconds
 from .cancellation import CancellationWatcher
 from .coalesce import must_send, next_step_estimate
@@ -42,6 +42,8 @@ log = logging.getLogger("adaserve")
 # finalize must return well within Triton's exit timeout (30 s): a step takes at most a few seconds on
 # a CPU, and a send the backend no longer services must not hold the process.
 SHUTDOWN_WAIT_S = 5.0
+MAX_RESTARTS, RESTART_WINDOW_S = 3, 60.0
+ENGINE_DEAD = "the engine is not running (it failed repeatedly; see the server's log)"
 
 
 @dataclass
@@ -78,6 +80,7 @@ class TritonEngineLoop:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = False
+        self.dead = False  # the loop failed too often (_supervise): refuse at once
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.sends: queue.SimpleQueue = queue.SimpleQueue()
         self.send_thread = threading.Thread(target=self._send_loop, name="adaserve-responses", daemon=True)
@@ -120,11 +123,16 @@ class TritonEngineLoop:
         if options.accept_ack:  # queued before any answer
             self.sends.put((sender, self.pb.InferenceResponse(output_tensors=[]), 0))  # see config.pbtxt
         try:
+            if self.dead:
+                raise Overloaded(ENGINE_DEAD)
+            if (waiting := self.engine.num_waiting()) >= self.engine.config.scheduler.max_waiting:
+                raise Overloaded(f"server overloaded: {waiting} requests are waiting; retry later")
             self.engine.add_request(req)
-        except ValueError as e:
+        except (ValueError, Overloaded) as e:
             with self.lock:
                 del self.active[request_id]
-            self._send_error(sender, str(e), self.pb.TritonError.INVALID_ARG)
+            code = self.pb.TritonError.INVALID_ARG if isinstance(e, ValueError) else self.pb.TritonError.UNAVAILABLE
+            self._send_error(sender, str(e), code)
             return
         self.wake.set()
 
@@ -153,10 +161,34 @@ class TritonEngineLoop:
             self._built.set()
         self._started.wait()
         try:
-            self._run_steps()
+            self._supervise()
         finally:  # on the loop thread: no step runs concurrently with fail_all
             for out in self.engine.fail_all(SHUTTING_DOWN):
                 self._deliver(out)
+
+    def _supervise(self) -> None:
+        """Run steps until the model stops. A loop that dies past the per-step guard (a BaseException,
+        a failure delivering outputs) fails what was in flight, freeing every block, and starts again;
+        after MAX_RESTARTS within RESTART_WINDOW_S the engine counts as dead: requests are refused at
+        once (UNAVAILABLE) instead of waiting for a loop that is gone."""
+        deaths: list[float] = []
+        while not self.stopping:
+            try:
+                self._run_steps()
+            except BaseException:
+                log.exception("the engine loop failed")
+                now = time.monotonic()
+                deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+                self.dead = len(deaths) > MAX_RESTARTS  # before answering: whoever hears of the failure sees it
+                try:
+                    for out in self.engine.fail_all(INTERNAL_ERROR):
+                        self._deliver(out)
+                except BaseException:
+                    log.exception("failing the in-flight requests failed")
+                if self.dead:
+                    self.metrics.engine_failed()
+                    log.error("the engine loop failed %d times within %.0f s: refusing requests", len(deaths), RESTART_WINDOW_S)
+                    return
 
     def _run_steps(self) -> None:
         while not self.stopping:
@@ -174,9 +206,9 @@ class TritonEngineLoop:
             before, started = self.engine.decode_iterations, time.monotonic()
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # keep serving: fail what was in flight, free every block
+            except Exception:  # keep serving: fail what was in flight, free every block
                 log.exception("engine step failed")
-                outputs = self.engine.fail_all(f"internal error: {type(e).__name__}: {e}")
+                outputs = self.engine.fail_all(INTERNAL_ERROR)
             self.next_step_s = next_step_estimate(self.next_step_s, time.monotonic() - started)
             for out in outputs:
                 self._deliver(out)

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from ..scheduler.plan import IterationStats
 
 
+ENGINE_UP = "adaserve_engine_up"  # read by the OpenAI frontend's /health
+
 @dataclass(frozen=True)
 class Finished:
     """One ended request, as the metrics count it. A rejected request has no first token: a violation of
@@ -71,6 +73,11 @@ class EngineMetrics:
         self.budget = gauge("adaserve_token_budget", "Tokens verified per iteration (B)")
         self.depth = gauge("adaserve_speculation_depth", "Draft beam depth d of the last iteration")
         self.width = gauge("adaserve_speculation_width", "Draft beam width w of the last iteration")
+        self.engine_up = gauge(ENGINE_UP, "1 while the engine loop runs; 0 once it failed for good (requests are refused)")
+        self.engine_up.set(1)
+
+    def engine_failed(self) -> None:
+        self.engine_up.set(0)
 
     def on_finish(self, r: Finished) -> None:
         if r.queue_wait is not None:

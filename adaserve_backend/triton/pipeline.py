@@ -42,6 +42,7 @@ from collections import deque
 
 import numpy as np
 
+from ..request import INTERNAL_ERROR
 from .cancellation import CancellationWatcher
 from .protocol import ACK_INPUT, ERROR_OUTPUT, INPUT_NAMES, TEXT_OUTPUT, response_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
@@ -167,7 +168,7 @@ class BLSPipeline:
                 error = pb.TritonError(SHUTTING_DOWN, pb.TritonError.UNAVAILABLE)
             else:
                 log.exception("pipeline failed")
-                error = pb.TritonError(f"internal error: {e}")
+                error = pb.TritonError(INTERNAL_ERROR)
             return pb.InferenceResponse(error=error)
         finally:
             if stream is not None:  # we stopped listening before its end (postprocessing failed...)

@@ -105,8 +105,9 @@ def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None
     return list(sums.values())
 
 
-def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None) -> ServerProcess:
-    argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http, grpc, metrics)
+def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None,
+                  host: str = "127.0.0.1") -> ServerProcess:
+    argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http, grpc, metrics, host=host)
     return ServerProcess("adaserve (tritonserver)", argv, env, f"http://localhost:{http}/v2/health/ready",
                          f"http://localhost:{metrics}/metrics", ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
 

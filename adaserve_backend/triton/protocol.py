@@ -20,6 +20,7 @@ from ..slo import SLO
 from .detokenize import Rendered
 
 MAX_STOP_WORDS = 16
+MAX_STOP_CHARS = 1000  # per stop string: each one is matched against the output's tail every step
 # The `adaserve` model's inputs (the front model forwards those the client sent, input_ids first).
 INPUT_NAMES = (
     "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
@@ -194,8 +195,8 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         seed=seed,
     )
     stop_words = [w for w in x.strings("stop_words") if w]
-    if len(stop_words) > MAX_STOP_WORDS:
-        raise ValueError(f"at most {MAX_STOP_WORDS} stop_words")
+    if len(stop_words) > MAX_STOP_WORDS or any(len(w) > MAX_STOP_CHARS for w in stop_words):
+        raise ValueError(f"at most {MAX_STOP_WORDS} stop_words of at most {MAX_STOP_CHARS} characters each")
     slo = SLO(*(x.scalar(name, None, _finite(name)) for name in ("tpot_slo_ms", "ttft_slo_ms")),
               x.scalar("slo_class", None, str) or None)
     min_length = x.scalar("min_length", 0, int)  # parsed even when min_tokens wins: a bad value is an error

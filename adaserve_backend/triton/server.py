@@ -63,9 +63,18 @@ def server_environment() -> dict[str, str]:
     return env
 
 
+# Triton waits this long for in-flight requests once it is told to stop. The models answer theirs
+# themselves within a serving check (serving.CHECK_EVERY_S) and a step of the engine, so a few seconds
+# cover them; Triton's own default of 30 s only prolonged a shutdown whose requests were already gone.
+EXIT_TIMEOUT_S = 5
+
+
 def server_command(
-    model_repository: str, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002, log_verbose: int = 0
+    model_repository: str, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002, log_verbose: int = 0,
+    host: str = "127.0.0.1",
 ) -> tuple[list[str], dict[str, str]]:
+    """`host`: the address all three endpoints listen on (the loopback by default: the OpenAI frontend,
+    with its API key, is what other machines should reach)."""
     root = pytriton_root()
     libs = root.parent.parent / "nvidia_pytriton.libs"
     env = server_environment()
@@ -80,6 +89,10 @@ def server_command(
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}",
+        f"--http-address={host}",
+        f"--grpc-address={host}",
+        f"--metrics-address={host}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         "--allow-metrics=true",
         f"--log-verbose={log_verbose}",
     ]
@@ -92,6 +105,7 @@ def add_server_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--host", default="127.0.0.1", help="the address Triton's endpoints listen on")
 
 
 def main() -> None:
@@ -99,7 +113,8 @@ def main() -> None:
     add_server_arguments(ap)
     ap.add_argument("--log-verbose", type=int, default=0)
     args = ap.parse_args()
-    argv, env = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose)
+    argv, env = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
+                               args.host)
     os.execve(argv[0], argv, env)
 
 

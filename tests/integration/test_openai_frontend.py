@@ -164,3 +164,28 @@ def test_the_frontend_process_starts_and_answers(tmp_path):
     """The module entry point parses its arguments (a server it cannot reach is simply not ready)."""
     out = subprocess.run([sys.executable, "-m", "adaserve_backend.openai_frontend", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--triton-url" in out.stdout
+
+
+def test_hostile_requests_against_the_real_server_get_4xx_json_and_it_keeps_serving(frontend, client):
+    """Every hostile case of tests/unit/test_openai_hostile.py, against tritonserver itself: a 2xx or
+    a 4xx JSON error each, none hangs, and a normal request is served after them."""
+    from tests.unit.test_openai_hostile import CASES
+
+    url = urlparse(frontend)
+    for name, (method, path, body, headers) in CASES:
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            text = resp.read()
+        except (ConnectionError, http.client.HTTPException) as e:  # a body over the limit may be cut off
+            assert name == "body over the limit", f"{name}: {e!r}"
+            continue
+        finally:
+            conn.close()
+        # 503: a valid request whose target this server cannot meet (e.g. "5" ms to the first token)
+        error = json.loads(text)["error"] if resp.status >= 400 else None
+        assert resp.status < 500 or (resp.status == 503 and error["type"] == "server_overloaded"), f"{name}: {resp.status} {text[:300]!r}"
+        assert error is None or error["message"], name
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert out.choices[0].text

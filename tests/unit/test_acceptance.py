@@ -70,3 +70,16 @@ def test_acceptance_emits_the_filtered_target_distribution(params):
     unfiltered = np.exp(logits[0]) / np.exp(logits[0]).sum()  # the test has power: not the raw softmax
     first = np.bincount([k[0] for k, n in counts.items() for _ in range(n)], minlength=VOCAB) / SAMPLES
     assert np.abs(first - unfiltered).sum() > 0.05
+
+
+def test_a_tiny_temperature_gives_the_argmax_not_nan():
+    """1e-40 is a float32 denormal: logits / it overflowed, and inf - inf made every probability NaN."""
+    import torch
+
+    from adaserve_backend.request import SamplingParams
+    from adaserve_backend.sampling import target_probs
+
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0 - 1e-3]])
+    for t in (1e-40, 1e-30, 1e-8):
+        p = target_probs(logits, SamplingParams(temperature=t))
+        assert torch.isfinite(p).all() and p.argmax().item() == 1 and p.sum().item() == pytest.approx(1.0)

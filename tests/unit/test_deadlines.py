@@ -166,3 +166,16 @@ def test_first_tokens_set_a_floor_under_prefill_pacing():
     est = steep_estimator()
     assert math.isclose(est.first_token_s(0, 600, 256), 2 * est.prefill_iteration_s(0, 256) + est.prefill_iteration_s(0, 88))
     assert est.first_token_s(2, 10, 256) > est.first_token_s(0, 10, 256)  # riding along decode costs the iteration
+
+
+def test_a_request_that_needs_the_machine_alone_holds_admissions_for_a_bounded_time():
+    """A client declaring a TPOT target only a lone request meets (60 ms: 50 alone, 300 with company),
+    with a long output, would hold every other admission until it ends; it holds them exclusive_hold_s."""
+    sched, clock = deadline_scheduler(exclusive_hold_s=2.0), Clock()
+    hog = arrive(sched, "hog", clock, ttft_ms=1e6, tpot_ms=60.0, max_tokens=400)
+    step(sched, clock)
+    other = arrive(sched, "other", clock, ttft_ms=1e6, tpot_ms=1000.0)
+    while other not in sched.running and hog in sched.running:
+        step(sched, clock)
+    assert hog in sched.running, "the other request started only once the hog had finished"
+    assert 2.0 <= clock.now - hog.admitted_time < 2.2  # admitted at the bound, not at the hog's end (~20 s)

@@ -235,3 +235,67 @@ def test_coalesced_streaming_sends_the_same_tokens_in_fewer_responses_the_first_
     loop.shutdown()
     assert ids_of(held) == ids_of(plain) and len(ids_of(held)) == 60
     assert len(plain.sender.sent) == 60 and sizes[0] == 1 and len(sizes) < 60
+
+
+class LoopKilled(BaseException):
+    """What a step's own guard does not catch (as KeyboardInterrupt, SystemExit or MemoryError)."""
+
+
+def test_a_dying_engine_loop_answers_in_flight_requests_restarts_and_is_refused_once_dead(loop, monkeypatch):
+    from adaserve_backend.triton import engine_loop
+
+    real_step, kills = loop.engine.step, []
+
+    def step():
+        if kills and kills[0] > 0:
+            kills[0] -= 1
+            raise LoopKilled()
+        return real_step()
+
+    monkeypatch.setattr(loop.engine, "step", step)
+    first = request([5, 6, 7], 400, stream=[True])
+    loop.submit(first)
+    while len(first.sender.sent) < 2:
+        time.sleep(0.01)
+    kills.append(1)  # the next step kills the loop once
+    wait(first, timeout=10)
+    code, message = response_error(first.sender.sent[-1][0])
+    assert code == "INTERNAL" and "LoopKilled" not in message  # no internals reach the client
+    again = request([5, 6, 7], 4)
+    loop.submit(again)
+    wait(again)
+    assert len(ids_of(again)) == 3 + 4 and not response_error(again.sender.sent[-1][0])  # restarted and serving
+    kills[0] = 100  # every step fails: after MAX_RESTARTS more deaths within the window it counts as dead
+    for _ in range(engine_loop.MAX_RESTARTS):
+        doomed = request([5, 6, 7], 4)
+        loop.submit(doomed)
+        wait(doomed, timeout=10)
+        assert response_error(doomed.sender.sent[-1][0])[0] == "INTERNAL"
+    assert loop.dead
+    refused = request([5, 6, 7], 4)
+    loop.submit(refused)
+    wait(refused, timeout=1)  # at once, not after a timeout
+    assert response_error(refused.sender.sent[-1][0])[0] == "UNAVAILABLE"
+
+
+def test_requests_past_the_waiting_cap_are_refused_at_once_with_unavailable(monkeypatch):
+    import dataclasses
+
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "continuous", tokenizer=Detok())
+    engine.config = dataclasses.replace(engine.config, scheduler=dataclasses.replace(engine.config.scheduler, max_waiting=2))
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+    try:
+        monkeypatch.setattr(loop.engine, "has_work", lambda: False)  # nothing is taken from the queue meanwhile
+        reqs = [request([5, 6, 7], 4) for _ in range(3)]
+        for r in reqs:
+            loop.submit(r)
+        wait(reqs[2], timeout=1)
+        code, message = response_error(reqs[2].sender.sent[-1][0])
+        assert code == "UNAVAILABLE" and "overloaded" in message
+        monkeypatch.undo()
+        loop.wake.set()
+        wait(*reqs[:2])
+        assert all(len(ids_of(r)) == 3 + 4 for r in reqs[:2])  # the prompt, then 4 tokens
+    finally:
+        loop.shutdown()

@@ -101,7 +101,7 @@ def test_an_unknown_detokenizer_fails_loudly():
 
 @pytest.mark.parametrize("detokenizer", ["postprocessing"])
 @pytest.mark.parametrize("stopping, answer, code, stream_code", [
-    (False, "internal error: detokenizer exploded", "INTERNAL", "CANCELLED"),  # the pipeline aborts it
+    (False, "internal error (the server's log has the details)", "INTERNAL", "CANCELLED"),  # the pipeline aborts it
     (True, "the server is shutting down", "UNAVAILABLE", "UNAVAILABLE"),  # the scheduler model ends it itself
 ])
 def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, monkeypatch, stopping, answer, code, stream_code):

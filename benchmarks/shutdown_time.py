@@ -1,0 +1,129 @@
+"""How long `make serve` takes to stop: start it, optionally open streams whose clients keep them open
+(reading slowly, never closing), send SIGTERM (or SIGINT), and time until every process of the server
+(tritonserver, its stubs, the frontend) has exited and every port is free again; what each stream
+received last is reported (its completion, or a final error such as "shutting down").
+
+    python -m benchmarks.shutdown_time --runs 3 --streams 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+from adaserve_backend.triton.process import PROJECT_ROOT
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def descendants(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    children: dict[int, list[int]] = {}
+    for child, parent in zip(out[::2], out[1::2]):
+        children.setdefault(int(parent), []).append(int(child))
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()[:1] != "Z"
+
+
+def open_stream(port: int) -> socket.socket:
+    """A streaming completion whose client then reads nothing more and keeps the connection open."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"model": "adaserve", "prompt": "Tell me a very long story.", "max_tokens": 400, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.fp.readline()  # the first event: the request is in flight
+    return conn
+
+
+def one_run(streams: int, sig: int, log_dir: str) -> dict:
+    http_port, grpc_port, metrics_port, openai_port = free_ports(4)
+    log = open(os.path.join(log_dir, f"serve-{http_port}.log"), "w")
+    proc = subprocess.Popen([sys.executable, "-m", "adaserve_backend.serve", "--http-port", str(http_port), "--grpc-port",
+                             str(grpc_port), "--metrics-port", str(metrics_port), "--openai-port", str(openai_port),
+                             "--log", os.path.join(log_dir, f"triton-{http_port}.log")],
+                            cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 600
+    while not port_open(openai_port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"make serve did not start; see {log.name}")
+        time.sleep(0.5)
+    conns = [open_stream(openai_port) for _ in range(streams)]
+    family = descendants(proc.pid) | {proc.pid}
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    ports = (http_port, grpc_port, metrics_port, openai_port)
+    while any(alive(p) for p in family) or any(port_open(p) for p in ports):
+        if time.monotonic() - t0 > 120:
+            break
+        time.sleep(0.05)
+    seconds = time.monotonic() - t0
+    last = []
+    for c in conns:
+        try:
+            tail = c.sock.recv(1 << 20).decode(errors="replace") if c.sock else ""
+        except OSError:
+            tail = ""
+        last.append(tail.strip().splitlines()[-3:] if tail else [])
+        c.close()
+    orphans = [p for p in family if alive(p)]
+    for p in orphans:
+        os.kill(p, signal.SIGKILL)
+    return {"seconds": round(seconds, 2), "exit_code": proc.poll(), "orphans": len(orphans),
+            "ports_held": [p for p in ports if port_open(p)], "stream_tails": last}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--streams", type=int, default=4, help="streams in flight when the signal comes (0: idle)")
+    ap.add_argument("--signal", choices=["TERM", "INT"], default="TERM")
+    ap.add_argument("--log-dir", default="runs/shutdown")
+    args = ap.parse_args()
+    os.makedirs(args.log_dir, exist_ok=True)
+    runs = []
+    for i in range(args.runs):
+        r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir)
+        runs.append(r)
+        print(f"run {i + 1}/{args.runs}: {r['seconds']:.2f} s, exit {r['exit_code']}, orphans {r['orphans']}, "
+              f"ports held {r['ports_held']}", flush=True)
+    s = [r["seconds"] for r in runs]
+    print(json.dumps({"streams": args.streams, "signal": args.signal, "median_s": statistics.median(s), "max_s": max(s),
+                      "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
