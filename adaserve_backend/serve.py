@@ -7,6 +7,7 @@ of it; stopping this process (Ctrl-C, SIGTERM) stops both.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +27,9 @@ def main() -> None:
     server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log), Path(args.model_repository),
                            args.host)
     print(f"starting tritonserver (log: {args.log}) ...", flush=True)
+    # SIGTERM while tritonserver starts ends this process through `finally` (Python's default would end
+    # it at once and leave tritonserver running); once serving, the frontend handles it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         server.start()
         print(f"Triton: HTTP :{args.http_port}, gRPC :{args.grpc_port}, metrics :{args.metrics_port}; "
@@ -34,9 +38,10 @@ def main() -> None:
 
         triton_host = "127.0.0.1" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
         frontend(["--triton-url", f"{triton_host}:{args.grpc_port}",
-                  "--triton-metrics-url", f"http://{triton_host}:{args.metrics_port}/metrics", "--port", str(args.openai_port), "--host", args.openai_host,
+                  "--triton-metrics-url", f"http://{triton_host}:{args.metrics_port}/metrics",
+                  "--port", str(args.openai_port), "--host", args.openai_host,
                   "--served-model-name", args.served_model_name, "--model-repository", args.model_repository,
-                  *(["--api-key", args.api_key] if args.api_key else [])])
+                  *(["--api-key", args.api_key] if args.api_key else [])], on_shutdown=server.signal_stop)
     except (RuntimeError, TimeoutError) as e:
         sys.exit(str(e))
     finally:

@@ -19,17 +19,7 @@ import subprocess
 import sys
 import time
 
-from adaserve_backend.triton.process import PROJECT_ROOT
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from adaserve_backend.triton.process import PROJECT_ROOT, free_ports
 
 
 def port_open(port: int) -> bool:
@@ -97,7 +87,7 @@ def one_run(streams: int, sig: int, log_dir: str) -> dict:
             tail = c.sock.recv(1 << 20).decode(errors="replace") if c.sock else ""
         except OSError:
             tail = ""
-        last.append(tail.strip().splitlines()[-3:] if tail else [])
+        last.append([line for line in tail.splitlines() if line.startswith("data:")][-2:] if tail else [])
         c.close()
     orphans = [p for p in family if alive(p)]
     for p in orphans:

@@ -83,6 +83,10 @@ class SchedulerConfig:
     # Requests waiting for admission (queued or not yet scheduled) beyond which the served model refuses
     # new ones at once (UNAVAILABLE / 503 with Retry-After): overload is answered, not queued without bound.
     max_waiting: int = 256
+    # A request still unfinished this long after it arrived is ended with an error (its blocks freed):
+    # no request, however its client paces it, holds the server's memory without bound. None: no limit
+    # (in-process use); the served engine.json sets one.
+    max_request_s: float | None = None
     admission_headroom: float = 1.15
     first_token_margin_ms: float = 0.0
     slo_classes: tuple[SLOClass, ...] = (
@@ -98,8 +102,8 @@ class SchedulerConfig:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
             raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
-        if not (math.isfinite(self.exclusive_hold_s) and self.exclusive_hold_s > 0) or self.max_waiting < 1:
-            raise ValueError("exclusive_hold_s must be a positive number of seconds and max_waiting >= 1")
+        if not all(math.isfinite(v) and v > 0 for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
+            raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
         if self.admission_headroom < 1.0:
             raise ValueError("admission_headroom must be >= 1")
         if not (math.isfinite(self.first_token_margin_ms) and self.first_token_margin_ms >= 0):

@@ -231,7 +231,12 @@ def tokenizer_chat_renderer(model_repository: str) -> Callable[[tuple[dict, ...]
     return render
 
 
-def main(argv: list[str] | None = None) -> None:
+SHUTDOWN_TIMEOUT_S = 5.0  # what a stopping frontend waits for its handlers (aiohttp's default: 60 s)
+
+
+def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None = None) -> None:
+    """`on_shutdown`: called as soon as a stop begins, before the handlers are waited for (`make serve`
+    stops tritonserver there: its models then end every in-flight request, which ends the handlers)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--triton-url", default="localhost:8001", help="Triton gRPC host:port")
     ap.add_argument("--triton-metrics-url", help="Triton's metrics, e.g. http://localhost:8002/metrics: /health then "
@@ -246,4 +251,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     frontend = Frontend(args.triton_url, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
                         args.api_key or None, args.triton_metrics_url)
-    web.run_app(frontend.app(), host=args.host, port=args.port, handler_cancellation=True, print=None)
+    app = frontend.app()
+    if on_shutdown is not None:
+        async def begin_stop(app: web.Application) -> None:
+            on_shutdown()
+
+        app.on_shutdown.append(begin_stop)
+    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None,
+                shutdown_timeout=SHUTDOWN_TIMEOUT_S)

@@ -106,6 +106,7 @@ class Scheduler:
     # ---- one iteration -------------------------------------------------------------------------
     def schedule(self, now: float) -> IterationPlan:
         plan = IterationPlan(start=now)
+        self._time_out(now, plan)
         self._admit(now, plan)
         decode = [s for s in self.running if s.decoding]
         prefill = [s for s in self.running if not s.decoding]
@@ -200,6 +201,14 @@ class Scheduler:
                 break
         if self.slo_admission:
             self._give_up_late(now, plan)
+
+    def _time_out(self, now: float, plan: IterationPlan) -> None:
+        limit = self.config.max_request_s
+        if limit is None:
+            return
+        for seq in [s for s in list(self.waiting) + self.running if now - s.arrival > limit]:
+            self._drop(seq)
+            plan.failed.append((seq, f"request timed out: unfinished {limit:g} s after it arrived"))
 
     def _keeps_slos(self, seq: Sequence, now: float) -> bool:
         """Whether, with `seq` running too, every running request that can still make its SLO (at the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,14 @@ class ServerProcess:
                 self.stop()
                 raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}")
             time.sleep(1.0)
+
+    def signal_stop(self) -> None:
+        """Ask it to stop (SIGTERM to its process group) without waiting."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def stop(self, grace_s: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -103,6 +112,17 @@ def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None
         if name in sums:
             sums[name] += float(line.rsplit(" ", 1)[-1])
     return list(sums.values())
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` ports free on the loopback now (the OS picks them)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from adaserve_backend.triton.process import free_ports  # noqa: F401  (the tests import it from here)
 from adaserve_backend.triton.process import triton_server as triton_server_process
 
 
@@ -30,16 +30,6 @@ class Server:
         if not values:
             raise KeyError(name)
         return sum(values)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture(scope="session")

@@ -62,3 +62,18 @@ def test_stopping_the_server_ends_a_running_stream_and_exits_within_seconds(tmp_
             client.close()
         finally:
             process.stop(grace_s=5)
+
+
+@pytest.mark.parametrize("streams, sig", [(0, signal.SIGINT), (3, signal.SIGTERM)])
+def test_make_serve_stops_in_seconds_idle_or_with_streams_held_open(tmp_path, streams, sig):
+    """`make serve` as a user runs it (tritonserver and the OpenAI frontend), stopped by Ctrl-C idle,
+    or by SIGTERM while clients hold streams open without reading: every process exits, every port is
+    free, and each stream ended with a final answer ("shutting down" or its completion), in seconds
+    (the frontend stops tritonserver first, so the models end their requests)."""
+    from benchmarks.shutdown_time import one_run
+
+    r = one_run(streams, sig, str(tmp_path))
+    assert r["orphans"] == 0 and not r["ports_held"], r
+    assert r["seconds"] < EXIT_WITHIN_S, r
+    for tail in r["stream_tails"]:
+        assert tail and tail[-1] == "data: [DONE]" or "shutting down" in " ".join(tail), r

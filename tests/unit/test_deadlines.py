@@ -179,3 +179,14 @@ def test_a_request_that_needs_the_machine_alone_holds_admissions_for_a_bounded_t
         step(sched, clock)
     assert hog in sched.running, "the other request started only once the hog had finished"
     assert 2.0 <= clock.now - hog.admitted_time < 2.2  # admitted at the bound, not at the hog's end (~20 s)
+
+
+def test_a_request_unfinished_after_max_request_s_ends_with_an_error_and_frees_its_blocks():
+    sched, clock = deadline_scheduler(max_request_s=1.0), Clock()
+    slow = arrive(sched, "slow", clock, ttft_ms=1e6, tpot_ms=1e4, max_tokens=400)
+    outs = []
+    while sched.has_work():
+        outs += step(sched, clock)
+    (final,) = [o for o in outs if o.finished]
+    assert final.finish_reason == FinishReason.ERROR and "timed out" in final.error
+    assert 1.0 < clock.now - slow.arrival < 1.1 and sched.target_blocks.num_free_blocks == sched.target_blocks.num_blocks
