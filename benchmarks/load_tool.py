@@ -10,7 +10,7 @@ same settings, then our own OpenAI runner against our Triton runner on one serve
    harness.runners.run_openai (HTTP, our frontend) and through run_triton (gRPC, the ensemble),
    `--agreement-repeats` times each, alternating which goes first: the two must agree within noise,
    or one of the paths adds what the other does not.
-Writes results/load-tool.json and results/load-tool.png; servers are always stopped.
+Writes runs/<date>-load-tool/load-tool.{json,png}; servers are always stopped.
 """
 
 from __future__ import annotations

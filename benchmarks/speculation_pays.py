@@ -4,7 +4,7 @@ with its first version's (matches of up to 3 tokens) and without (speculation/lo
 weights); each `adaserve` row with the estimator's trimming of
 unpaying speculation on (the served behaviour) and off (the paper's depth from load alone).
 
-    python -m benchmarks.speculation_pays --out results/speculation_pays
+    python -m benchmarks.speculation_pays                  # runs/<date>-speculation-pays/
 
 With --head-rows N [N ...], `adaserve` also runs with the draft's head cut to N rows (ModelConfig.head_rows;
 the plain `adaserve` rows keep engine.json's). Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per verification, the share of

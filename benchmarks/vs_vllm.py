@@ -10,7 +10,7 @@ scheduler) and `vllm-priority` (vLLM's priority scheduler, the tightest TPOT cla
 request is greedy and asks for exactly its `max_tokens` (min_tokens = max_tokens), chat prompts are
 rendered with the model's chat template here, so both servers see the same token ids and produce the
 same number of tokens. Scores use the joint TTFT+TPOT definition (harness/metrics.py) over all sent
-requests. Writes results/vs-vllm.json and results/vs-vllm.png; servers are always stopped at the end.
+requests. Writes runs/<date>-vs-vllm/vs-vllm.{json,png}; servers are always stopped at the end.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The simulator against a measured `make bench` run: the same workload, policies and load levels on
 the CPU cost model, predicted next to measured joint and TPOT-only attainment and TPOT p50.
 
-    make bench && make sim-validate                        # results/quick-rps.json
-    python -m sim.validate results/quick-rps.json [--seed 0 --output-scale 0.5 --time-limit 90]
+    make bench && make sim-validate                        # the latest runs/*-bench/quick-rps.json
+    python -m sim.validate runs/<date>-bench/quick-rps.json [--seed 0 --output-scale 0.5 --time-limit 90]
     python -m sim.validate B.json --fit-from A.json --repeat A.json   # A: an earlier run
     python -m sim.validate B.json --fit-from A.json --speed steps --speed-band 0.05
 
@@ -159,7 +159,7 @@ def speed_matched(measured: list[dict], speeds: list[float], other: list[dict], 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench_json", help="a harness.bench result (results/<suite>-<sweep>.json), in-process target")
+    ap.add_argument("bench_json", help="a harness.bench result (runs/<date>-bench/<suite>-<sweep>.json), in-process target")
     ap.add_argument("--seed", type=int, default=0, help="the bench run's --seed")
     ap.add_argument("--output-scale", type=float, default=0.5, help="the bench run's --output-scale")
     ap.add_argument("--time-limit", type=float, default=90.0, help="the bench run's --time-limit (s)")

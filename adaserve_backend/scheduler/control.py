@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # config builds a default SchedulerConfig at import, which loads the policies, which use this
-    from ..config import SpeculationConfig
+    from ..config import SchedulerConfig, SpeculationConfig
     from ..sequence import Sequence
 
 
@@ -65,3 +65,30 @@ def on_track(seq: Sequence, now: float, tpot: float) -> bool:
     if seq.first_token_time is None:
         return tpot <= seq.slo.tpot_s
     return seq_ends_within_slo(seq, seq_slack_s(seq, now, tpot), tpot)
+
+
+def keeps_slos(seq: Sequence, running: list[Sequence], est, config: SchedulerConfig, now: float) -> bool:
+    """Whether, with `seq` running too (beside `running`), every running request that can still make its
+    SLO (at the time per token of a lone request) is on track for it, and so is `seq` unless it cannot be (its
+    TPOT target is below a lone request's, or its first-token deadline is already given up: holding
+    it back would make it wait for nothing). One that fell behind blocks admissions until it has
+    caught up: letting others in because it is behind anyway would make it, and those after it, miss.
+    One too far behind to catch up still keeps its pace: no admission slows the batch below its
+    target rate (without this, a few late requests let the batch grow until every TPOT collapsed;
+    evidence: docs/experiments.md#admission-late). The time per token after admitting counts what
+    arriving requests' prefill chunks add to decode iterations: under load most iterations carry
+    one, and predicting decode alone lets the batch grow until the chunks push it to the tightest
+    class's target (evidence: docs/experiments.md#vllm-lazy-draft).
+    A request whose target even one companion breaks holds admissions for config.exclusive_hold_s at
+    most: after that it no longer does (bounded starvation; its own target may then be missed)."""
+    best = est.tpot_at(1)
+    after = est.tpot_at(len(running) + 1) * est.ride_along * config.admission_headroom
+    if not (on_track(seq, now, after) or seq.slo_missed or not on_track(seq, now, best)):
+        return False
+    pair = est.tpot_at(2) * est.ride_along * config.admission_headroom
+
+    def held_too_long(s: Sequence) -> bool:
+        return s.slo.tpot_s < pair and now - (s.admitted_time or now) >= config.exclusive_hold_s
+
+    return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.slo.tpot_s < best or after <= s.slo.tpot_s))
+               for s in running if not held_too_long(s))

@@ -23,7 +23,7 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
-from .control import on_track, paced_chunk, seq_ends_within_slo, seq_slack_s
+from .control import keeps_slos, paced_chunk, seq_ends_within_slo, seq_slack_s
 from .deadlines import (
     NO_CAPACITY,
     UNREACHABLE,
@@ -188,7 +188,7 @@ class Scheduler:
             need = self.target_blocks.blocks_for(seq.prefill_goal + 1)
             fits = reserved + need <= self.target_blocks.num_free_blocks
             if len(self.running) < self.config.max_num_seqs and fits:
-                if self.slo_admission and self.running and not self._keeps_slos(seq, now):
+                if self.slo_admission and self.running and not keeps_slos(seq, self.running, self.estimator, self.config, now):
                     i += 1  # it would put someone off their SLO now; a looser request may still fit
                     continue
                 del self.waiting[i]
@@ -209,31 +209,6 @@ class Scheduler:
         for seq in [s for s in list(self.waiting) + self.running if now - s.arrival > limit]:
             self._drop(seq)
             plan.failed.append((seq, f"request timed out: unfinished {limit:g} s after it arrived"))
-
-    def _keeps_slos(self, seq: Sequence, now: float) -> bool:
-        """Whether, with `seq` running too, every running request that can still make its SLO (at the
-        time per token of a lone request) is on track for it, and so is `seq` unless it cannot be (its
-        TPOT target is below a lone request's, or its first-token deadline is already given up: holding
-        it back would make it wait for nothing). One that fell behind blocks admissions until it has
-        caught up: letting others in because it is behind anyway would make it, and those after it, miss.
-        One too far behind to catch up still keeps its pace: no admission slows the batch below its
-        target rate (without this, a few late requests let the batch grow until every TPOT collapsed;
-        evidence: docs/experiments.md#admission-late). The time per token after admitting counts what
-        arriving requests' prefill chunks add to decode iterations: under load most iterations carry
-        one, and predicting decode alone lets the batch grow until the chunks push it to the tightest
-        class's target (evidence: docs/experiments.md#vllm-lazy-draft)."""
-        est, n = self.estimator, len(self.running)
-        best, after = est.tpot_at(1), est.tpot_at(n + 1) * est.ride_along * self.config.admission_headroom
-        if not (on_track(seq, now, after) or seq.slo_missed or not on_track(seq, now, best)):
-            return False
-        pair = est.tpot_at(2) * est.ride_along * self.config.admission_headroom
-        return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.slo.tpot_s < best or after <= s.slo.tpot_s))
-                   for s in self.running if not self._held_too_long(s, now, pair))
-
-    def _held_too_long(self, seq: Sequence, now: float, pair: float) -> bool:
-        """A request whose target even one companion breaks has held admissions for exclusive_hold_s:
-        from now on it no longer does (bounded starvation; its own target may then be missed)."""
-        return seq.slo.tpot_s < pair and now - (seq.admitted_time or now) >= self.config.exclusive_hold_s
 
     # ---- first-token deadlines (see deadlines.py) ------------------------------------------------
     def _prefill_view(self) -> tuple[int, list[Sequence]]:
