@@ -50,7 +50,8 @@ def alive(pid: int) -> bool:
 
 def open_stream(port: int) -> socket.socket:
     """A streaming completion whose client then reads nothing more and keeps the connection open."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    # generous: the first requests after startup warm the server up, slowly on a loaded machine
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     body = {"model": "adaserve", "prompt": "Tell me a very long story.", "max_tokens": 400, "stream": True,
             "ignore_eos": True, "temperature": 0}
     conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
