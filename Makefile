@@ -37,8 +37,8 @@ serve: setup  # the embedded default model behind a real tritonserver, and the O
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) \
 		--host $(HOST) --openai-host $(OPENAI_HOST)
 
-test: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+test: setup  # PYTHONUNBUFFERED: CI's log shows each test's progress as it happens
+	PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: setup  # skips the tests that load the real model or start a server
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
