@@ -60,19 +60,22 @@ def open_stream(port: int) -> socket.socket:
     return conn
 
 
-def one_run(streams: int, sig: int, log_dir: str) -> dict:
+def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None = None) -> dict:
+    """`during_startup_s`: send the signal that long after the start, ready or not (no streams then)."""
     http_port, grpc_port, metrics_port, openai_port = free_ports(4)
     log = open(os.path.join(log_dir, f"serve-{http_port}.log"), "w")
     proc = subprocess.Popen([sys.executable, "-m", "adaserve_backend.serve", "--http-port", str(http_port), "--grpc-port",
                              str(grpc_port), "--metrics-port", str(metrics_port), "--openai-port", str(openai_port),
                              "--log", os.path.join(log_dir, f"triton-{http_port}.log")],
                             cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 600
-    while not port_open(openai_port):
+    deadline = time.monotonic() + (during_startup_s if during_startup_s is not None else 600)
+    while during_startup_s is not None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    while during_startup_s is None and not port_open(openai_port):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"make serve did not start; see {log.name}")
         time.sleep(0.5)
-    conns = [open_stream(openai_port) for _ in range(streams)]
+    conns = [open_stream(openai_port) for _ in range(streams if during_startup_s is None else 0)]
     family = descendants(proc.pid) | {proc.pid}
     t0 = time.monotonic()
     proc.send_signal(sig)
@@ -102,12 +105,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--streams", type=int, default=4, help="streams in flight when the signal comes (0: idle)")
     ap.add_argument("--signal", choices=["TERM", "INT"], default="TERM")
+    ap.add_argument("--during-startup", type=float, metavar="S", help="signal S seconds after the start, ready or not")
     ap.add_argument("--log-dir", default="runs/shutdown")
     args = ap.parse_args()
     os.makedirs(args.log_dir, exist_ok=True)
     runs = []
     for i in range(args.runs):
-        r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir)
+        r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir, args.during_startup)
         runs.append(r)
         print(f"run {i + 1}/{args.runs}: {r['seconds']:.2f} s, exit {r['exit_code']}, orphans {r['orphans']}, "
               f"ports held {r['ports_held']}", flush=True)

@@ -13,6 +13,7 @@ free its KV cache (streaming or not).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import json
 import logging
@@ -32,6 +33,10 @@ RETRY_AFTER_S = 1
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
 API_KEY_ENV = "ADASERVE_API_KEY"
 OPEN_PATHS = ("/health",)  # answered without the API key (a load balancer's probe)
+BODY_READ_S = 30.0  # a client that has not sent its whole body by then gets a 408 (slow-loris bodies)
+WRITE_IDLE_S = 30.0  # a streaming client that takes no event for this long is gone: its request is aborted
+IDLE_CONNECTION_S = 30.0  # a connection without a whole request's headers by then is closed (aiohttp's keep-alive)
+MAX_IN_FLIGHT = 512  # generations at once; beyond, 503 (the engine's own caps answer well before this)
 
 
 def read_json(raw: bytes):
@@ -75,9 +80,10 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
 
 class Frontend:
     def __init__(self, triton_url: str, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
-                 api_key: str | None = None, metrics_url: str | None = None) -> None:
+                 api_key: str | None = None, metrics_url: str | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.triton_url, self.model_name, self.render_chat = triton_url, model_name, render_chat
-        self.api_key, self.metrics_url = api_key, metrics_url
+        self.api_key, self.metrics_url, self.max_in_flight = api_key, metrics_url, max_in_flight
+        self.in_flight = 0
         self.ensemble: EnsembleClient | None = None
         self.inputs: set[str] | None = None
 
@@ -144,7 +150,21 @@ class Frontend:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        body = read_json(await request.read())
+        if self.in_flight >= self.max_in_flight:
+            raise OpenAIError(503, f"{self.in_flight} requests are in flight already", kind="server_overloaded",
+                              retry_after_s=RETRY_AFTER_S)
+        self.in_flight += 1
+        try:
+            return await self._generate_one(request, endpoint)
+        finally:
+            self.in_flight -= 1
+
+    async def _generate_one(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        try:
+            raw = await asyncio.wait_for(request.read(), BODY_READ_S)
+        except TimeoutError:
+            raise OpenAIError(408, f"the request body did not arrive within {BODY_READ_S:g} s") from None
+        body = read_json(raw)
         gen = parse(body, endpoint, request.headers)
         if body.get("model") not in (None, self.model_name):
             raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
@@ -186,19 +206,31 @@ class Frontend:
         await resp.prepare(request)
         first = True
         try:
-            while delta is not None:
-                if delta or (first and tally.chat):
-                    await resp.write(sse(tally.chunk(delta, first=first)))
-                    first = False
-                delta = await self._next(stream, tally)
-            await resp.write(sse(tally.chunk(finish_reason=tally.finish_reason or "stop")))
-            if gen.include_usage:
-                await resp.write(sse(tally.usage_chunk()))
-        except OpenAIError as e:  # after the headers went out, an error travels as an event
-            await resp.write(sse(e.body()))
-        await resp.write(DONE)
+            try:
+                while delta is not None:
+                    if delta or (first and tally.chat):
+                        await send(resp, sse(tally.chunk(delta, first=first)))
+                        first = False
+                    delta = await self._next(stream, tally)
+                await send(resp, sse(tally.chunk(finish_reason=tally.finish_reason or "stop")))
+                if gen.include_usage:
+                    await send(resp, sse(tally.usage_chunk()))
+            except OpenAIError as e:  # after the headers went out, an error travels as an event
+                await send(resp, sse(e.body()))
+            await send(resp, DONE)
+        except TimeoutError:  # the caller's finally aborts the request in Triton, which frees its KV cache
+            log.warning("a client took no event for %g s: dropping its stream", WRITE_IDLE_S)
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
         await resp.write_eof()
         return resp
+
+
+async def send(resp: web.StreamResponse, data: bytes) -> None:
+    """One event; TimeoutError if the client has not taken it within WRITE_IDLE_S (its socket buffers
+    are full because it stopped reading, without closing the connection)."""
+    await asyncio.wait_for(resp.write(data), WRITE_IDLE_S)
 
 
 async def engine_up(metrics_url: str) -> bool:
@@ -245,12 +277,13 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                     help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; none: no key)")
     ap.add_argument("--port", type=int, default=9000)
+    ap.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT, help="generations at once; beyond, 503")
     ap.add_argument("--served-model-name", default="adaserve", help="the `model` clients name")
     ap.add_argument("--model-repository", default="model_repository", help="for the chat template")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     frontend = Frontend(args.triton_url, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
-                        args.api_key or None, args.triton_metrics_url)
+                        args.api_key or None, args.triton_metrics_url, args.max_in_flight)
     app = frontend.app()
     if on_shutdown is not None:
         async def begin_stop(app: web.Application) -> None:
@@ -258,4 +291,4 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
 
         app.on_shutdown.append(begin_stop)
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None,
-                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+                shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=IDLE_CONNECTION_S)

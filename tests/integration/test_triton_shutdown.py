@@ -77,3 +77,14 @@ def test_make_serve_stops_in_seconds_idle_or_with_streams_held_open(tmp_path, st
     assert r["seconds"] < EXIT_WITHIN_S, r
     for tail in r["stream_tails"]:
         assert tail and tail[-1] == "data: [DONE]" or "shutting down" in " ".join(tail), r
+
+
+@pytest.mark.parametrize("after_s", [3.0, 12.0])
+def test_make_serve_stops_in_seconds_when_signalled_during_startup(tmp_path, after_s):
+    """SIGTERM while the server is still starting (early: tritonserver launching; later: the models
+    loading and measuring the machine): every process exits and every port is free, in seconds."""
+    from benchmarks.shutdown_time import one_run
+
+    r = one_run(0, signal.SIGTERM, str(tmp_path), during_startup_s=after_s)
+    assert r["orphans"] == 0 and not r["ports_held"], r
+    assert r["seconds"] < EXIT_WITHIN_S, r
