@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..slo import SLO
+from ..slo import BEST_EFFORT, SLO
 
 # Policy names; scheduler/policies.py builds the objects (and checks it knows exactly these), "spec:N" besides.
 POLICY_NAMES = ("adaserve", "continuous", "sarathi", "priority")
@@ -65,7 +65,12 @@ class SchedulerConfig:
       0 (the default) for in-process use; the served engine.json sets 200: smaller margins left the
       ensemble's delivery p99 and late prefill chunks under overload over class targets
       (docs/experiments.md#first-token-margin).
-    slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers.
+    slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers;
+      the default class fills in what a request leaves open. With no default class (None, the default) a
+      request that names no target (or names the class "best_effort") is best effort: it is never
+      refused for a deadline it did not ask for, runs on the capacity the requests with SLOs leave
+      (SLO-aware admission preempts it for one that would otherwise miss), and is bounded only by
+      max_waiting and max_request_s.
     overload: what SLO-aware admission does with a request whose first-token deadline (arrival + TTFT
       target) no admissible schedule meets, predicted at arrival or while it waits: "reject" ends it at
       once with a REJECTED error (gRPC UNAVAILABLE, HTTP 503), "best_effort" keeps it, marked as having
@@ -91,14 +96,14 @@ class SchedulerConfig:
     first_token_margin_ms: float = 0.0
     slo_classes: tuple[SLOClass, ...] = (
         SLOClass("coding", 60.0, 2000.0), SLOClass("chat", 100.0, 2000.0), SLOClass("summary", 300.0, 5000.0))
-    default_slo_class: str = "chat"
+    default_slo_class: str | None = None
     overload: str = "reject"
 
     def __post_init__(self) -> None:
         classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
         object.__setattr__(self, "slo_classes", classes)
         check_policy_name(self.policy)
-        if self.default_slo_class not in {c.name for c in classes}:
+        if self.default_slo_class is not None and self.default_slo_class not in {c.name for c in classes}:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
             raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
@@ -108,6 +113,8 @@ class SchedulerConfig:
             raise ValueError("admission_headroom must be >= 1")
         if not (math.isfinite(self.first_token_margin_ms) and self.first_token_margin_ms >= 0):
             raise ValueError(f"first_token_margin_ms must be a number of ms >= 0, got {self.first_token_margin_ms}")
+        if BEST_EFFORT in {c.name for c in classes}:
+            raise ValueError(f"{BEST_EFFORT!r} is the class of requests without targets, not a configurable one")
         if self.overload not in ("reject", "best_effort"):
             raise ValueError(f"overload must be 'reject' or 'best_effort', got {self.overload!r}")
 
@@ -122,9 +129,12 @@ class SchedulerConfig:
         raise ValueError(f"unknown slo_class {name!r}; known: {', '.join(c.name for c in self.slo_classes)}")
 
     def resolve_slo(self, slo: SLO) -> SLO:
-        """The request's targets with what it left open taken from its class (or the default class),
-        and the class it is counted under: its own, "custom" when it gave its own TPOT, else the default.
-        ValueError for an unknown class."""
-        cls = self.slo_class(slo.slo_class or self.default_slo_class)
-        label = slo.slo_class or ("custom" if slo.tpot_ms is not None else self.default_slo_class)
-        return SLO(slo.tpot_ms or cls.tpot_ms, slo.ttft_ms or cls.ttft_ms, label)
+        """The request's targets with what it left open taken from its class (or the default class, if
+        any), and the class it is counted under: its own, "custom" when it gave its own targets, else
+        the default, else BEST_EFFORT (no targets). ValueError for an unknown class."""
+        if slo.slo_class == BEST_EFFORT or (slo == SLO() and self.default_slo_class is None):
+            return SLO(slo_class=BEST_EFFORT)
+        name = slo.slo_class or self.default_slo_class
+        tpot, ttft = (self.slo_class(name).tpot_ms, self.slo_class(name).ttft_ms) if name is not None else (None, None)
+        label = slo.slo_class or ("custom" if slo.tpot_ms is not None or name is None else name)
+        return SLO(slo.tpot_ms or tpot, slo.ttft_ms or ttft, label)

@@ -92,3 +92,10 @@ def keeps_slos(seq: Sequence, running: list[Sequence], est, config: SchedulerCon
 
     return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.slo.tpot_s < best or after <= s.slo.tpot_s))
                for s in running if not held_too_long(s))
+
+
+def best_effort_victim(seq: Sequence, running: list[Sequence]) -> Sequence | None:
+    """The running best-effort request (no targets) that `seq`, which has targets, displaces when it
+    does not fit: the newest, which has the least work to redo. None if there is none to displace."""
+    victims = [s for s in running if s.slo.best_effort]
+    return max(victims, key=lambda s: s.arrival) if victims and not seq.slo.best_effort else None

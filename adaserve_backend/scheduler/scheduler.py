@@ -23,7 +23,7 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
-from .control import keeps_slos, paced_chunk, seq_ends_within_slo, seq_slack_s
+from .control import best_effort_victim, keeps_slos, paced_chunk, seq_ends_within_slo, seq_slack_s
 from .deadlines import (
     NO_CAPACITY,
     UNREACHABLE,
@@ -187,16 +187,23 @@ class Scheduler:
             seq = self.waiting[i]
             need = self.target_blocks.blocks_for(seq.prefill_goal + 1)
             fits = reserved + need <= self.target_blocks.num_free_blocks
+            victim = best_effort_victim(seq, self.running)
             if len(self.running) < self.config.max_num_seqs and fits:
                 if self.slo_admission and self.running and not keeps_slos(seq, self.running, self.estimator, self.config, now):
-                    i += 1  # it would put someone off their SLO now; a looser request may still fit
+                    with_slos = [s for s in self.running if not s.slo.best_effort]
+                    if victim is not None and (not with_slos or keeps_slos(seq, with_slos, self.estimator, self.config, now)):
+                        self._preempt(victim)  # best effort runs on what the requests with SLOs leave
+                        i = self.waiting.index(seq)
+                    else:
+                        i += 1  # it would put someone off their SLO now; a looser request may still fit
                     continue
                 del self.waiting[i]
                 self.running.append(seq)
                 seq.admitted_time = seq.admitted_time if seq.admitted_time is not None else now
                 reserved += need
-            elif self.policy.preempts_for(seq, self.running):
-                self._preempt(self.policy.victim(self.running))  # re-ordered behind the more urgent head
+            elif victim is not None or self.policy.preempts_for(seq, self.running):
+                self._preempt(victim or self.policy.victim(self.running))  # re-ordered behind the more urgent head
+                i = self.waiting.index(seq)
             else:
                 break
         if self.slo_admission:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from adaserve_backend.config import EngineConfig
-from adaserve_backend.slo import SLO
+from adaserve_backend.config import EngineConfig, SchedulerConfig
+from adaserve_backend.slo import BEST_EFFORT, SLO
 
 
 def test_engine_json_profile_path_is_relative_to_the_file(tmp_path):
@@ -19,7 +20,7 @@ def test_engine_json_profile_path_is_relative_to_the_file(tmp_path):
 
 
 def test_a_request_slo_is_its_own_then_its_class_then_the_default_and_a_bad_class_is_an_error():
-    sched = EngineConfig().scheduler
+    sched = dataclasses.replace(EngineConfig().scheduler, default_slo_class="chat")
     default = sched.slo_class(sched.default_slo_class)
     cls = sched.slo_classes[0]
     assert sched.resolve_slo(SLO()) == SLO(default.tpot_ms, default.ttft_ms, default.name)
@@ -28,6 +29,18 @@ def test_a_request_slo_is_its_own_then_its_class_then_the_default_and_a_bad_clas
     assert sched.resolve_slo(SLO(42.0)) == SLO(42.0, default.ttft_ms, "custom")  # counted apart in the metrics
     with pytest.raises(ValueError, match="slo_class"):
         sched.resolve_slo(SLO(42.0, 100.0, "no-such-class"))  # unused, still checked
+    assert sched.resolve_slo(SLO(slo_class=BEST_EFFORT)).best_effort  # asked for by name
+
+
+def test_without_a_default_class_a_request_without_targets_is_best_effort():
+    sched = EngineConfig().scheduler
+    assert sched.default_slo_class is None
+    assert sched.resolve_slo(SLO()) == SLO(slo_class=BEST_EFFORT) and SLO().best_effort
+    assert sched.resolve_slo(SLO(42.0)) == SLO(42.0, None, "custom")  # no first-token deadline
+    assert sched.resolve_slo(SLO(ttft_ms=900.0)) == SLO(None, 900.0, "custom")
+    assert SLO(slo_class=BEST_EFFORT).tpot_s == SLO().ttft_s == float("inf")
+    with pytest.raises(ValueError, match="best_effort"):
+        SchedulerConfig(slo_classes=({"name": BEST_EFFORT, "tpot_ms": 50.0},))
 
 
 @pytest.mark.parametrize("fields", [dict(tpot_ms=-5.0), dict(tpot_ms=float("nan")), dict(ttft_ms=0.0),
@@ -38,7 +51,7 @@ def test_an_slo_is_validated_where_it_is_made(fields):
 
 
 def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_benchmark():
-    from adaserve_backend.config import SchedulerConfig, SLOClass
+    from adaserve_backend.config import SLOClass
     from harness.slo_targets import DEFAULT_TTFT_SLO_MS
 
     sched = SchedulerConfig()
