@@ -67,7 +67,7 @@ class ModelRunner:
         num_blocks = cache.num_blocks or cache.memory_mb * 2**20 // per_block
         if num_blocks < 1:
             raise ValueError(f"kv cache memory_mb={cache.memory_mb} holds not even one block of {per_block} bytes")
-        self.blocks = BlockManager(num_blocks, cache.block_size)
+        self.blocks = BlockManager(num_blocks, cache.block_size, cache.prefix_caching)
         self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks, cache.block_size, dtype, self.device)
         self.attn = make_backend(attention_backend, self.kv, spec.num_heads)
 

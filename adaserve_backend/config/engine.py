@@ -73,11 +73,16 @@ class CacheConfig:
     memory_mb: bytes reserved for one model's KV cache; the number of blocks follows from the model's
       layer count, KV heads, head size and dtype.
     num_blocks: an explicit block count instead (wins over memory_mb).
+    prefix_caching: full committed blocks are kept, keyed by their whole token prefix, and shared by
+      later requests with the same prefix (kv_cache/block_pool.py). Outputs are unchanged; only
+      timing can tell that a prefix was seen before (as in vLLM and SGLang): turn it off where tenants
+      must not learn that from each other.
     """
 
     block_size: int = 16
     memory_mb: int = 512
     num_blocks: int | None = None
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.memory_mb <= 0:

@@ -12,14 +12,21 @@ iteration's worst case before anything runs (`reserve`), frees what a commit lef
 what a finished or preempted request held (`free`); the runner only writes into reserved blocks and
 commits. A runner used alone (tools, tests) lets `append` take the blocks it needs.
 
+Prefix caching (block_pool.py): `publish` keys a sequence's full committed blocks by their tokens,
+`match` finds the longest cached prefix of a token list and `attach` starts a new sequence on those
+blocks, shared read-only: a sequence only ever writes past its committed tokens, so a full committed
+block is never written again.
+
 Check-then-act: `can_append` answers whether an append fits; `append` either succeeds completely or
 raises `KVCacheFull` without changing any state. Pure Python; the tensor side lives in `kv_cache.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from .block_pool import ROOT_KEY, BlockPool, block_key
 
 
 class KVCacheFull(RuntimeError):
@@ -32,6 +39,7 @@ class SequenceSlots:
     num_committed: int = 0
     region_parents: list[int] = field(default_factory=list)
     region_depths: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full committed blocks
 
     @property
     def num_slots(self) -> int:
@@ -44,12 +52,12 @@ def chain_parents(region_len: int, n: int) -> list[int]:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.pool = BlockPool(num_blocks, prefix_caching)
         self._seqs: dict[int, SequenceSlots] = {}
         self.scheduler_owned = False  # True: only reserve() allocates, commits leave trimming to trim()
 
@@ -61,7 +69,11 @@ class BlockManager:
     # ---- queries -------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self.pool.num_free
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.pool.caching
 
     def has(self, seq_id: int) -> bool:
         return seq_id in self._seqs
@@ -84,7 +96,7 @@ class BlockManager:
 
     def can_append(self, seq_id: int, n_new: int) -> bool:
         need = self.extra_blocks_needed(seq_id, n_new)
-        return need == 0 or (not self.scheduler_owned and need <= len(self._free))
+        return need == 0 or (not self.scheduler_owned and need <= self.num_free_blocks)
 
     def table(self, seq_id: int) -> tuple[int, ...]:
         s = self._seqs.get(seq_id)
@@ -110,11 +122,11 @@ class BlockManager:
     def reserve(self, seq_id: int, n_new: int) -> None:
         """Grow the sequence's block table to hold `n_new` more tokens (creating it if new)."""
         need = self.extra_blocks_needed(seq_id, n_new)
-        if need > len(self._free):
-            raise KVCacheFull(f"sequence {seq_id} needs {need} blocks, {len(self._free)} free")
+        if need > self.num_free_blocks:
+            raise KVCacheFull(f"sequence {seq_id} needs {need} blocks, {self.num_free_blocks} free")
         s = self._seqs.setdefault(seq_id, SequenceSlots())
         for _ in range(need):
-            s.block_table.append(self._free.pop())
+            s.block_table.append(self.pool.take())
 
     def append(self, seq_id: int, parents: Sequence[int]) -> list[int]:
         """Append len(parents) region tokens; returns their slot ids. Creates the sequence if new."""
@@ -170,8 +182,48 @@ class BlockManager:
     def free(self, seq_id: int) -> None:
         s = self._seqs.pop(seq_id, None)
         if s is not None:
-            self._free.extend(reversed(s.block_table))
+            for block in reversed(s.block_table):
+                self.pool.release(block)
 
     def _release_tail(self, s: SequenceSlots) -> None:
         while len(s.block_table) > self.blocks_for(s.num_slots):
-            self._free.append(s.block_table.pop())
+            self.pool.release(s.block_table.pop())
+
+    # ---- prefix caching ------------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], max_tokens: int) -> tuple[list[int], list[bytes]]:
+        """The cached blocks (and their keys) holding the longest prefix of `tokens`, in whole blocks
+        of at most `max_tokens` tokens."""
+        blocks, keys, key = [], [], ROOT_KEY
+        if not self.prefix_caching:
+            return blocks, keys
+        for i in range(min(max_tokens, len(tokens)) // self.block_size):
+            key = block_key(key, tokens[i * self.block_size : (i + 1) * self.block_size])
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            blocks.append(block)
+            keys.append(key)
+        return blocks, keys
+
+    def attach(self, seq_id: int, blocks: Sequence[int], keys: Sequence[bytes]) -> None:
+        """Start a sequence the cache does not hold yet on matched blocks, committed and shared."""
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} already holds blocks")
+        for block in blocks:
+            self.pool.share(block)
+        self._seqs[seq_id] = SequenceSlots(list(blocks), len(blocks) * self.block_size, keys=list(keys))
+
+    def publish(self, seq_id: int, tokens: Sequence[int], payload_of: Callable[[int], object] | None = None) -> None:
+        """Key the sequence's full committed blocks not keyed yet (`tokens`: at least its committed
+        ones) and cache them; with `payload_of`, a block whose payload is None is keyed, not cached."""
+        s = self._seqs.get(seq_id)
+        if s is None or not self.prefix_caching:
+            return
+        for i in range(len(s.keys), s.num_committed // self.block_size):
+            s.keys.append(block_key(s.keys[-1] if s.keys else ROOT_KEY, tokens[i * self.block_size : (i + 1) * self.block_size]))
+            payload = payload_of(i) if payload_of is not None else None
+            if payload_of is None or payload is not None:
+                self.pool.publish(s.block_table[i], s.keys[-1], payload)
+
+    def cached_payload(self, seq_id: int, block_index: int) -> object:
+        return self.pool.payload(self._seqs[seq_id].block_table[block_index])

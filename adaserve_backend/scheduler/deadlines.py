@@ -64,3 +64,16 @@ def urgent_chunk(prefilling: list[Sequence], now: float, t_iter_s: float) -> int
 def rejection_message(seq: Sequence, first_token: float) -> str:
     return (f"server cannot meet ttft_slo_ms={seq.slo.ttft_ms:g} at the current load "
             f"(predicted first token in {(first_token - seq.arrival) * 1e3:.0f} ms)")
+
+
+def missed_at(waiting: Iterable[Sequence], est: Estimator, start: float, n_decode: int, prefilling: list[Sequence],
+              chunk: int, done: int = 0) -> list[tuple[Sequence, float]]:
+    """The waiting requests with a deadline whose first token, if their prefill started at `start`
+    behind the running prefills due before them (less `done` tokens of those), would be late; each
+    with that predicted time."""
+    late = []
+    for seq in [s for s in waiting if has_deadline(s)]:
+        at = first_token_at(est, seq, start, n_decode, max(0, tokens_ahead(seq, prefilling) - done), chunk)
+        if at > seq.deadline:
+            late.append((seq, at))
+    return late

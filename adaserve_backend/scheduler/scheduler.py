@@ -23,17 +23,9 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
+from .prefix import PrefixStats, reuse_prefix
 from .control import best_effort_victim, keeps_slos, paced_chunk, seq_ends_within_slo, seq_slack_s
-from .deadlines import (
-    NO_CAPACITY,
-    UNREACHABLE,
-    edf_key,
-    first_token_at,
-    has_deadline,
-    rejection_message,
-    tokens_ahead,
-    urgent_chunk,
-)
+from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed_at, rejection_message, urgent_chunk
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
@@ -67,6 +59,7 @@ class Scheduler:
         self.overloads: dict[str, int] = {}  # first-token deadlines given up, by reason (rejected or best_effort)
         self.iteration_stats: deque[IterationStats] = deque(maxlen=10_000)  # recent decode iterations
         self.decode_iterations = 0
+        self.prefix_stats = PrefixStats()
 
     # ---- queues --------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -148,6 +141,7 @@ class Scheduler:
             for blocks in (self.target_blocks, self.draft_blocks):
                 if blocks is not None:
                     blocks.trim(seq.seq_id)
+            self.target_blocks.publish(seq.seq_id, seq.tokens)  # (the draft worker publishes the draft's)
         return outputs
 
     def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
@@ -199,6 +193,8 @@ class Scheduler:
                     continue
                 del self.waiting[i]
                 self.running.append(seq)
+                if not self.target_blocks.has(seq.seq_id):
+                    reuse_prefix(seq, self.target_blocks, self.draft_blocks, self.prefix_stats)
                 seq.admitted_time = seq.admitted_time if seq.admitted_time is not None else now
                 reserved += need
             elif victim is not None or self.policy.preempts_for(seq, self.running):
@@ -211,9 +207,7 @@ class Scheduler:
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s
-        if limit is None:
-            return
-        for seq in [s for s in list(self.waiting) + self.running if now - s.arrival > limit]:
+        for seq in [s for s in list(self.waiting) + self.running if limit is not None and now - s.arrival > limit]:
             self._drop(seq)
             plan.failed.append((seq, f"request timed out: unfinished {limit:g} s after it arrived"))
 
@@ -228,10 +222,8 @@ class Scheduler:
         running prefills due before it, is past saving: the overload answer applies at once."""
         self.waiting = deque(sorted(self.waiting, key=edf_key))
         n, prefilling = self._prefill_view()
-        for seq in [s for s in self.waiting if has_deadline(s)]:
-            at = first_token_at(self.estimator, seq, now, n, tokens_ahead(seq, prefilling), self._chunk(n))
-            if at > seq.deadline:
-                self._overload(seq, UNREACHABLE, at, plan)
+        for seq, at in missed_at(self.waiting, self.estimator, now, n, prefilling, self._chunk(n)):
+            self._overload(seq, UNREACHABLE, at, plan)
 
     def _give_up_late(self, now: float, plan: IterationPlan) -> None:
         """A request not admitted now waits at least one more iteration; if that already makes its first
@@ -243,10 +235,8 @@ class Scheduler:
             t_next, done = est.prefill_iteration_s(n, chunk), chunk
         else:
             t_next, done = (est.iteration_s(n, *est.depth_width(n)) if n else 0.0), 0
-        for seq in [s for s in self.waiting if has_deadline(s)]:
-            at = first_token_at(est, seq, now + t_next, n, max(0, tokens_ahead(seq, prefilling) - done), chunk)
-            if at > seq.deadline:
-                self._overload(seq, NO_CAPACITY, at, plan)
+        for seq, at in missed_at(self.waiting, est, now + t_next, n, prefilling, chunk, done):
+            self._overload(seq, NO_CAPACITY, at, plan)
 
     def _overload(self, seq: Sequence, reason: str, first_token: float, plan: IterationPlan) -> None:
         """reject: end it now, with the prediction in the message; best_effort: serve it when capacity

@@ -71,6 +71,8 @@ class DraftWorker:
         trees = iter(beam_search(self.runner, list(drafting.values()), plan.depth, plan.width, extra))
         for seq_id in catching_up:
             self.runner.commit_all(seq_id)
+        for s in list(plan.prefill) + plan.decode:  # blocks the chains just filled (drafting ones: in commit)
+            self._publish(s)
         cands = [next(trees) if s.seq_id in drafting else CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
         for seq, cand in zip(plan.decode, cands):
             if self.lookup.ngram and seq.seq_id in drafting:
@@ -87,11 +89,38 @@ class DraftWorker:
         root alone (no draft) left nothing in the region: the draft may not even hold the request yet."""
         if cand.draft_region[0] >= 0:
             self.runner.commit(seq.seq_id, list(range(cand.draft_region[0] + 1)))
+            self._publish(seq)
+
+    def _publish(self, seq: Sequence) -> None:
+        """Offer the draft's newly full committed blocks to its prefix cache; a feature-conditioned
+        draft's block carries the target's feature of its last position (a request that reuses the
+        block reads on from there), and one without it is not cached."""
+        if not self.runner.blocks.prefix_caching:
+            return
+        size = self.runner.blocks.block_size
+
+        def last_feature(block_index: int) -> torch.Tensor | None:
+            features, start = self._features.get(seq.seq_id, (self._no_features, 0))
+            row = (block_index + 1) * size - 1 - start
+            return features[row : row + 1].clone() if 0 <= row < features.shape[0] else None
+
+        self.runner.blocks.publish(seq.seq_id, seq.tokens, last_feature if self.keeps_features else None)
+
+    def _seed_features(self, seq: Sequence) -> None:
+        """A request that started on cached draft blocks reads on with the feature their last block
+        carries (the target's feature of the position before its first uncached token)."""
+        start = self.runner.num_committed(seq.seq_id)
+        if seq.seq_id in self._features or start == 0 or start % self.runner.blocks.block_size:
+            return
+        feature = self.runner.blocks.cached_payload(seq.seq_id, start // self.runner.blocks.block_size - 1)
+        if feature is not None:
+            self._features[seq.seq_id] = (feature, start - 1)
 
     def add_features(self, seq: Sequence, position: int, hidden: torch.Tensor) -> None:
         """Keep the target's features of positions position.., dropping those the draft has read."""
         if not self.keeps_features:
             return
+        self._seed_features(seq)
         if seq.seq_id not in self._features:
             features, start = hidden, position
         else:
@@ -113,6 +142,7 @@ class DraftWorker:
         """The features of the draft's next `n` tokens: token i reads position i-1 (zeros for i = 0)."""
         if not self.keeps_features:
             return None
+        self._seed_features(seq)
         start = self.runner.num_committed(seq.seq_id)
         have, first = self._features.get(seq.seq_id, (self._no_features, 0))
         if start == 0:

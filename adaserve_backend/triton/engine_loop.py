@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..request import INTERNAL_ERROR, FinishReason, Overloaded, RequestOutput
-from ..slo import attains, attains_ttft, tpot_seconds
+from ..slo import BEST_EFFORT, attains, attains_ttft, tpot_seconds
 from .cancellation import CancellationWatcher
 from .coalesce import must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
@@ -71,7 +71,7 @@ class TritonEngineLoop:
         if self._build_error is not None:
             raise self._build_error
         self.tokenizer = self.engine.tokenizer
-        classes = [c.name for c in config.scheduler.slo_classes] + ["custom"]
+        classes = [c.name for c in config.scheduler.slo_classes] + ["custom", BEST_EFFORT]
         self.scheduler_config = config.scheduler  # resolves each request's SLO class for the metrics
         self.max_hold_ms = config.streaming.max_hold_ms
         self.next_step_s: float | None = None

@@ -66,11 +66,15 @@ class EngineMetrics:
         self.rejected = {r: rejected.Metric(labels={"reason": r}) for r in reasons}
         self.best_effort = {r: late.Metric(labels={"reason": r}) for r in reasons}
         gauge = lambda name, desc: family(name, desc, F.GAUGE).Metric(labels={})  # noqa: E731
+        counter_metric = lambda name, desc: family(name, desc, F.COUNTER).Metric(labels={})  # noqa: E731
         self.running = gauge("adaserve_running_requests", "Requests being prefilled or decoded")
         self.waiting = gauge("adaserve_waiting_requests", "Requests waiting for admission")
         self.blocks_used = gauge("adaserve_kv_blocks_used", "Target KV cache blocks in use")
         self.blocks_free = gauge("adaserve_kv_blocks_free", "Target KV cache blocks free")
         self.budget = gauge("adaserve_token_budget", "Tokens verified per iteration (B)")
+        self.prefix_queried = counter_metric("adaserve_prefix_cache_queried_tokens_total", "Prompt tokens starting requests looked up in the prefix cache")
+        self.prefix_hit = counter_metric("adaserve_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache (not prefilled)")
+        self._prefix_seen = (0, 0)
         self.depth = gauge("adaserve_speculation_depth", "Draft beam depth d of the last iteration")
         self.width = gauge("adaserve_speculation_width", "Draft beam width w of the last iteration")
         self.engine_up = gauge(ENGINE_UP, "1 while the engine loop runs; 0 once it failed for good (requests are refused)")
@@ -125,6 +129,12 @@ class EngineMetrics:
         self.blocks_used.set(blocks.num_blocks - blocks.num_free_blocks)
         self.blocks_free.set(blocks.num_free_blocks)
         self.budget.set(engine.budget)
+        stats = engine.scheduler.prefix_stats
+        queried, hit = stats.queried - self._prefix_seen[0], stats.hit - self._prefix_seen[1]
+        if queried or hit:
+            self.prefix_queried.increment(queried)
+            self.prefix_hit.increment(hit)
+            self._prefix_seen = (stats.queried, stats.hit)
         if self._shape is not None:
             self.depth.set(self._shape[0])
             self.width.set(self._shape[1])

@@ -55,7 +55,7 @@ def test_many_cycles_leak_nothing():
     for sid in list(live):
         bm.free(sid)
     assert bm.num_free_blocks == bm.num_blocks
-    assert sorted(bm._free) == list(range(64))
+    assert sorted(bm.pool._free) == list(range(64))
 
 
 def test_full_cache_is_reported_and_state_untouched():

@@ -1,0 +1,91 @@
+"""The pool of physical KV blocks: which are free, who holds each, and (with prefix caching) which
+full blocks hold a known token prefix.
+
+Automatic prefix caching, as vLLM's and SGLang's radix cache do it: a full, committed block is known
+by a key that chains the keys of the blocks before it with its own tokens, so equal keys mean equal
+whole prefixes. Requests share such blocks read-only (a reference count each); a block nobody holds
+stays cached, *idle*, until a new allocation needs it, oldest idle first (LRU). Only committed
+tokens are ever keyed: a speculative tree or a prefill chunk in flight never enters the cache.
+
+A cached block may carry a payload: what a reader of the prefix needs besides its KV (a
+feature-conditioned draft needs the target's feature of the block's last position).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+ROOT_KEY = b""
+
+
+def block_key(prev: bytes, tokens: Sequence[int]) -> bytes:
+    """The key of a block holding `tokens` after the prefix whose last block's key is `prev`
+    (ROOT_KEY for the first block). 128-bit BLAKE2b: a collision would serve another prefix's KV."""
+    return hashlib.blake2b(prev + array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, caching: bool = False) -> None:
+        self.caching = caching
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self._refs = [0] * num_blocks
+        self._idle: OrderedDict[int, None] = OrderedDict()  # cached and unreferenced, least recently used first
+        self._by_key: dict[bytes, int] = {}
+        self._key_of: dict[int, bytes] = {}
+        self._payload: dict[int, object] = {}
+
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can have: free ones and idle cached ones (evicted on demand)."""
+        return len(self._free) + len(self._idle)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._by_key)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
+
+    def take(self) -> int:
+        """A block for new writes, held once: a free one, else the least recently used idle one."""
+        if self._free:
+            block = self._free.pop()
+        else:
+            block, _ = self._idle.popitem(last=False)
+            del self._by_key[self._key_of.pop(block)]
+            self._payload.pop(block, None)
+        self._refs[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        """One more holder of a cached block (an idle one is no longer evictable)."""
+        if self._refs[block] == 0:
+            del self._idle[block]
+        self._refs[block] += 1
+
+    def release(self, block: int) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] < 0:
+            raise AssertionError(f"block {block} released more often than held")
+        if self._refs[block] == 0:
+            if block in self._key_of:
+                self._idle[block] = None
+            else:
+                self._free.append(block)
+
+    def publish(self, block: int, key: bytes, payload: object = None) -> None:
+        """Make a full, committed block findable by its key (a prefix already cached keeps its block)."""
+        if self.caching and key not in self._by_key and block not in self._key_of:
+            self._by_key[key] = block
+            self._key_of[block] = key
+            if payload is not None:
+                self._payload[block] = payload
+
+    def lookup(self, key: bytes) -> int | None:
+        return self._by_key.get(key)
+
+    def payload(self, block: int) -> object:
+        return self._payload.get(block)

@@ -1,0 +1,41 @@
+"""Reusing a cached prefix when a request starts (kv_cache/block_pool.py has the cache itself).
+
+The target and draft caches are matched together: a request skips a prefix only where both hold it,
+in whole blocks of each, so the draft never has to read tokens the target did not compute features
+for. What is left to prefill always includes the last token: its logits give the next token."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..kv_cache import BlockManager
+from ..sequence import Sequence
+
+
+@dataclass
+class PrefixStats:
+    """Tokens the starting requests asked the cache for, and those it had (the hit rate's terms)."""
+
+    queried: int = 0
+    hit: int = 0
+
+
+def reuse_prefix(seq: Sequence, target: BlockManager, draft: BlockManager | None, stats: PrefixStats) -> int:
+    """Attach the longest prefix of `seq` that every cache holds and count it as prefilled; returns its
+    length in tokens (0 without prefix caching or without a hit)."""
+    caches = [target] + ([draft] if draft is not None else [])
+    if not all(c.prefix_caching for c in caches):
+        return 0
+    limit = len(seq.tokens) - 1  # the last token is computed again: the next token comes from its logits
+    stats.queried += max(limit, 0)
+    matches = [c.match(seq.tokens, limit) for c in caches]
+    step = math.lcm(*(c.block_size for c in caches))
+    tokens = min(len(blocks) * c.block_size for (blocks, _), c in zip(matches, caches)) // step * step
+    if tokens:
+        for c, (blocks, keys) in zip(caches, matches):
+            n = tokens // c.block_size
+            c.attach(seq.seq_id, blocks[:n], keys[:n])
+        seq.prefilled = tokens
+        stats.hit += tokens
+    return tokens
