@@ -24,6 +24,7 @@ from .cost_model.cost_model import load_cost_model
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
+from .profiler import calibrate
 from .request import Request, RequestOutput
 from .scheduler.estimator import Estimator
 from .scheduler.plan import IterationPlan, IterationResult
@@ -51,7 +52,8 @@ class Engine:
         self.draft = (DraftWorker.for_target(self.target, config, draft, self.policy.lookup(config.speculation))
                       if self.policy.speculative else None)
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.cost = load_cost_model(config.speculation.profile_path)
+        spec = config.speculation
+        self.cost = calibrate(self.target, self.draft.runner if self.draft else None) if spec.calibrate else load_cost_model(spec.profile_path)
         self.budget = self.cost.budget if self.cost else config.speculation.budget
         self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
         # The scheduler owns both caches' blocks from here on: it reserves, trims and frees them.
@@ -59,6 +61,8 @@ class Engine:
                                    self.draft.runner.blocks if self.draft else None, tokenizer)
         self._inbox = Inbox()
         self._seq_ids = itertools.count()
+        if spec.calibrate:
+            self.warm_up()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -142,6 +146,21 @@ class Engine:
         for o in self.drain(max_steps):
             results.setdefault(o.request_id, []).extend(o.new_token_ids)
         return results
+
+    def warm_up(self) -> None:
+        """Serve two requests (a prompt of two prefill chunks, then speculative decoding, alone and
+        side by side) through the whole step, so the first real requests pay no first-use costs; the
+        scheduler's counters are reset after."""
+        import random
+
+        rng = random.Random(0)
+        prompt = [rng.randrange(3, self.vocab_size) for _ in range(min(2 * self.config.scheduler.prefill_chunk, self.max_model_len // 2))]
+        self.add_request(Request("warm-up-0", prompt, max_tokens=16, ignore_eos=True))
+        for _ in range(8):  # alone for a while (prefill, then decoding), then beside a second one
+            self.step()
+        self.add_request(Request("warm-up-1", prompt[1:], max_tokens=16, ignore_eos=True))  # no shared prefix
+        list(self.drain())
+        self.reset_stats()
 
     # ---- what readers (metrics, benchmarks, tests) look at --------------------------------------
     tokenizer = property(lambda self: self.scheduler.tokenizer)

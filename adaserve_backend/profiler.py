@@ -9,6 +9,8 @@ import time
 import torch
 from tqdm import tqdm
 
+from .cost_model.cost_model import CostModel
+from .cost_model.roofline import fit_roofline, pick_budget
 from .model_runner import ModelRunner, SeqInput
 
 
@@ -87,6 +89,27 @@ def probe_ms(runner: ModelRunner) -> dict[str, float]:
     CostModel.relative_speed compares it with the profile."""
     out = measure_forward(runner, list(PROBE_TOKENS), per_seq=8, repeats=7, desc="speed probe")
     return {str(n): ms for n, ms in out.items()}
+
+
+CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # up to a prefill chunk riding along a batch
+
+
+def calibrate(target: ModelRunner, draft: ModelRunner | None, repeats: int = 3, max_slowdown: float = 1.3) -> CostModel:
+    """This machine's cost model, measured now (what tools.profile writes, in fewer repeats: a few
+    seconds): verification forwards (8-token trees over 128 cached tokens) and draft beam steps at
+    CALIBRATION_TOKENS, their rooflines and the budget B at the target's knee. Every forward shape the
+    first iterations take runs here once, so serving does not pay for first uses. `draft` None: the
+    target drafts for itself."""
+    def sizes(runner: ModelRunner, per_seq: int) -> list[int]:  # those the cache has room for
+        room = runner.blocks.num_free_blocks // runner.blocks.blocks_for(128 + per_seq)
+        return [n for n in CALIBRATION_TOKENS if -(-n // per_seq) <= room]
+
+    draft = draft or target
+    tv, td = sizes(target, 8), sizes(draft, 4)
+    verify = measure_forward(target, tv, per_seq=8, repeats=repeats, desc="calibrating the target")
+    steps = measure_forward(draft, td, per_seq=4, repeats=repeats, desc="calibrating the draft")
+    line, draft_line = fit_roofline(tv, [verify[n] for n in tv]), fit_roofline(td, [steps[n] for n in td])
+    return CostModel(line, draft_line, pick_budget(line, max_slowdown), tuple(verify.items()), tuple(steps.items()))
 
 
 class _Batch:

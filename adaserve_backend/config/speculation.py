@@ -30,6 +30,11 @@ class SpeculationConfig:
       w = clip(floor(B2 / n) + c2, 1, w_max)            with B2 = draft_budget
     budget: B, tokens verified per iteration (roots included); `profile_path`, when the file exists,
       overrides it with the knee of the profiled roofline.
+    calibrate: measure this machine when the engine starts (profiler.calibrate, a few seconds) and
+      plan with that instead of `profile_path`'s profile, then warm the serving path up with one
+      request: a profile taken on another machine misprices every step here (a prefill chunk cost
+      twice what an AMX profile said on a CPU without AMX), and the first requests paid for first
+      uses. The served engine.json sets it; in-process use keeps the profile (tests, reproducible runs).
     n_max: largest tree the SLO-customized phase builds for one request (root included).
     order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
     goodput_selection: with a profile, the throughput phase verifies only as much of the remaining
@@ -62,6 +67,7 @@ class SpeculationConfig:
     order: str = "desc"
     goodput_selection: bool = True
     profile_path: str | None = None
+    calibrate: bool = False
     lookup_ngram: int = LOOKUP_MAX_NGRAM
     lookup_tokens: int = 8
     lookup_copies: int = 1

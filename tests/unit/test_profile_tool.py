@@ -40,3 +40,20 @@ def test_the_speed_probe_runs_on_an_engines_runner_and_gives_its_blocks_back():
     assert engine.target.blocks.scheduler_owned
     assert set(probe_ms(engine.target)) == {str(n) for n in PROBE_TOKENS}
     assert_all_blocks_free(engine)
+
+
+def test_an_engine_that_calibrates_plans_with_what_it_measured_and_starts_warm():
+    """speculation.calibrate: the cost model comes from this machine (no profile file needed), B from
+    its knee, and the warm-up's requests leave no trace: no work, no blocks held, counters reset."""
+    from adaserve_backend.engine import Engine
+    from adaserve_backend.profiler import CALIBRATION_TOKENS
+    from tests.engines import EOS, assert_all_blocks_free
+
+    path = tiny_checkpoint("llama")
+    cfg = small_config("adaserve", num_blocks=1024)
+    cfg = dataclasses.replace(cfg, speculation=dataclasses.replace(cfg.speculation, calibrate=True, profile_path="/no/such/file"))
+    engine = Engine(cfg, target=our_model(path), draft=our_model(path), eos_token_ids=[EOS])
+    assert [n for n, _ in engine.cost.verify_points] == list(CALIBRATION_TOKENS)[:-1]  # 256: more than 1024 blocks
+    assert engine.budget == engine.cost.budget >= 1 and engine.scheduler.slo_admission
+    assert not engine.has_work() and engine.decode_iterations > 0 and not engine.iteration_stats
+    assert_all_blocks_free(engine)
