@@ -49,6 +49,7 @@ class RequestStats:
     accepted_drafts: int = 0
     queue_wait_s: float | None = None  # arrival to first admission (rejected: to the rejection); None: still waiting
     overload: str | None = None  # why admission gave up its first-token deadline (rejected, or best_effort)
+    predicted_ttft_s: float | None = None  # arrival to the first token as predicted when it was admitted
 
     @property
     def slo_missed(self) -> bool:

@@ -31,6 +31,7 @@ class Sequence:
     delivery_s: float = 0.0  # planned for the first token to reach the client (first_token_margin_ms)
     admitted_time: float | None = None  # first left the waiting queue
     missed: str | None = None  # why admission gave up its first-token deadline (overload: best_effort)
+    predicted_first_token: float | None = None  # when admission predicted it (with a cost model)
 
     @classmethod
     def start(cls, req: Request, seq_id: int, slo: SLO, received: float, eos_ids: frozenset[int]) -> Sequence:

@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .deadlines import edf_key, urgent_chunk
+
 if TYPE_CHECKING:  # config builds a default SchedulerConfig at import, which loads the policies, which use this
     from ..config import SchedulerConfig, SpeculationConfig
     from ..sequence import Sequence
+    from .estimator import Estimator
 
 
 def clip(x: int, lo: int, hi: int) -> int:
@@ -99,3 +102,36 @@ def best_effort_victim(seq: Sequence, running: list[Sequence]) -> Sequence | Non
     does not fit: the newest, which has the least work to redo. None if there is none to displace."""
     victims = [s for s in running if s.slo.best_effort]
     return max(victims, key=lambda s: s.arrival) if victims and not seq.slo.best_effort else None
+
+
+def split_chunks(prefill: list[Sequence], cap: int) -> dict[Sequence, int]:
+    """Up to `cap` prefill tokens, to the requests in order, each as far as its prompt goes."""
+    chunks: dict[Sequence, int] = {}
+    for seq in prefill:
+        n = min(seq.prefill_goal - seq.prefilled, cap)
+        if n <= 0:
+            break
+        chunks[seq] = n
+        cap -= n
+    return chunks
+
+
+def prefill_chunks(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
+                   est: Estimator, full: int) -> dict[Sequence, int]:
+    """SLO-aware prefill: first tokens in deadline order, the chunk paced by the decoding requests'
+    slack (paced_prefill) but never below what the first-token deadlines need (urgent_chunk)."""
+    prefill, cap = sorted(prefill, key=edf_key), full
+    if decode:
+        t_iter = est.prefill_iteration_s(len(decode), full)
+        cap = max(paced_prefill(decode, depth, width, now, est, full), min(urgent_chunk(prefill, now, t_iter), full))
+    return split_chunks(prefill, cap)
+
+
+def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int) -> int:
+    """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
+    t_iter, best = est.iteration_s(len(decode), depth, width), est.tpot_at(1)
+    slacks = [(seq_slack_s(s, now, t_iter), s) for s in decode]
+    slacks = [x for x, s in slacks if seq_ends_within_slo(s, x, best)]
+    if not slacks:
+        return cap
+    return paced_chunk(min(slacks) * 1e3, lambda chunk: est.chunk_extra_ms(len(decode), depth, chunk), cap)

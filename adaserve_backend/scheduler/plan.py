@@ -107,3 +107,4 @@ class IterationStats:
     # The whole engine step, as tools.profile's step fit times it: scheduling, the forwards, applying the
     # results (Engine.step stamps it once the step is over; 0 where nothing did).
     step: float = 0.0
+    predicted: float = 0.0  # the iteration's time as the estimator predicted it before it ran (0: no prediction)

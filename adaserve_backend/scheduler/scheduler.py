@@ -24,8 +24,8 @@ from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
 from .prefix import PrefixStats, reuse_prefix
-from .control import best_effort_victim, keeps_slos, paced_chunk, seq_ends_within_slo, seq_slack_s
-from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed_at, rejection_message, urgent_chunk
+from .control import best_effort_victim, keeps_slos, prefill_chunks, split_chunks
+from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, missed_at, rejection_message, tokens_ahead
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
@@ -168,10 +168,19 @@ class Scheduler:
             speculation=result.speculation, selection=result.selection, verification=result.verification,
             accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
             context_tokens=plan.context_tokens, prefills=len(plan.prefill), draft_chain_tokens=result.draft_chain_tokens,
+            predicted=self._predicted_s(plan),
         )
         self.estimator.record(stats)
         self.iteration_stats.append(stats)
         self.decode_iterations += 1
+
+    def _predicted_s(self, plan: IterationPlan) -> float:
+        """The decode iteration's time as predicted before this measurement updates the estimator."""
+        est, n = self.estimator, len(plan.decode)
+        if est.cost is None:
+            return 0.0
+        chunk = est.chunk_extra_ms(n, plan.depth, plan.prefill_tokens) / 1e3 if plan.prefill_tokens else 0.0
+        return est.iteration_s(n, plan.depth, plan.width) + chunk
 
     def _admit(self, now: float, plan: IterationPlan) -> None:
         if self.slo_admission:
@@ -195,6 +204,7 @@ class Scheduler:
                 self.running.append(seq)
                 if not self.target_blocks.has(seq.seq_id):
                     reuse_prefix(seq, self.target_blocks, self.draft_blocks, self.prefix_stats)
+                    self._predict_first_token(seq, now)
                 seq.admitted_time = seq.admitted_time if seq.admitted_time is not None else now
                 reserved += need
             elif victim is not None or self.policy.preempts_for(seq, self.running):
@@ -204,6 +214,14 @@ class Scheduler:
                 break
         if self.slo_admission:
             self._give_up_late(now, plan)
+
+    def _predict_first_token(self, seq: Sequence, now: float) -> None:
+        """What admission expects for a starting request's first token (the predictor's error is
+        measured against it: EngineMetrics)."""
+        if self.estimator.cost is not None and seq.first_token_time is None:
+            n, prefilling = self._prefill_view()
+            ahead = tokens_ahead(seq, [s for s in prefilling if s is not seq])  # it is running already
+            seq.predicted_first_token = first_token_at(self.estimator, seq, now, n, ahead, self._chunk(n))
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s
@@ -251,30 +269,10 @@ class Scheduler:
         return self.policy.prefill_cap(self.config, num_decode)
 
     def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
-        cap = full = self._chunk(len(decode))
+        cap = self._chunk(len(decode))
         if self.slo_admission and prefill:
-            prefill = sorted(prefill, key=edf_key)  # first tokens in deadline order
-            if decode:  # paced by the decoding requests' slack, but never below what first tokens need
-                t_iter = self.estimator.prefill_iteration_s(len(decode), full)
-                cap = max(self._paced_prefill(decode, depth, width, now, cap), min(urgent_chunk(prefill, now, t_iter), full))
-        chunks: dict[Sequence, int] = {}
-        for seq in prefill:
-            n = min(seq.prefill_goal - seq.prefilled, cap)
-            if n <= 0:
-                break
-            chunks[seq] = n
-            cap -= n
-        return chunks
-
-    def _paced_prefill(self, decode, depth, width, now, cap) -> int:
-        """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
-        est = self.estimator
-        t_iter, best = est.iteration_s(len(decode), depth, width), est.tpot_at(1)
-        slacks = [(seq_slack_s(s, now, t_iter), s) for s in decode]
-        slacks = [x for x, s in slacks if seq_ends_within_slo(s, x, best)]
-        if not slacks:
-            return cap
-        return paced_chunk(min(slacks) * 1e3, lambda chunk: est.chunk_extra_ms(len(decode), depth, chunk), cap)
+            return prefill_chunks(prefill, decode, depth, width, now, self.estimator, cap)
+        return split_chunks(prefill, cap)
 
     # ---- KV capacity ---------------------------------------------------------------------------
     def _ensure_capacity(self, decode, chunks, depth, width, plan: IterationPlan):

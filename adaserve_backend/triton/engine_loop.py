@@ -294,7 +294,7 @@ class TritonEngineLoop:
         self.metrics.on_finish(Finished(
             a.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot, out.emit_time - out.arrival_time,
             out.stats.queue_wait_s, attains_ttft(ttft, out.slo.ttft_ms), not rejected and attains(tpot, out.slo.tpot_ms),
-            rejected, out.stats.overload,
+            rejected, out.stats.overload, out.stats.predicted_ttft_s,
         ))
 
     def _send_error(self, sender, message: str, code) -> None:

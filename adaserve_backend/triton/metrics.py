@@ -29,10 +29,12 @@ class Finished:
     tpot_attained: bool
     rejected: bool = False
     overload: str | None = None
+    predicted_ttft: float | None = None  # as admission predicted it
 
 QUEUE_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0]
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ACCEPTED_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
+RATIO_BUCKETS = [0.5, 0.67, 0.8, 0.87, 0.95, 1.05, 1.15, 1.25, 1.5, 2.0, 3.0]  # measured / predicted
 FLUSH_S = 0.5  # per-step metrics are published this often (Prometheus scrapes every few seconds)
 
 
@@ -41,6 +43,7 @@ class EngineMetrics:
         F = pb.MetricFamily
         self._families = []  # a family must outlive its metrics
         self._tokens, self._accepted, self._shape, self._flushed, self._stale = 0, [], None, float("-inf"), False
+        self._step_ratios: list[float] = []
 
         def family(name, description, kind):
             self._families.append(F(name=name, description=description, kind=kind))
@@ -54,6 +57,10 @@ class EngineMetrics:
         counter = family("adaserve_prompt_tokens_total", "Prompt tokens of finished requests", F.COUNTER)
         self.prompt_tokens = counter.Metric(labels={})
         self.generation_tokens = family("adaserve_generation_tokens_total", "Generated tokens", F.COUNTER).Metric(labels={})
+        self.step_error = hist("adaserve_step_time_measured_over_predicted", "A decode step's wall time over the estimator's "
+                               "prediction before it ran", RATIO_BUCKETS)
+        self.ttft_error = hist("adaserve_ttft_measured_over_predicted", "An admitted request's time to first token over what "
+                               "admission predicted", RATIO_BUCKETS)
         self.queue_wait = hist("adaserve_queue_wait_seconds", "Arrival to admission (rejected: to the rejection)", QUEUE_BUCKETS)
         per_class = lambda name, desc: {c: family(name, desc, F.COUNTER).Metric(labels={"slo_class": c}) for c in slo_classes}  # noqa: E731
         self.requests = per_class("adaserve_requests_total", "Ended requests per SLO class, rejected ones included")
@@ -96,6 +103,8 @@ class EngineMetrics:
         for value, hist in ((r.ttft, self.ttft), (r.tpot, self.tpot)):
             if value is not None:
                 hist.observe(value)
+        if r.ttft is not None and r.predicted_ttft:
+            self.ttft_error.observe(r.ttft / r.predicted_ttft)
         for met, counter in ((r.ttft_attained, self.ttft_attained), (r.tpot_attained, self.tpot_attained),
                              (r.ttft_attained and r.tpot_attained, self.attained)):
             if met:
@@ -107,6 +116,8 @@ class EngineMetrics:
         self._tokens += new_tokens
         if iteration:
             self._accepted.append(iteration.accepted / iteration.n)
+            if iteration.predicted > 0 and iteration.step > 0:
+                self._step_ratios.append(iteration.step / iteration.predicted)
             self._shape = (iteration.depth, iteration.width)
         self._stale = True
         if now - self._flushed >= FLUSH_S:
@@ -122,7 +133,9 @@ class EngineMetrics:
             self.generation_tokens.increment(self._tokens)
         for value in self._accepted:
             self.accepted.observe(value)
-        self._tokens, self._accepted = 0, []
+        for value in self._step_ratios:
+            self.step_error.observe(value)
+        self._tokens, self._accepted, self._step_ratios = 0, [], []
         self.running.set(len(engine.running))
         self.waiting.set(len(engine.waiting))
         blocks = engine.target.blocks
