@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import sys
 import time
@@ -44,7 +45,7 @@ from harness.workload import (
 )
 
 from .servers import VLLM_SERVED_NAME, ServerProcess, triton_server, vllm_server
-from .vs_vllm_report import plot, print_table
+from .vs_vllm_report import capacity, plot, print_table
 
 SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority")
 TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our systems: the model clients call
@@ -71,21 +72,50 @@ def arrivals_for(kind: str, rps: float, n: int, seed: int) -> list[float]:
     raise ValueError(f"unknown arrivals {kind!r}: poisson, gamma or azure:TRACE.csv")
 
 
+def cpu_model() -> str:
+    """The CPU's model name and whether it has AMX (what prices every step on a CPU)."""
+    with open("/proc/cpuinfo") as f:
+        text = f.read()
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
+    return f"{name} ({'with' if 'amx_tile' in text else 'no'} AMX, {'with' if 'avx512_bf16' in text else 'no'} AVX512-BF16)"
+
+
 def priorities(slos) -> dict[str, int]:
     """vLLM priority per category: the tighter the TPOT target, the sooner (lower number)."""
     order = sorted(CATEGORIES, key=slos.tpot)
     return {c: order.index(c) for c in CATEGORIES}
 
 
+def variant_repository(name: str, overrides: dict, out_dir: Path) -> Path:
+    """A copy of the model repository whose engine.json has `overrides` merged in (an ablation served
+    as its own system, `adaserve:NAME`)."""
+    from adaserve_backend.triton.process import PROJECT_ROOT
+
+    repo = out_dir / f"repository-{name}"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(PROJECT_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    path = repo / "adaserve" / "1" / "engine.json"
+    config = json.loads(path.read_text())
+    for section, fields in overrides.items():
+        config[section] = {**config.get(section, {}), **fields} if isinstance(fields, dict) else fields
+    path.write_text(json.dumps(config, indent=2))
+    return repo
+
+
 def make_server(system: str, args, log_dir: Path) -> ServerProcess:
+    if system.startswith("adaserve:"):
+        name = system.split(":", 1)[1]
+        repo = variant_repository(name, args.variants[name], Path(args.out))
+        return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / f"tritonserver-{name}.log", repo)
     if system in TRITON_MODELS:
         return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / "tritonserver.log")
     return vllm_server(args.vllm_port, log_dir / f"{system}.log", priority=system == "vllm-priority")
 
 
 def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:
-    if system in TRITON_MODELS:
-        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=TRITON_MODELS[system], exact_length=True)
+    if system in TRITON_MODELS or system.startswith("adaserve:"):
+        model = TRITON_MODELS.get(system, "ensemble")
+        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model, exact_length=True)
     return run_openai(f"http://localhost:{args.vllm_port}", VLLM_SERVED_NAME, items, args.time_limit, exact_length=True,
                       priority=priorities(slos) if system == "vllm-priority" else None)
 
@@ -104,7 +134,13 @@ def main() -> None:
     ap.add_argument("--total-time-limit", type=float, default=100 * 60.0, help="seconds for the whole run; later levels are skipped")
     ap.add_argument("--arrivals", default="poisson", help="poisson, gamma (bursty) or azure:TRACE.csv")
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
-    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS),
+                    help=f"of {', '.join(SYSTEMS)}, and adaserve:NAME for each --variant")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                    help="an ablation served as system adaserve:NAME: engine.json sections merged with JSON, e.g. "
+                         "'nocache={\"target_cache\": {\"prefix_caching\": false}}'")
+    ap.add_argument("--prompts", choices=["default", "prompt-heavy"], default="default",
+                    help="prompt-heavy: the same families with prompts several times the outputs (harness/prompts.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=run_dir("vs-vllm"))
     ap.add_argument("--http-port", type=int, default=18000)
@@ -116,7 +152,11 @@ def main() -> None:
     if args.slo_mode != "absolute":
         ap.error("a comparison with another system uses absolute SLO targets")
     slos = slo_targets_from_args(args)
-    prompts = builtin_prompts()
+    args.variants = {name: json.loads(spec) for name, spec in (v.split("=", 1) for v in args.variant)}
+    unknown = [s for s in args.systems if s not in SYSTEMS and s.split(":", 1)[-1] not in args.variants]
+    if unknown:
+        ap.error(f"unknown systems {unknown}: name one of {SYSTEMS} or define adaserve:NAME with --variant")
+    prompts = builtin_prompts(args.prompts)
     # A seed per level: no level replays the previous one's prompts into a warm prefix cache.
     levels = {rps: render_chat(build_workload(arrivals_for(args.arrivals, rps, max(1, round(rps * args.duration)), args.seed + i),
                                               slos, prompts=prompts, seed=args.seed + i, output_scale=args.output_scale))
@@ -160,12 +200,12 @@ def main() -> None:
     bar.close()
 
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
-            "arrivals": args.arrivals, "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
+            "arrivals": args.arrivals, "prompts": args.prompts, "variants": args.variants, "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
             "vllm_priorities": priorities(slos), "systems": args.systems, "skipped": skipped, "failures": failures,
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "wall_s": time.monotonic() - started}
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model()}, "wall_s": time.monotonic() - started}
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "vs-vllm.json", "w") as f:
-        json.dump({**meta, "rows": rows}, f, indent=2)
+        json.dump({**meta, "capacity": capacity(rows), "rows": rows}, f, indent=2)
     plot(rows, str(out_dir / "vs-vllm.png"))
     print_table(rows)
     print(f"wrote {out_dir / 'vs-vllm.json'} and {out_dir / 'vs-vllm.png'}; server logs in {log_dir}")

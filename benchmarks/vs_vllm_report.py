@@ -26,8 +26,25 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def capacity(rows: list[dict], target: float = 0.9) -> dict[str, dict]:
+    """Per system: the highest load whose joint attainment is >= target, with no lower load below it
+    (capacity), and whether a measured load above it fell below (bracketed: else it may be higher)."""
+    out = {}
+    for system in dict.fromkeys(r["system"] for r in rows):
+        levels = sorted((r["rps"], r["slo_attainment"]) for r in rows if r["system"] == system)
+        held = 0.0
+        for rps, joint in levels:
+            if joint < target:
+                break
+            held = rps
+        out[system] = {"capacity_rps": held, "bracketed": any(rps > held for rps, _ in levels)}
+    return out
+
+
 def print_table(rows: list[dict]) -> None:
     print(markdown_table(rows))
+    for system, c in capacity(rows).items():
+        print(f"capacity (joint >= 0.9) of {system}: {c['capacity_rps']:g} rps" + ("" if c["bracketed"] else " or more (not bracketed)"))
 
 
 def plot(rows: list[dict], path: str) -> None:

@@ -129,3 +129,25 @@ def benchmark_prompts() -> dict[str, list[tuple[str, bool]]]:
         "chat": [(p, True) for p in python_faq_questions()],
         "summary": [(SUMMARY_TASK + p, True) for p in python_howto_passages()],
     }
+
+
+# ---- the prompt-heavy set: the same families, each prompt several times longer ------------------------
+SHARED_CONTEXT_PASSAGES = 2  # the chat questions' shared context: this many HOWTO passages (~300-600 tokens)
+
+
+def prompt_heavy_prompts() -> dict[str, list[tuple[str, bool]]]:
+    """The same families as `benchmark_prompts`, in the shapes prompt-heavy traffic has (issue 40):
+    code completed after the source that precedes it (two earlier functions as context), questions
+    asked over one long shared context (a system prompt, as assistants and RAG send), and longer
+    passages to summarise (two consecutive ones). Prompts are several times their outputs."""
+    code, faq, howto = networkx_function_prompts(), python_faq_questions(), python_howto_passages()
+    context = "\n\n".join(howto[:SHARED_CONTEXT_PASSAGES])
+    passages = howto[SHARED_CONTEXT_PASSAGES:]
+    return {
+        "coding": [("\n".join(code[i - 2 : i + 1]), False) for i in range(2, len(code))],
+        "chat": [(f"Answer using the documentation below.\n\n{context}\n\nQuestion: {q}", True) for q in faq],
+        "summary": [(SUMMARY_TASK + passages[i] + "\n\n" + passages[i + 1], True) for i in range(0, len(passages) - 1, 2)],
+    }
+
+
+PROMPT_SETS = {"default": benchmark_prompts, "prompt-heavy": prompt_heavy_prompts}

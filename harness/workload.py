@@ -34,11 +34,12 @@ class WorkItem:
 
 
 # ---- prompts -------------------------------------------------------------------------------------
-def builtin_prompts() -> dict[str, list[tuple[str, bool]]]:
-    """The benchmark's offline prompt families (see harness/prompts.py), disjoint from the draft's."""
-    from .prompts import benchmark_prompts
+def builtin_prompts(kind: str = "default") -> dict[str, list[tuple[str, bool]]]:
+    """The benchmark's offline prompt families (see harness/prompts.py), disjoint from the draft's:
+    `default`, or `prompt-heavy` (the same families, prompts several times longer than outputs)."""
+    from .prompts import PROMPT_SETS
 
-    return benchmark_prompts()
+    return PROMPT_SETS[kind]()
 
 
 def load_alpaca(path: str) -> list[tuple[str, bool]]:
