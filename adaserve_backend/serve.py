@@ -28,10 +28,22 @@ def main() -> None:
                            args.host)
     print(f"starting tritonserver (log: {args.log}) ...", flush=True)
     # SIGTERM while tritonserver starts ends this process through `finally` (Python's default would end
-    # it at once and leave tritonserver running); once serving, the frontend handles it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # it at once and leave tritonserver running); once serving, the frontend handles it. Not while the
+    # process is being spawned: an exit there would leave a child that `server` does not know of.
+    stop_asked = []
+
+    def on_sigterm(*_) -> None:
+        if server.proc is None:
+            stop_asked.append(True)
+        else:
+            sys.exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        server.start()
+        server.spawn()
+        if stop_asked:
+            sys.exit(128 + signal.SIGTERM)
+        server.wait_ready()
         print(f"Triton: HTTP :{args.http_port}, gRPC :{args.grpc_port}, metrics :{args.metrics_port}; "
               f"OpenAI API: http://localhost:{args.openai_port}/v1 (model {args.served_model_name!r})", flush=True)
         from .openai_frontend.server import main as frontend

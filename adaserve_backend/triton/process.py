@@ -31,10 +31,17 @@ class ServerProcess:
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self, timeout_s: float = 900.0) -> ServerProcess:
+        self.spawn()
+        return self.wait_ready(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the process, in a process group of its own (what stop() ends)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                          cwd=PROJECT_ROOT)
+
+    def wait_ready(self, timeout_s: float = 900.0) -> ServerProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -55,18 +62,34 @@ class ServerProcess:
                 pass
 
     def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the group, SIGKILL after `grace_s`; then whatever of the group outlived the
+        leader goes too (a Python-backend stub still initializing when tritonserver was stopped
+        ignores SIGTERM and would notice its parent's end only much later)."""
+        if self.proc is None:
             return
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            if self.proc.poll() is not None:
+                break
             try:
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
                 self.proc.wait(timeout=wait)
-                return
+                break
+            except ProcessLookupError:
+                break
             except subprocess.TimeoutExpired:
                 continue
+        self._end_group()
+
+    def _end_group(self, wait_s: float = 2.0) -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                os.killpg(self.proc.pid, 0 if time.monotonic() < deadline else signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     def wait_idle(self, timeout_s: float = 120.0) -> bool:
         """True once every busy gauge reads 0 (False if still busy at the timeout)."""
