@@ -33,7 +33,8 @@ def has_deadline(seq: Sequence) -> bool:
 
 
 def prefill_left(seq: Sequence) -> int:
-    return seq.prefill_goal - seq.prefilled
+    """Prompt tokens still to compute: a waiting request skips what the prefix cache holds for it."""
+    return seq.prefill_goal - max(seq.prefilled, seq.cached_prefix)
 
 
 def first_token_at(est: Estimator, seq: Sequence, start: float, n_decode: int, ahead: int, chunk: int) -> float:

@@ -23,7 +23,7 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
-from .prefix import PrefixStats, reuse_prefix
+from .prefix import PrefixStats, note_cached_prefixes, reuse_prefix
 from .control import best_effort_victim, keeps_slos, prefill_chunks, split_chunks
 from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, missed_at, rejection_message, tokens_ahead
 from .estimator import Estimator
@@ -239,6 +239,7 @@ class Scheduler:
         """EDF order; a request whose first token would be late even if it started now, behind only the
         running prefills due before it, is past saving: the overload answer applies at once."""
         self.waiting = deque(sorted(self.waiting, key=edf_key))
+        note_cached_prefixes(self.waiting, self.target_blocks, self.draft_blocks)
         n, prefilling = self._prefill_view()
         for seq, at in missed_at(self.waiting, self.estimator, now, n, prefilling, self._chunk(n)):
             self._overload(seq, UNREACHABLE, at, plan)

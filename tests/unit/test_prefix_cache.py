@@ -93,3 +93,31 @@ def test_requests_sharing_a_prefix_reuse_its_blocks_and_greedy_stays_exact(polic
     off = dataclasses.replace(config, target_cache=dataclasses.replace(config.target_cache, prefix_caching=False))
     engine = Engine(off, target=model, draft=drafter, eos_token_ids=[EOS])
     assert run_staggered(engine, reqs) == got and engine.scheduler.prefix_stats.hit == 0
+
+
+def test_a_waiting_request_is_predicted_with_the_prefill_its_cached_prefix_saves():
+    """First-token predictions for waiting requests count only what the prefix cache does not hold, so
+    a request whose prompt is mostly cached is not refused as if it had to prefill all of it."""
+    from adaserve_backend.config import SchedulerConfig
+    from adaserve_backend.scheduler.policies import make_policy
+    from adaserve_backend.scheduler.scheduler import Scheduler
+    from adaserve_backend.sequence import Sequence
+    from tests.unit.test_scheduler import SPEC, START, TableEstimator, decoding, running, seq
+
+    def waiting_request(cached: bool):
+        est = TableEstimator({1: 0.05, 2: 0.08}, prefill_token_s=0.1)  # 17 prompt tokens: 1.7 s > the 1 s target
+        blocks = BlockManager(64, 4, prefix_caching=True)
+        prompt = list(range(3, 19)) + [99]
+        if cached:
+            filled(blocks, 10**6, prompt[:16])  # an earlier request's 16 tokens, now idle in the cache
+            blocks.free(10**6)
+        sched = Scheduler(SchedulerConfig(prefill_chunk=256, overload="reject"), SPEC, make_policy("adaserve"), est, blocks, None)
+        decoding(running(sched, seq(60))[0], 10, 0.6)  # on track at 50 ms per token, not at 92: it holds admissions
+        s = Sequence(Request("w", prompt, max_tokens=4), 777, SLO(100.0, 1000.0), START, frozenset(), None, len(prompt))
+        sched.add(s)
+        return sched.schedule(START).rejected, s
+
+    rejected, _ = waiting_request(cached=False)
+    assert [s.request.request_id for s, _ in rejected] == ["w"]
+    rejected, s = waiting_request(cached=True)
+    assert not rejected and s.cached_prefix == 16
