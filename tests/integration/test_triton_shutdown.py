@@ -54,7 +54,10 @@ def test_stopping_the_server_ends_a_running_stream_and_exits_within_seconds(tmp_
         client.stop_stream()
         process.proc.wait(timeout=EXIT_WITHIN_S)
         log = process.log_tail(6000)
-        assert "Exit timeout expired" not in log and "still reading" not in log  # the pipeline's streams all ended
+        # No request held a model: the pipeline's streams all ended before Triton waited for in-flight
+        # inferences. (Unloading the four models may still outlast Triton's 5 s exit timeout on a starved
+        # CPU, e.g. beside two CPU burners; it then exits at once, in time, which the waits above check.)
+        assert "Found 0 model versions that have in-flight inferences" in log and "still reading" not in log, log
         assert all(f"successfully unloaded '{m}'" in log for m in ("ensemble", "adaserve")), log
     finally:
         try:
