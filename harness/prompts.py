@@ -58,6 +58,12 @@ def python_sources(root: str) -> list[str]:
 
 def parsed_sources(paths: list[str]) -> Iterator[ast.Module]:
     """The syntax trees of the files that parse (installed packages ship a few that do not)."""
+    for _, tree in parsed_files(paths):
+        yield tree
+
+
+def parsed_files(paths: list[str]) -> Iterator[tuple[str, ast.Module]]:
+    """(path, syntax tree) of each file that parses."""
     for path in paths:
         try:
             with open(path, encoding="utf-8") as f, warnings.catch_warnings():
@@ -65,7 +71,7 @@ def parsed_sources(paths: list[str]) -> Iterator[ast.Module]:
                 tree = ast.parse(f.read())
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        yield tree
+        yield path, tree
 
 
 def source_function_prompts(paths: list[str]) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from adaserve_backend.chat import encode_prompt
-from harness.prompts import parsed_sources, python_sources, source_function_prompts
+from harness.prompts import function_prompt, parsed_files, python_sources
 
 CATEGORIES = ("code", "instruction", "summary")
 # Never trained on: evaluated as text of kinds the draft has not seen (besides the benchmark's).
@@ -69,8 +69,21 @@ def _sources(package: str) -> list[str]:
 
 
 @cache
+def _package_texts(package: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """One parse of a package's sources for two families (the parse is most of the cost): the
+    completion prompts of its documented public functions (test folders skipped, as
+    harness.prompts.source_function_prompts does) and its long docstrings (tests skipped)."""
+    code, docs = [], []
+    for path, tree in parsed_files([p for p in _sources(package) if "/tests/" not in p]):
+        if "/test/" not in path:
+            code += [p for n in tree.body if isinstance(n, ast.FunctionDef) and (p := function_prompt(n))]
+        nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        docs += [d[:DOC_MAX_CHARS] for n in nodes if (d := ast.get_docstring(n)) and len(d) >= DOC_MIN_CHARS]
+    return tuple(dict.fromkeys(code)), tuple(dict.fromkeys(docs))
+
+
 def code_prompts(package: str) -> tuple[str, ...]:
-    return source_function_prompts(_sources(package))
+    return _package_texts(package)[0]
 
 
 TOPICS = """photosynthesis, black holes, the French revolution, machine learning, coffee brewing, climate change,
@@ -130,21 +143,11 @@ SUMMARY_TASKS = ["Summarize the following text in two sentences.", "Explain the 
                  "What is the main point of the following text?"]
 
 
-def _docstrings(package: str, min_chars: int, max_chars: int) -> list[str]:
-    """Long docstrings (modules, classes, functions) of a package's own source files."""
-    out = []
-    for tree in parsed_sources([p for p in _sources(package) if "/tests/" not in p]):
-        nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-        for n in nodes:
-            doc = ast.get_docstring(n)
-            if doc and len(doc) >= min_chars:
-                out.append(doc[:max_chars])
-    return list(dict.fromkeys(out))
+DOC_MIN_CHARS, DOC_MAX_CHARS = 400, 1500  # docstrings long enough to summarise, cut to this
 
 
-@cache
-def summary_prompts(package: str, min_chars: int = 400, max_chars: int = 1500) -> tuple[str, ...]:
-    docs = _docstrings(package, min_chars, max_chars)
+def summary_prompts(package: str) -> tuple[str, ...]:
+    docs = _package_texts(package)[1]
     return tuple(f"{SUMMARY_TASKS[i % len(SUMMARY_TASKS)]}\n\n{d}" for i, d in enumerate(docs))
 
 
