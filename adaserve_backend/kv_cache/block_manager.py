@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .block_pool import ROOT_KEY, BlockPool, block_key
+from .block_pool import BlockPool, extend_keys
 
 
 class KVCacheFull(RuntimeError):
@@ -190,20 +190,21 @@ class BlockManager:
             self.pool.release(s.block_table.pop())
 
     # ---- prefix caching ------------------------------------------------------------------------
-    def match(self, tokens: Sequence[int], max_tokens: int) -> tuple[list[int], list[bytes]]:
+    def match(self, tokens: Sequence[int], max_tokens: int, keys: list[bytes] | None = None) -> tuple[list[int], list[bytes]]:
         """The cached blocks (and their keys) holding the longest prefix of `tokens`, in whole blocks
-        of at most `max_tokens` tokens."""
-        blocks, keys, key = [], [], ROOT_KEY
+        of at most `max_tokens` tokens. `keys`: the tokens' block keys known so far (extended in place,
+        so a caller that keeps them hashes each block once)."""
         if not self.prefix_caching:
-            return blocks, keys
-        for i in range(min(max_tokens, len(tokens)) // self.block_size):
-            key = block_key(key, tokens[i * self.block_size : (i + 1) * self.block_size])
+            return [], []
+        n = min(max_tokens, len(tokens)) // self.block_size
+        keys = extend_keys(keys if keys is not None else [], tokens, self.block_size, n)
+        blocks = []
+        for key in keys[:n]:
             block = self.pool.lookup(key)
             if block is None:
                 break
             blocks.append(block)
-            keys.append(key)
-        return blocks, keys
+        return blocks, keys[: len(blocks)]
 
     def attach(self, seq_id: int, blocks: Sequence[int], keys: Sequence[bytes]) -> None:
         """Start a sequence the cache does not hold yet on matched blocks, committed and shared."""
@@ -219,11 +220,12 @@ class BlockManager:
         s = self._seqs.get(seq_id)
         if s is None or not self.prefix_caching:
             return
-        for i in range(len(s.keys), s.num_committed // self.block_size):
-            s.keys.append(block_key(s.keys[-1] if s.keys else ROOT_KEY, tokens[i * self.block_size : (i + 1) * self.block_size]))
+        first = len(s.keys)
+        extend_keys(s.keys, tokens, self.block_size, s.num_committed // self.block_size)
+        for i in range(first, len(s.keys)):
             payload = payload_of(i) if payload_of is not None else None
             if payload_of is None or payload is not None:
-                self.pool.publish(s.block_table[i], s.keys[-1], payload)
+                self.pool.publish(s.block_table[i], s.keys[i], payload)
 
     def cached_payload(self, seq_id: int, block_index: int) -> object:
         return self.pool.payload(self._seqs[seq_id].block_table[block_index])

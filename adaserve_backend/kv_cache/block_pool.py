@@ -27,6 +27,14 @@ def block_key(prev: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(prev + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
+def extend_keys(keys: list[bytes], tokens: Sequence[int], block_size: int, num_blocks: int) -> list[bytes]:
+    """`keys`, the keys of the first full blocks of `tokens`, extended in place to `num_blocks` blocks
+    (a token list only grows, so keys once computed stay valid)."""
+    for i in range(len(keys), num_blocks):
+        keys.append(block_key(keys[-1] if keys else ROOT_KEY, tokens[i * block_size : (i + 1) * block_size]))
+    return keys
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, caching: bool = False) -> None:
         self.caching = caching
