@@ -15,6 +15,7 @@ import statistics
 import time
 
 from benchmarks.one_request import served_engine
+from harness.machine import cpu_model
 from harness.run_dir import run_dir
 
 
@@ -90,11 +91,6 @@ def main() -> None:
         json.dump(report, f, indent=1)
     plot(times, os.path.join(args.out, "prefix_cache.png"))
     print(json.dumps({k: v for k, v in report.items() if k != "ttft_ms"}, indent=1))
-
-
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
 
 
 def plot(times: dict[str, list[float]], path: str) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from harness.bench import score
+from harness.machine import cpu_model
 from harness.metrics import fmt_ms
 from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
@@ -70,14 +71,6 @@ def arrivals_for(kind: str, rps: float, n: int, seed: int) -> list[float]:
     if kind.startswith("azure:"):
         return rescale_trace(read_azure_trace(kind.split(":", 1)[1]), rps, n)
     raise ValueError(f"unknown arrivals {kind!r}: poisson, gamma or azure:TRACE.csv")
-
-
-def cpu_model() -> str:
-    """The CPU's model name and whether it has AMX (what prices every step on a CPU)."""
-    with open("/proc/cpuinfo") as f:
-        text = f.read()
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
-    return f"{name} ({'with' if 'amx_tile' in text else 'no'} AMX, {'with' if 'avx512_bf16' in text else 'no'} AVX512-BF16)"
 
 
 def priorities(slos) -> dict[str, int]:

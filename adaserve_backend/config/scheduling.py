@@ -135,6 +135,6 @@ class SchedulerConfig:
         if slo.slo_class == BEST_EFFORT or (slo == SLO() and self.default_slo_class is None):
             return SLO(slo_class=BEST_EFFORT)
         name = slo.slo_class or self.default_slo_class
-        tpot, ttft = (self.slo_class(name).tpot_ms, self.slo_class(name).ttft_ms) if name is not None else (None, None)
-        label = slo.slo_class or ("custom" if slo.tpot_ms is not None or name is None else name)
-        return SLO(slo.tpot_ms or tpot, slo.ttft_ms or ttft, label)
+        cls = self.slo_class(name) if name is not None else None
+        label = slo.slo_class or ("custom" if slo.tpot_ms is not None or cls is None else name)
+        return SLO(slo.tpot_ms or (cls and cls.tpot_ms), slo.ttft_ms or (cls and cls.ttft_ms), label)
