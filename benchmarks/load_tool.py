@@ -34,8 +34,8 @@ from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import build_workload, builtin_prompts, poisson_arrivals
 
 from .load_tool_report import plot, print_tables
-from .servers import VLLM_MODEL_DIR, VLLM_SERVED_NAME, VLLM_VENV, triton_server, vllm_server
-from .vs_vllm import render_chat
+from .servers import VLLM_MODEL_DIR, PEER_SERVED_NAME, VLLM_VENV, triton_server, vllm_server
+from .vs_peers import render_chat
 
 OUR_MODEL = "adaserve"
 PARTS = ("bench-ours", "agreement", "bench-vllm")
@@ -99,7 +99,7 @@ def run_vllm(args, slos, logs: Path, report: dict, bar) -> None:
         bar.set_postfix_str("starting vLLM")
         vllm.start()
         bar.set_postfix_str("vllm bench serve -> vLLM")
-        report["bench_serve"]["vllm"] = bench_serve(f"http://localhost:{args.ports[4]}", VLLM_SERVED_NAME, args, slos, logs / "bench-vllm.json")
+        report["bench_serve"]["vllm"] = bench_serve(f"http://localhost:{args.ports[4]}", PEER_SERVED_NAME, args, slos, logs / "bench-vllm.json")
         bar.update(1)
     finally:
         vllm.stop()

