@@ -9,15 +9,10 @@ intermediate to bfloat16 at the same points.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
 import torch
 
 from ..attention.backend import AttentionBackend
-from ..cpu_extension import load_extension
 from . import linear
-
-SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.cpp"
 
 
 def projections(model):
@@ -33,7 +28,7 @@ def decoder_layer_ops(model):
         and model.norm.weight.dtype == torch.bfloat16
         and all(m._packed is not None for m in projections(model))
     )
-    return load_extension("adaserve_decoder_layer", SOURCE) if applies else None
+    return linear.kernels() if applies else None
 
 
 @dataclass(frozen=True)
@@ -43,8 +38,8 @@ class FusedStack:
     paid on each target forward, a noticeable share of a small model's decode step (evidence:
     docs/experiments.md#iteration-profile)."""
 
-    pre: list[tuple]  # per layer: input norm weight, packed qkv, its bias
-    post: list[tuple]  # per layer: packed o_proj, its bias, post-attention norm weight, packed gate_up, its bias, packed down, its bias
+    pre: list[tuple]  # per layer: input norm weight, qkv (packed, pairs, bias)
+    post: list[tuple]  # per layer: o_proj (packed, pairs, bias), post-attention norm weight, gate_up (...), down (...)
     packed_versions: list[tuple[torch.Tensor, int]]  # each projection's weight and the version that was packed
     generation: int  # linear.pack_generation when gathered
 
@@ -56,10 +51,12 @@ def fused_stack(model) -> FusedStack | None:
         return None
     stack = model.__dict__.get("_fused_stack")
     if stack is None or stack.generation != linear.pack_generation:
+        def w(m):
+            return m._packed, m._pairs, m.bias
+
         stack = FusedStack(
-            [(l.input_layernorm.weight, l.qkv_proj._packed, l.qkv_proj.bias) for l in model.layers],
-            [(l.o_proj._packed, l.o_proj.bias, l.post_attention_layernorm.weight, l.gate_up_proj._packed, l.gate_up_proj.bias,
-              l.down_proj._packed, l.down_proj.bias) for l in model.layers],
+            [(l.input_layernorm.weight, *w(l.qkv_proj)) for l in model.layers],
+            [(*w(l.o_proj), l.post_attention_layernorm.weight, *w(l.gate_up_proj), *w(l.down_proj)) for l in model.layers],
             [(m.weight, m._packed_version) for m in projections(model)],
             linear.pack_generation,
         )

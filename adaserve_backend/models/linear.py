@@ -1,16 +1,27 @@
-"""A linear layer that runs CPU bfloat16 inference on a weight prepacked for oneDNN.
+"""A linear layer that runs CPU bfloat16 inference on weights prepacked once.
 
 `F.linear` in bfloat16 on CPU reorders the weight into oneDNN's blocked layout on every call; with
-the weight prepacked once, AMX/AVX512-BF16 kernels read it straight away, which matters most for the
-few-row GEMMs of decode and small trees (evidence: docs/experiments.md#threads). float32 keeps
-`F.linear` so the oracle path stays bit-exact with `transformers`.
+the weight prepacked once, AMX/AVX512-BF16 kernels read it straight away (evidence:
+docs/experiments.md#threads). Products of up to the kernel's `pair_rows` rows (decode, small trees, their LM head)
+run the project's own kernel (csrc/pair_gemm.h) on a second packing where the CPU has AVX512-BF16: a
+few-row product is a read of the weight, and that kernel reads it closer to the memory bandwidth.
+float32 keeps `F.linear` so the oracle path stays bit-exact with `transformers`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..cpu_extension import load_extension
+
+KERNELS = Path(__file__).parent / "csrc" / "decoder_layer.cpp"
+def kernels():
+    """The compiled decoder-layer extension (csrc/decoder_layer.cpp), or None."""
+    return load_extension("adaserve_decoder_layer", KERNELS)
 
 
 def prepacking_available(weight: torch.Tensor) -> bool:
@@ -27,23 +38,36 @@ def prepacking_available(weight: torch.Tensor) -> bool:
 pack_generation = 0
 
 
+def pack_pairs(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight in the pair kernel's layout, or None where that kernel does not apply."""
+    ops = kernels()
+    out, inp = weight.shape
+    if ops is None or not ops.pair_gemm or out % 16 or inp % 2:
+        return None
+    return ops.pack_pairs(weight.detach())
+
+
 class Linear(nn.Linear):
     _packed: torch.Tensor | None = None
+    _pairs: torch.Tensor | None = None  # the pair kernel's packing, for products of few rows
     _packed_version = -1
 
     def prepack(self) -> None:
         """Pack the current weight for inference; a no-op where prepacking does not apply."""
         global pack_generation
         pack_generation += 1
-        self._packed = None
+        self._packed = self._pairs = None
         if prepacking_available(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+            self._pairs = pack_pairs(self.weight)
             self._packed_version = self.weight._version
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The version check keeps a model that is trained after packing (in-place optimizer steps
         # bump the version) from reading a stale copy; training itself never takes this path.
         if self._packed is not None and not torch.is_grad_enabled() and self._packed_version == self.weight._version:
+            if self._pairs is not None and x.dim() == 2 and x.shape[0] <= (ops := kernels()).pair_rows:
+                return ops.pair_linear(x, self._pairs, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

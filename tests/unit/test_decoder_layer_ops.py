@@ -12,14 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from adaserve_backend.config import CacheConfig, ModelConfig
-from adaserve_backend.cpu_extension import load_extension
 from adaserve_backend.model_runner import ModelRunner, SeqInput
 from adaserve_backend.models import linear, load_model
-from adaserve_backend.models.fused_layer import SOURCE, fused_stack
+from adaserve_backend.models.fused_layer import fused_stack
 from adaserve_backend.models.llama import RMSNorm, apply_rope
 from tests.model_fixtures import our_model, tiny_checkpoint
 
-ops = load_extension("adaserve_decoder_layer", SOURCE)
+ops = linear.kernels()
 pytestmark = pytest.mark.skipif(ops is None, reason="the C++ decoder-layer ops do not build here")
 
 
@@ -140,3 +139,30 @@ def test_float32_and_training_keep_the_python_layers():
         assert fused_stack(model) is None
         linear.prepack_all(model)  # packed again: the stack is gathered anew
         assert fused_stack(model) is not None
+
+
+@pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the pair kernel needs AVX512-BF16")
+@pytest.mark.parametrize("bias", [False, True])
+def test_pair_kernel_matches_a_float32_product_for_every_row_count(bias):
+    """pair_linear against x W^T in float32 then rounded once: row counts across its 4-row tiles and
+    column counts across its 4-block groups, with and without bias; Linear takes it up to pair_rows, then
+    oneDNN."""
+    torch.manual_seed(0)
+    for k, n in ((64, 16), (96, 80), (576, 960)):
+        w, b = torch.randn(n, k).bfloat16(), (torch.randn(n).bfloat16() if bias else None)
+        pairs = ops.pack_pairs(w)
+        for m in (1, 2, 3, 4, 5, 7, 9, 16, 33):
+            x = torch.randn(m, k).bfloat16()
+            ref = x.float() @ w.float().T + (b.float() if bias else 0)
+            torch.testing.assert_close(ops.pair_linear(x, pairs, b).float(), ref.bfloat16().float(), rtol=1e-2, atol=1e-2)
+    layer = linear.Linear(96, 80, bias=bias).bfloat16()
+    layer.prepack()
+    assert layer._pairs is not None
+    with torch.inference_mode():
+        for m in (1, 16, min(ops.pair_rows + 1, 64)):
+            x = torch.randn(m, 96).bfloat16()
+            torch.testing.assert_close(layer(x).float(), F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float()),
+                                       rtol=2e-2, atol=2e-2)
+    odd = linear.Linear(96, 72).bfloat16()  # 72 columns: not whole blocks of 16, oneDNN alone
+    odd.prepack()
+    assert odd._pairs is None

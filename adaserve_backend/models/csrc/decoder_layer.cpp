@@ -5,7 +5,8 @@
 // weights once the weights sit in this machine's large L3. Here each side of attention is one call:
 //   pre_attention:  residual += x; h = rms_norm(residual); qkv = h W_qkv; rotate q and k in place
 //   post_attention: residual += attn W_o; h = rms_norm(residual); out = (silu(h W_g) * h W_u) W_d
-// The GEMMs are torch's own oneDNN op on the prepacked weights (models/linear.py). Every elementwise
+// The GEMMs are the pair kernel (pair_gemm.h) for few rows, else torch's own oneDNN op on the prepacked
+// weights (models/linear.py picks the same way). Every elementwise
 // result is rounded to bfloat16 where the Python layer (models/llama.py) rounds it, so the two paths
 // agree up to the order of the norm's sum of squares and the exp inside SiLU.
 
@@ -14,8 +15,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "cpu_math.h"
+#include "pair_gemm.h"
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace {
@@ -24,10 +27,21 @@ using namespace adaserve;
 using bf16 = c10::BFloat16;
 
 constexpr int64_t kRowsPerTask = 8;
+// Products of up to this many rows take the pair kernel. Without AMX it is ahead of oneDNN at every row
+// count (a few rows: it reads the weight nearer the bandwidth; many: both are VDPBF16PS-bound and it
+// skips oneDNN's per-call setup); with AMX, oneDNN's tiles win once there are rows enough to fill them
+// (docs/experiments.md#pair-gemm). models/linear.py reads it too.
+#if defined(__AMX_BF16__)
+constexpr int64_t kPairRows = 16;
+#else
+constexpr int64_t kPairRows = std::numeric_limits<int64_t>::max();
+#endif
 
 inline float f(bf16 x) { return widen(x); }
 
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& pairs,
+                         const std::optional<at::Tensor>& bias) {
+  if (pairs && x.size(0) <= kPairRows) return pair_linear(x, *pairs, bias);
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -174,21 +188,25 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // embedding); residual [T, hidden] is updated in place. Returns qkv [T, (heads + 2 kv_heads) * dim]
 // with the first `rotated` = heads + kv_heads heads rotated.
 at::Tensor pre_attention(const std::optional<at::Tensor>& x, at::Tensor residual, const at::Tensor& norm_weight,
-                         const at::Tensor& qkv_packed, const std::optional<at::Tensor>& qkv_bias, const at::Tensor& cos,
-                         const at::Tensor& signed_sin, int64_t rotated, int64_t dim, double eps) {
-  at::Tensor qkv = packed_linear(add_rms_norm(x, residual, norm_weight, eps), qkv_packed, qkv_bias);
+                         const at::Tensor& qkv_packed, const std::optional<at::Tensor>& qkv_pairs,
+                         const std::optional<at::Tensor>& qkv_bias, const at::Tensor& cos, const at::Tensor& signed_sin,
+                         int64_t rotated, int64_t dim, double eps) {
+  at::Tensor qkv = packed_linear(add_rms_norm(x, residual, norm_weight, eps), qkv_packed, qkv_pairs, qkv_bias);
   rope_in_place(qkv, cos, signed_sin, rotated, dim);
   return qkv;
 }
 
 // attn: attention output [T, heads * dim]; residual is updated in place. Returns the MLP's output.
 at::Tensor post_attention(const at::Tensor& attn, at::Tensor residual, const at::Tensor& o_packed,
-                          const std::optional<at::Tensor>& o_bias, const at::Tensor& norm_weight,
-                          const at::Tensor& gate_up_packed, const std::optional<at::Tensor>& gate_up_bias,
-                          const at::Tensor& down_packed, const std::optional<at::Tensor>& down_bias, double eps) {
-  const at::Tensor o = packed_linear(attn, o_packed, o_bias);
+                          const std::optional<at::Tensor>& o_pairs, const std::optional<at::Tensor>& o_bias,
+                          const at::Tensor& norm_weight, const at::Tensor& gate_up_packed,
+                          const std::optional<at::Tensor>& gate_up_pairs, const std::optional<at::Tensor>& gate_up_bias,
+                          const at::Tensor& down_packed, const std::optional<at::Tensor>& down_pairs,
+                          const std::optional<at::Tensor>& down_bias, double eps) {
+  const at::Tensor o = packed_linear(attn, o_packed, o_pairs, o_bias);
   const at::Tensor h = add_rms_norm(o, residual, norm_weight, eps);
-  return packed_linear(silu_mul(packed_linear(h, gate_up_packed, gate_up_bias)), down_packed, down_bias);
+  return packed_linear(silu_mul(packed_linear(h, gate_up_packed, gate_up_pairs, gate_up_bias)), down_packed, down_pairs,
+                       down_bias);
 }
 
 // Each call releases the GIL: it reads and writes tensors only, and a step spends most of its time in
@@ -199,4 +217,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(), "residual += x; RMSNorm(residual) (CPU bf16)");
   m.def("rope_in_place", &rope_in_place, py::call_guard<py::gil_scoped_release>(), "rotary embedding of the first heads of each row, in place (CPU bf16)");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I] rows (CPU bf16)");
+  m.def("pack_pairs", &pack_pairs, "a bfloat16 [N, K] weight in the layout pair_linear reads");
+  m.def("pair_linear", &pair_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias for few rows, W from pack_pairs (AVX512-BF16)");
+  m.attr("pair_gemm") = py::bool_(kPairGemmCompiled);
+  m.attr("pair_rows") = py::int_(kPairRows);
 }
