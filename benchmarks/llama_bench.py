@@ -1,0 +1,34 @@
+"""llama.cpp's own runtime benchmark, `llama-bench` (built by `make peers`), on the same weights as ours:
+prefill tokens per second over a `prompt`-token batch and decode ms per token over `gen` tokens, per
+GGUF, on every core. What the runtime targets compare against, taken in the same run as ours."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from benchmarks.servers import LLAMACPP_DIR, LLAMACPP_WEIGHTS, llamacpp_gguf
+
+
+def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, gen: int = 128, repeats: int = 3) -> dict | None:
+    """{weights: {"prefill_tok_s", "prefill_tok_s_std", "decode_ms", "decode_ms_spread"}}, or None without
+    `make peers`. decode_ms_spread: the decode time at the mean rate minus and plus one deviation."""
+    binary = LLAMACPP_DIR / "bin" / "llama-bench"
+    files = {w: llamacpp_gguf(w) for w in weights}
+    if not binary.exists() or not all(f.exists() for f in files.values()):
+        print(f"skipping llama-bench: no build at {LLAMACPP_DIR} (run `make peers`)")
+        return None
+    argv = [str(binary), "-t", str(os.cpu_count() or 2), "-p", str(prompt), "-n", str(gen), "-r", str(repeats), "-o", "json"]
+    for f in files.values():
+        argv += ["-m", str(f)]
+    rows = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+    out = {w: {} for w in weights}
+    for w, f in files.items():
+        for r in (r for r in rows if os.path.samefile(r["model_filename"], f)):
+            if r["n_prompt"]:
+                out[w] |= {"prefill_tok_s": r["avg_ts"], "prefill_tok_s_std": r["stddev_ts"]}
+            else:
+                rate, std = r["avg_ts"], r["stddev_ts"]
+                out[w] |= {"decode_ms": 1e3 / rate, "decode_ms_spread": [1e3 / (rate + std), 1e3 / max(rate - std, 1e-9)]}
+    return out
