@@ -38,7 +38,9 @@ class ModelConfig:
       `embedded:smollm2-135m-instruct-draft` for the draft trained for it, or a draft `.safetensors`
       file written by `python -m tools.draft.train`.
     dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
-      CPUs with AMX-BF16 and on GPUs) or float16 (GPU only).
+      CPUs with AVX512-BF16 or AMX and on GPUs), float16 (GPU only), or q4_1: a GGUF's Q4_1 decoder
+      projections read as shipped (5 bits a weight) and computed as bfloat16 computes them
+      (models/quantized.py; CPU with AVX512-BF16).
     max_model_len: longest sequence (prompt + output) served; capped by the model's own limit.
     head_rows: for this project's draft only: propose from the first `head_rows` tokens of its reduced
       vocabulary (most frequent first) instead of all 8,192. None: all. Every draft step reads its head
@@ -54,8 +56,8 @@ class ModelConfig:
     head_rows: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "q4_1"):
+            raise ValueError(f"dtype must be float32, bfloat16, float16 or q4_1, got {self.dtype!r}")
         if self.max_model_len <= 0:
             raise ValueError("max_model_len must be positive")
         if self.head_rows is not None and self.head_rows < 1:

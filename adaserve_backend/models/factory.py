@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..config import EMBEDDED_DRAFT, ModelConfig
 from .feature_draft import load_draft
 from .llama import LlamaModel
-from .loader import TORCH_DTYPES, read_checkpoint
+from .loader import TORCH_DTYPES, locate, read_checkpoint
+from .quantized import serve_q4_1
 
 
 def is_trained_draft(path: str) -> bool:
@@ -17,6 +18,8 @@ def load_model(config: ModelConfig, checkpoint=None) -> LlamaModel:
     """Build our decoder on `config.device` in `config.dtype`; `checkpoint` (from read_checkpoint)
     saves reading the files again."""
     if is_trained_draft(config.path):
+        if config.dtype == "q4_1":
+            raise ValueError("dtype q4_1 is for a GGUF target with Q4_1 projections; the draft runs in bfloat16")
         return load_draft(config.path, config)
     if config.head_rows is not None:
         raise ValueError(f"head_rows applies to this project's trained draft only, not to {config.path}")
@@ -24,4 +27,10 @@ def load_model(config: ModelConfig, checkpoint=None) -> LlamaModel:
     # Sequences never outgrow a sliding window here, so full attention is exact for Mistral too.
     limits = [config.max_model_len, spec.max_position_embeddings, spec.sliding_window or config.max_model_len]
     model = LlamaModel(spec, hf_config, state_dict, max_len=min(limits))
-    return model.place(config.device, TORCH_DTYPES[config.dtype]).eval()
+    model = model.place(config.device, TORCH_DTYPES[config.dtype]).eval()
+    if config.dtype == "q4_1":
+        loc = locate(config.path)
+        if not loc.gguf_file:
+            raise ValueError(f"dtype q4_1 reads a GGUF's Q4_1 blocks; {config.path} is not a GGUF file")
+        serve_q4_1(model, f"{loc.directory}/{loc.gguf_file}")
+    return model

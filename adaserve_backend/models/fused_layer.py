@@ -38,7 +38,7 @@ class FusedStack:
     paid on each target forward, a noticeable share of a small model's decode step (evidence:
     docs/experiments.md#iteration-profile)."""
 
-    pre: list[tuple]  # per layer: input norm weight, qkv (packed, pairs, bias)
+    pre: list[tuple]  # per layer: input norm weight, qkv (packed, pairs, q4, bias)
     post: list[tuple]  # per layer: o_proj (packed, pairs, bias), post-attention norm weight, gate_up (...), down (...)
     packed_versions: list[tuple[torch.Tensor, int]]  # each projection's weight and the version that was packed
     generation: int  # linear.pack_generation when gathered
@@ -52,7 +52,7 @@ def fused_stack(model) -> FusedStack | None:
     stack = model.__dict__.get("_fused_stack")
     if stack is None or stack.generation != linear.pack_generation:
         def w(m):
-            return m._packed, m._pairs, m.bias
+            return m._packed, m._pairs, m._q4, m.bias
 
         stack = FusedStack(
             [(l.input_layernorm.weight, *w(l.qkv_proj)) for l in model.layers],

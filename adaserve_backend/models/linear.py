@@ -50,13 +50,14 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor | None:
 class Linear(nn.Linear):
     _packed: torch.Tensor | None = None
     _pairs: torch.Tensor | None = None  # the pair kernel's packing, for products of few rows
+    _q4: torch.Tensor | None = None  # Q4_1 blocks of the same values (models/quantized.py), for the fewest rows
     _packed_version = -1
 
     def prepack(self) -> None:
         """Pack the current weight for inference; a no-op where prepacking does not apply."""
         global pack_generation
         pack_generation += 1
-        self._packed = self._pairs = None
+        self._packed = self._pairs = self._q4 = None
         if prepacking_available(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
             self._pairs = pack_pairs(self.weight)
@@ -66,7 +67,10 @@ class Linear(nn.Linear):
         # The version check keeps a model that is trained after packing (in-place optimizer steps
         # bump the version) from reading a stale copy; training itself never takes this path.
         if self._packed is not None and not torch.is_grad_enabled() and self._packed_version == self.weight._version:
-            if self._pairs is not None and x.dim() == 2 and x.shape[0] <= (ops := kernels()).pair_rows:
+            rows = x.shape[0] if x.dim() == 2 else None
+            if self._q4 is not None and rows is not None and rows <= (ops := kernels()).q4_rows:
+                return ops.q4_linear(x, self._q4, self.bias)
+            if self._pairs is not None and rows is not None and rows <= (ops := kernels()).pair_rows:
                 return ops.pair_linear(x, self._pairs, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -16,6 +16,7 @@
 
 #include "cpu_math.h"
 #include "pair_gemm.h"
+#include "q4_gemm.h"
 
 #include <cmath>
 #include <limits>
@@ -39,8 +40,16 @@ constexpr int64_t kPairRows = std::numeric_limits<int64_t>::max();
 
 inline float f(bf16 x) { return widen(x); }
 
+// Up to this many rows a weight served from Q4_1 blocks (models/quantized.py) is read as blocks. The
+// dequantization bounds that product, not the bytes: at 4 rows it already cost what the bfloat16
+// pairs' larger read costs (docs/experiments.md#q4-1). models/linear.py reads it too.
+constexpr int64_t kQ4Rows = 2;
+
+// The product with the cheapest packing there is for this many rows: Q4_1 blocks, bfloat16 pairs, or
+// oneDNN's prepacked weight. All hold the same values.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& pairs,
-                         const std::optional<at::Tensor>& bias) {
+                         const std::optional<at::Tensor>& q4, const std::optional<at::Tensor>& bias) {
+  if (q4 && x.size(0) <= kQ4Rows) return q4_linear(x, *q4, bias);
   if (pairs && x.size(0) <= kPairRows) return pair_linear(x, *pairs, bias);
   static const auto op =
       c10::Dispatcher::singleton()
@@ -189,24 +198,25 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // with the first `rotated` = heads + kv_heads heads rotated.
 at::Tensor pre_attention(const std::optional<at::Tensor>& x, at::Tensor residual, const at::Tensor& norm_weight,
                          const at::Tensor& qkv_packed, const std::optional<at::Tensor>& qkv_pairs,
-                         const std::optional<at::Tensor>& qkv_bias, const at::Tensor& cos, const at::Tensor& signed_sin,
+                         const std::optional<at::Tensor>& qkv_q4, const std::optional<at::Tensor>& qkv_bias, const at::Tensor& cos, const at::Tensor& signed_sin,
                          int64_t rotated, int64_t dim, double eps) {
-  at::Tensor qkv = packed_linear(add_rms_norm(x, residual, norm_weight, eps), qkv_packed, qkv_pairs, qkv_bias);
+  at::Tensor qkv = packed_linear(add_rms_norm(x, residual, norm_weight, eps), qkv_packed, qkv_pairs, qkv_q4, qkv_bias);
   rope_in_place(qkv, cos, signed_sin, rotated, dim);
   return qkv;
 }
 
 // attn: attention output [T, heads * dim]; residual is updated in place. Returns the MLP's output.
 at::Tensor post_attention(const at::Tensor& attn, at::Tensor residual, const at::Tensor& o_packed,
-                          const std::optional<at::Tensor>& o_pairs, const std::optional<at::Tensor>& o_bias,
-                          const at::Tensor& norm_weight, const at::Tensor& gate_up_packed,
-                          const std::optional<at::Tensor>& gate_up_pairs, const std::optional<at::Tensor>& gate_up_bias,
+                          const std::optional<at::Tensor>& o_pairs, const std::optional<at::Tensor>& o_q4,
+                          const std::optional<at::Tensor>& o_bias, const at::Tensor& norm_weight,
+                          const at::Tensor& gate_up_packed, const std::optional<at::Tensor>& gate_up_pairs,
+                          const std::optional<at::Tensor>& gate_up_q4, const std::optional<at::Tensor>& gate_up_bias,
                           const at::Tensor& down_packed, const std::optional<at::Tensor>& down_pairs,
-                          const std::optional<at::Tensor>& down_bias, double eps) {
-  const at::Tensor o = packed_linear(attn, o_packed, o_pairs, o_bias);
+                          const std::optional<at::Tensor>& down_q4, const std::optional<at::Tensor>& down_bias, double eps) {
+  const at::Tensor o = packed_linear(attn, o_packed, o_pairs, o_q4, o_bias);
   const at::Tensor h = add_rms_norm(o, residual, norm_weight, eps);
-  return packed_linear(silu_mul(packed_linear(h, gate_up_packed, gate_up_pairs, gate_up_bias)), down_packed, down_pairs,
-                       down_bias);
+  return packed_linear(silu_mul(packed_linear(h, gate_up_packed, gate_up_pairs, gate_up_q4, gate_up_bias)), down_packed,
+                       down_pairs, down_q4, down_bias);
 }
 
 // Each call releases the GIL: it reads and writes tensors only, and a step spends most of its time in
@@ -219,6 +229,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I] rows (CPU bf16)");
   m.def("pack_pairs", &pack_pairs, "a bfloat16 [N, K] weight in the layout pair_linear reads");
   m.def("pair_linear", &pair_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias for few rows, W from pack_pairs (AVX512-BF16)");
+  m.def("q4_linear", &q4_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias, W from models/quantized.py's pack_q4_1 (AVX512-BF16)");
+  m.attr("q4_rows") = py::int_(kQ4Rows);
   m.attr("pair_gemm") = py::bool_(kPairGemmCompiled);
   m.attr("pair_rows") = py::int_(kPairRows);
 }

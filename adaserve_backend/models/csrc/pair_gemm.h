@@ -69,6 +69,20 @@ inline void pair_tile_rows(int nb, const c10::BFloat16* x, int64_t k, const c10:
     default: return pair_tile<R, 1>(x, k, w, bias, out, n);
   }
 }
+
+// Every row against one group of nb (<= 4) blocks, w pointing at the group's first: within the group
+// every 4-row tile reuses the group's weight from cache.
+inline void pair_group(int nb, const c10::BFloat16* x, int64_t m, int64_t k, const c10::BFloat16* w, const float* bias,
+                       c10::BFloat16* out, int64_t n) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) pair_tile_rows<4>(nb, x + r * k, k, w, bias, out + r * n, n);
+  switch (m - r) {
+    case 3: pair_tile_rows<3>(nb, x + r * k, k, w, bias, out + r * n, n); break;
+    case 2: pair_tile_rows<2>(nb, x + r * k, k, w, bias, out + r * n, n); break;
+    case 1: pair_tile_rows<1>(nb, x + r * k, k, w, bias, out + r * n, n); break;
+    default: break;
+  }
+}
 #endif
 
 constexpr bool kPairGemmCompiled =
@@ -92,21 +106,11 @@ inline at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& pairs, cons
   const c10::BFloat16* wp = pairs.data_ptr<c10::BFloat16>();
   const float* bp = bias ? bias32.data_ptr<float>() : nullptr;
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
-  // Threads split the columns (each reads its own part of the weight once); within a group of four
-  // blocks every row tile reuses the group's weight from cache.
+  // Threads split the columns (each reads its own part of the weight once).
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; b += 4) {
       const int nb = static_cast<int>(std::min<int64_t>(4, end - b));
-      const c10::BFloat16* w = wp + b * k * 16;
-      const float* bb = bp ? bp + b * 16 : nullptr;
-      int64_t r = 0;
-      for (; r + 4 <= m; r += 4) pair_tile_rows<4>(nb, xp + r * k, k, w, bb, op + r * n + b * 16, n);
-      switch (m - r) {
-        case 3: pair_tile_rows<3>(nb, xp + r * k, k, w, bb, op + r * n + b * 16, n); break;
-        case 2: pair_tile_rows<2>(nb, xp + r * k, k, w, bb, op + r * n + b * 16, n); break;
-        case 1: pair_tile_rows<1>(nb, xp + r * k, k, w, bb, op + r * n + b * 16, n); break;
-        default: break;
-      }
+      pair_group(nb, xp, m, k, wp + b * k * 16, bp ? bp + b * 16 : nullptr, op + b * 16, n);
     }
   });
 #endif

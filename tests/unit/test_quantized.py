@@ -1,0 +1,83 @@
+"""Q4_1 weights served as shipped (models/quantized.py, csrc/q4_gemm.h): the kernel computes from the
+4-bit blocks exactly what the bfloat16 path computes from their dequantized copy, and the embedded
+model in `dtype: q4_1` gives the bfloat16 model's logits bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from adaserve_backend.models import linear
+from adaserve_backend.models.quantized import Q4_1_BYTES, dequantize_q4_1, pack_q4_1
+
+ops = linear.kernels()
+pytestmark = pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the Q4_1 kernel needs AVX512-BF16")
+
+
+def random_q4_1(out: int, inp: int, seed: int = 0) -> np.ndarray:
+    """Q4_1 rows [out, inp / 32 * 20] with float16 scales and minima of a real model's range."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(out, inp // 32, Q4_1_BYTES), dtype=np.uint8)
+    blocks[..., 0:2] = rng.uniform(0.001, 0.05, size=(out, inp // 32)).astype(np.float16)[..., None].view(np.uint8)
+    blocks[..., 2:4] = rng.uniform(-0.4, 0.0, size=(out, inp // 32)).astype(np.float16)[..., None].view(np.uint8)
+    return blocks.reshape(out, -1)
+
+
+def test_dequantization_is_ggml_s():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rows = random_q4_1(48, 96)
+    np.testing.assert_array_equal(dequantize_q4_1(rows), dequantize(rows, GGMLQuantizationType.Q4_1))
+
+
+@pytest.mark.parametrize("out,inp", [(16, 32), (80, 96), (960, 576), (576, 1536)])
+def test_q4_kernel_equals_the_bfloat16_pair_kernel_on_the_dequantized_weight(out, inp):
+    rows = random_q4_1(out, inp, seed=out)
+    packed = pack_q4_1(rows)
+    pairs = ops.pack_pairs(torch.from_numpy(dequantize_q4_1(rows)).bfloat16())
+    bias = torch.randn(out).bfloat16()
+    for m in (1, 2, 5, 9, 16, 37):
+        x = torch.randn(m, inp).bfloat16()
+        assert torch.equal(ops.q4_linear(x, packed, None), ops.pair_linear(x, pairs, None))
+        assert torch.equal(ops.q4_linear(x, packed, bias), ops.pair_linear(x, pairs, bias))
+
+
+def test_packing_refuses_partial_column_blocks():
+    with pytest.raises(ValueError, match="blocks of 16"):
+        pack_q4_1(random_q4_1(24, 32))
+
+
+@pytest.mark.slow
+def test_the_embedded_model_in_q4_1_gives_the_bfloat16_logits():
+    """Prefill, a decode step and a token tree, through the fused layers, q4_1 against bfloat16."""
+    from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
+    from adaserve_backend.model_runner import ModelRunner, SeqInput
+    from adaserve_backend.models import load_model
+
+    outputs = []
+    for dtype in ("bfloat16", "q4_1"):
+        model = load_model(ModelConfig(path=EMBEDDED_DEFAULT, dtype=dtype, max_model_len=256))
+        if dtype == "q4_1":
+            assert all(layer.down_proj._q4 is not None for layer in model.layers)
+        runner = ModelRunner(model, CacheConfig(block_size=16, memory_mb=16))
+        runner.blocks.reserve(0, 64)
+        prompt = list(range(100, 140))
+        first = runner.forward([SeqInput(0, prompt, num_logits=3)]).logits
+        runner.commit_all(0)
+        step = runner.forward([SeqInput(0, [int(first[-1].argmax())])]).logits
+        runner.commit_all(0)
+        tree = runner.forward([SeqInput(0, [5, 6, 7, 8, 9], [-1, 0, 0, 1, -1], 5)]).logits
+        outputs.append(torch.cat([first, step, tree]))
+    assert torch.equal(outputs[0], outputs[1])
+
+
+def test_q4_1_is_for_gguf_targets_only():
+    from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
+    from adaserve_backend.models import load_model
+
+    with pytest.raises(ValueError, match="draft runs in bfloat16"):
+        load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="q4_1"))
+    with pytest.raises(ValueError, match="dtype must be"):
+        ModelConfig(dtype="q3_k")
