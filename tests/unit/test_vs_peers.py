@@ -1,5 +1,5 @@
-"""The side-by-side benchmark's own pieces, without vLLM: request priorities, arrivals, the server
-process lifecycle (ready, idle, always stopped) and the report."""
+"""The side-by-side benchmark's own pieces, without vLLM or llama.cpp: request priorities, arrivals,
+the peers' command lines, the server process lifecycle (ready, idle, always stopped) and the report."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from benchmarks.servers import ServerProcess, gauge_values
-from benchmarks.vs_peers import arrivals_for, priorities
+from benchmarks.servers import ServerProcess, gauge_values, llamacpp_server
+from benchmarks.vs_peers import LLAMACPP_SYSTEMS, SYSTEMS, arrivals_for, priorities
 from benchmarks.vs_peers_report import markdown_table, plot
 from harness.slo_targets import SloTargets
 from tests.integration.conftest import free_ports
@@ -27,6 +27,21 @@ def test_arrivals_are_reproducible_and_at_rate():
     assert len(a) / a[-1] == pytest.approx(4.0, rel=0.1)
     with pytest.raises(ValueError, match="unknown arrivals"):
         arrivals_for("uniform", 1.0, 10, 0)
+
+
+def test_llama_server_runs_as_each_system_asks_and_says_how_to_build_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make peers"):
+        llamacpp_server(1, tmp_path / "log", "bf16", directory=tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-server").touch()
+    (tmp_path / "smollm2-bf16.gguf").touch()
+    server = llamacpp_server(18100, tmp_path / "log", "bf16", slots=4, spec_type="ngram-mod", directory=tmp_path)
+    argv = " ".join(server.argv)
+    assert "-np 4 -c 8192" in argv and "--spec-type ngram-mod" in argv and "--host 127.0.0.1 --port 18100" in argv
+    assert "--spec-type" not in " ".join(llamacpp_server(18100, tmp_path / "log", "bf16", directory=tmp_path).argv)
+    assert set(LLAMACPP_SYSTEMS) <= set(SYSTEMS) and LLAMACPP_SYSTEMS["llamacpp-q4_1-spec"] == ("q4_1", True)
+    with pytest.raises(ValueError, match="weights"):
+        llamacpp_server(1, tmp_path / "log", "q2_k", directory=tmp_path)
 
 
 def test_gauges_sum_over_labels():
