@@ -34,29 +34,48 @@ inline bool pairs_fit(const at::Tensor& pairs, int64_t k) {
 }
 
 #if defined(__AVX512BF16__)
-// R rows x NB column blocks of 16: R * NB float32 accumulators in registers for the whole K loop.
+// A tile's R x NB float32 sums (R rows, NB blocks of 16 columns), kept in registers for the whole k loop.
 template <int R, int NB>
-inline void pair_tile(const c10::BFloat16* x, int64_t k, const c10::BFloat16* w, const float* bias, c10::BFloat16* out,
-                      int64_t n) {
+struct PairSums {
   __m512 acc[R][NB];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
-  const int64_t block = k * 16;  // elements per 16-column block
-  for (int64_t p = 0; p < k / 2; ++p) {
-    __m512bh wv[NB];
-    for (int b = 0; b < NB; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * block + p * 32);
+
+  PairSums() {
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
+  }
+
+  // Adds each row's k pair at element `at` (x[r][at], x[r][at + 1]) times the blocks' pairs `wv`.
+  void add(const c10::BFloat16* x, int64_t k, int64_t at, const __m512bh* wv) {
     for (int r = 0; r < R; ++r) {
       int32_t pair;
-      std::memcpy(&pair, x + r * k + 2 * p, sizeof pair);
+      std::memcpy(&pair, x + r * k + at, sizeof pair);
       const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
       for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xv, wv[b]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < NB; ++b) {
-      const __m512 v = bias ? _mm512_add_ps(acc[r][b], _mm512_loadu_ps(bias + b * 16)) : acc[r][b];
-      store16_bf16(out + r * n + b * 16, round16_bf16(v));
-    }
+
+  // out[r, 16 b ..] = bf16(sum + bias).
+  void store(const float* bias, c10::BFloat16* out, int64_t n) const {
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < NB; ++b) {
+        const __m512 v = bias ? _mm512_add_ps(acc[r][b], _mm512_loadu_ps(bias + b * 16)) : acc[r][b];
+        store16_bf16(out + r * n + b * 16, round16_bf16(v));
+      }
+  }
+};
+
+// R rows x NB column blocks of the pairs layout.
+template <int R, int NB>
+inline void pair_tile(const c10::BFloat16* x, int64_t k, const c10::BFloat16* w, const float* bias, c10::BFloat16* out,
+                      int64_t n) {
+  PairSums<R, NB> sums;
+  const int64_t block = k * 16;  // elements per 16-column block
+  for (int64_t p = 0; p < k / 2; ++p) {
+    __m512bh wv[NB];
+    for (int b = 0; b < NB; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * block + p * 32);
+    sums.add(x, k, 2 * p, wv);
+  }
+  sums.store(bias, out, n);
 }
 
 template <int R>

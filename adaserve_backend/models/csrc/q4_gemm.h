@@ -45,9 +45,7 @@ inline void dequantize_q4_block(const uint8_t* q, int64_t k, c10::BFloat16* out)
 // each weight is used R times and a scratch copy would cost more than it saves.
 template <int R, int NB>
 inline void q4_tile(const c10::BFloat16* x, int64_t k, const uint8_t* q, const float* bias, c10::BFloat16* out, int64_t n) {
-  __m512 acc[R][NB];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
+  PairSums<R, NB> sums;
   const int64_t block = (k / 32) * kQ4BlockBytes;
   for (int64_t kb = 0; kb < k / 32; ++kb) {
     __m512 d[NB], m[NB];
@@ -58,19 +56,10 @@ inline void q4_tile(const c10::BFloat16* x, int64_t k, const uint8_t* q, const f
     for (int p = 0; p < 16; ++p) {
       __m512bh wv[NB];
       for (int b = 0; b < NB; ++b) wv[b] = dequantize_q4_pair(q + b * block + kb * kQ4BlockBytes + 64 + p * 16, d[b], m[b]);
-      for (int r = 0; r < R; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, x + r * k + kb * 32 + 2 * p, sizeof pair);
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-        for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xv, wv[b]);
-      }
+      sums.add(x, k, kb * 32 + 2 * p, wv);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < NB; ++b) {
-      const __m512 v = bias ? _mm512_add_ps(acc[r][b], _mm512_loadu_ps(bias + b * 16)) : acc[r][b];
-      store16_bf16(out + r * n + b * 16, round16_bf16(v));
-    }
+  sums.store(bias, out, n);
 }
 
 // Blocks per tile: enough independent sums that the dot products' latency stays hidden, few enough
