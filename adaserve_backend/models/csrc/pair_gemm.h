@@ -39,13 +39,13 @@ template <int R, int NB>
 struct PairSums {
   __m512 acc[R][NB];
 
-  PairSums() {
+  __attribute__((always_inline)) PairSums() {
     for (int r = 0; r < R; ++r)
       for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_ps();
   }
 
   // Adds each row's k pair at element `at` (x[r][at], x[r][at + 1]) times the blocks' pairs `wv`.
-  void add(const c10::BFloat16* x, int64_t k, int64_t at, const __m512bh* wv) {
+  __attribute__((always_inline)) void add(const c10::BFloat16* x, int64_t k, int64_t at, const __m512bh (&wv)[NB]) {
     for (int r = 0; r < R; ++r) {
       int32_t pair;
       std::memcpy(&pair, x + r * k + at, sizeof pair);
@@ -55,7 +55,7 @@ struct PairSums {
   }
 
   // out[r, 16 b ..] = bf16(sum + bias).
-  void store(const float* bias, c10::BFloat16* out, int64_t n) const {
+  __attribute__((always_inline)) void store(const float* bias, c10::BFloat16* out, int64_t n) const {
     for (int r = 0; r < R; ++r)
       for (int b = 0; b < NB; ++b) {
         const __m512 v = bias ? _mm512_add_ps(acc[r][b], _mm512_loadu_ps(bias + b * 16)) : acc[r][b];
