@@ -9,6 +9,7 @@ intermediate to bfloat16 at the same points.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from ..attention.backend import AttentionBackend
@@ -39,7 +40,7 @@ class FusedStack:
     docs/experiments.md#iteration-profile)."""
 
     pre: list[tuple]  # per layer: input norm weight, qkv (packed, pairs, q4, bias)
-    post: list[tuple]  # per layer: o_proj (packed, pairs, bias), post-attention norm weight, gate_up (...), down (...)
+    post: list[tuple]  # per layer: o_proj (packed, pairs, q4, bias), post-attention norm weight, gate_up (...), down (...)
     packed_versions: list[tuple[torch.Tensor, int]]  # each projection's weight and the version that was packed
     generation: int  # linear.pack_generation when gathered
 

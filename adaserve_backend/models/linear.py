@@ -2,10 +2,11 @@
 
 `F.linear` in bfloat16 on CPU reorders the weight into oneDNN's blocked layout on every call; with
 the weight prepacked once, AMX/AVX512-BF16 kernels read it straight away (evidence:
-docs/experiments.md#threads). Products of up to the kernel's `pair_rows` rows (decode, small trees, their LM head)
-run the project's own kernel (csrc/pair_gemm.h) on a second packing where the CPU has AVX512-BF16: a
-few-row product is a read of the weight, and that kernel reads it closer to the memory bandwidth.
-float32 keeps `F.linear` so the oracle path stays bit-exact with `transformers`.
+docs/experiments.md#threads). Where the CPU has AVX512-BF16 a second packing serves the project's own
+kernel (csrc/pair_gemm.h): a few-row product (decode, small trees, their LM head) is a read of the
+weight, and that kernel reads it closer to the memory bandwidth. Which packing a product takes is
+decided in one place, the C++ `packed_linear` the fused decoder layers call too. float32 keeps
+`F.linear` so the oracle path stays bit-exact with `transformers`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from torch import nn
 from ..cpu_extension import load_extension
 
 KERNELS = Path(__file__).parent / "csrc" / "decoder_layer.cpp"
+
+
 def kernels():
     """The compiled decoder-layer extension (csrc/decoder_layer.cpp), or None."""
     return load_extension("adaserve_decoder_layer", KERNELS)
@@ -67,11 +70,8 @@ class Linear(nn.Linear):
         # The version check keeps a model that is trained after packing (in-place optimizer steps
         # bump the version) from reading a stale copy; training itself never takes this path.
         if self._packed is not None and not torch.is_grad_enabled() and self._packed_version == self.weight._version:
-            rows = x.shape[0] if x.dim() == 2 else None
-            if self._q4 is not None and rows is not None and rows <= (ops := kernels()).q4_rows:
-                return ops.q4_linear(x, self._q4, self.bias)
-            if self._pairs is not None and rows is not None and rows <= (ops := kernels()).pair_rows:
-                return ops.pair_linear(x, self._pairs, self.bias)
+            if self._pairs is not None or self._q4 is not None:  # packed by the kernels, so they are built
+                return kernels().packed_linear(x, self._packed, self._pairs, self._q4, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

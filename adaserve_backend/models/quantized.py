@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-Q4_1_BLOCK, Q4_1_BYTES = 32, 20
+Q4_1_BYTES = 20  # per 32 weights: d, m (float16) and 16 bytes of nibbles
 PROJECTIONS = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
                "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
 
@@ -49,17 +49,6 @@ def q4_1_rows(gguf_path: str, spec) -> list[dict[str, np.ndarray]]:
             layer[proj] = np.concatenate(parts)
         layers.append(layer)
     return layers
-
-
-def dequantize_q4_1(rows: np.ndarray) -> np.ndarray:
-    """float32 [out, in] of Q4_1 rows, as ggml (and the loader, through gguf-py) computes it: d * q, then + m."""
-    out = rows.shape[0]
-    blocks = rows.reshape(out, -1, Q4_1_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
-    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-    qs = blocks[..., 4:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)
-    return (d * q + m).reshape(out, -1)
 
 
 def pack_q4_1(rows: np.ndarray) -> torch.Tensor:

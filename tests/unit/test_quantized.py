@@ -1,6 +1,6 @@
 """Q4_1 weights served as shipped (models/quantized.py, csrc/q4_gemm.h): the kernel computes from the
-4-bit blocks exactly what the bfloat16 path computes from their dequantized copy, and the embedded
-model in `dtype: q4_1` gives the bfloat16 model's logits bit for bit."""
+4-bit blocks exactly what the bfloat16 path computes from their dequantized copy (gguf-py's, as the
+loader's), and the embedded model in `dtype: q4_1` gives the bfloat16 model's logits bit for bit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adaserve_backend.models import linear
-from adaserve_backend.models.quantized import Q4_1_BYTES, dequantize_q4_1, pack_q4_1
+from adaserve_backend.models.quantized import Q4_1_BYTES, pack_q4_1
 
 ops = linear.kernels()
 pytestmark = pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the Q4_1 kernel needs AVX512-BF16")
@@ -24,12 +24,12 @@ def random_q4_1(out: int, inp: int, seed: int = 0) -> np.ndarray:
     return blocks.reshape(out, -1)
 
 
-def test_dequantization_is_ggml_s():
+def dequantize_q4_1(rows: np.ndarray) -> np.ndarray:
+    """float32 [out, in]: gguf-py's dequantization, the one the loader's bfloat16 weights come from."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    rows = random_q4_1(48, 96)
-    np.testing.assert_array_equal(dequantize_q4_1(rows), dequantize(rows, GGMLQuantizationType.Q4_1))
+    return dequantize(rows, GGMLQuantizationType.Q4_1)
 
 
 @pytest.mark.parametrize("out,inp", [(16, 32), (80, 96), (960, 576), (576, 1536)])

@@ -5,8 +5,8 @@
 // weights once the weights sit in this machine's large L3. Here each side of attention is one call:
 //   pre_attention:  residual += x; h = rms_norm(residual); qkv = h W_qkv; rotate q and k in place
 //   post_attention: residual += attn W_o; h = rms_norm(residual); out = (silu(h W_g) * h W_u) W_d
-// The GEMMs are the pair kernel (pair_gemm.h) for few rows, else torch's own oneDNN op on the prepacked
-// weights (models/linear.py picks the same way). Every elementwise
+// The GEMMs go through packed_linear, which models/linear.py calls too: Q4_1 blocks, the pair kernel
+// (pair_gemm.h) or torch's own oneDNN op on the prepacked weight, by row count. Every elementwise
 // result is rounded to bfloat16 where the Python layer (models/llama.py) rounds it, so the two paths
 // agree up to the order of the norm's sum of squares and the exp inside SiLU.
 
@@ -31,7 +31,7 @@ constexpr int64_t kRowsPerTask = 8;
 // Products of up to this many rows take the pair kernel. Without AMX it is ahead of oneDNN at every row
 // count (a few rows: it reads the weight nearer the bandwidth; many: both are VDPBF16PS-bound and it
 // skips oneDNN's per-call setup); with AMX, oneDNN's tiles win once there are rows enough to fill them
-// (docs/experiments.md#pair-gemm). models/linear.py reads it too.
+// (docs/experiments.md#pair-gemm).
 #if defined(__AMX_BF16__)
 constexpr int64_t kPairRows = 16;
 #else
@@ -42,15 +42,16 @@ inline float f(bf16 x) { return widen(x); }
 
 // Up to this many rows a weight served from Q4_1 blocks (models/quantized.py) is read as blocks. The
 // dequantization bounds that product, not the bytes: at 4 rows it already cost what the bfloat16
-// pairs' larger read costs (docs/experiments.md#q4-1). models/linear.py reads it too.
+// pairs' larger read costs (docs/experiments.md#q4-1).
 constexpr int64_t kQ4Rows = 2;
 
-// The product with the cheapest packing there is for this many rows: Q4_1 blocks, bfloat16 pairs, or
-// oneDNN's prepacked weight. All hold the same values.
+// The product with the cheapest packing there is for this many rows of a [rows, K] input: Q4_1 blocks,
+// bfloat16 pairs, or oneDNN's prepacked weight (any other input shape). All hold the same values.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& pairs,
                          const std::optional<at::Tensor>& q4, const std::optional<at::Tensor>& bias) {
-  if (q4 && x.size(0) <= kQ4Rows) return q4_linear(x, *q4, bias);
-  if (pairs && x.size(0) <= kPairRows) return pair_linear(x, *pairs, bias);
+  const int64_t rows = x.dim() == 2 ? x.size(0) : std::numeric_limits<int64_t>::max();
+  if (q4 && rows <= kQ4Rows) return q4_linear(x, *q4, bias);
+  if (pairs && rows <= kPairRows) return pair_linear(x, *pairs, bias);
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -198,8 +199,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // with the first `rotated` = heads + kv_heads heads rotated.
 at::Tensor pre_attention(const std::optional<at::Tensor>& x, at::Tensor residual, const at::Tensor& norm_weight,
                          const at::Tensor& qkv_packed, const std::optional<at::Tensor>& qkv_pairs,
-                         const std::optional<at::Tensor>& qkv_q4, const std::optional<at::Tensor>& qkv_bias, const at::Tensor& cos, const at::Tensor& signed_sin,
-                         int64_t rotated, int64_t dim, double eps) {
+                         const std::optional<at::Tensor>& qkv_q4, const std::optional<at::Tensor>& qkv_bias,
+                         const at::Tensor& cos, const at::Tensor& signed_sin, int64_t rotated, int64_t dim, double eps) {
   at::Tensor qkv = packed_linear(add_rms_norm(x, residual, norm_weight, eps), qkv_packed, qkv_pairs, qkv_q4, qkv_bias);
   rope_in_place(qkv, cos, signed_sin, rotated, dim);
   return qkv;
@@ -230,7 +231,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_pairs", &pack_pairs, "a bfloat16 [N, K] weight in the layout pair_linear reads");
   m.def("pair_linear", &pair_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias for few rows, W from pack_pairs (AVX512-BF16)");
   m.def("q4_linear", &q4_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias, W from models/quantized.py's pack_q4_1 (AVX512-BF16)");
-  m.attr("q4_rows") = py::int_(kQ4Rows);
+  m.def("packed_linear", &packed_linear, py::call_guard<py::gil_scoped_release>(),
+        "x W^T + bias through the cheapest packing for x's rows: Q4_1 blocks, pairs or oneDNN's (CPU bf16)");
   m.attr("pair_gemm") = py::bool_(kPairGemmCompiled);
   m.attr("pair_rows") = py::int_(kPairRows);
 }

@@ -1,5 +1,5 @@
-// bfloat16 GEMM for the few-row products of decode, small token trees and the LM head over them:
-// out[M, N] = bf16(x[M, K] W^T + bias), for M up to a few dozen rows.
+// bfloat16 GEMM built for the few-row products of decode, small token trees and the LM head over them:
+// out[M, N] = bf16(x[M, K] W^T + bias); decoder_layer.cpp's packed_linear says for which M it serves.
 //
 // Why not oneDNN's prepacked op (models/linear.py): at one to a few rows the product is a read of the
 // weight, and the time is how close that read runs to the memory bandwidth. oneDNN's few-row path pays
