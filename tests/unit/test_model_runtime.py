@@ -234,3 +234,37 @@ def test_rejects_bad_inputs_before_touching_state():
     with pytest.raises(ValueError):
         runner.forward([SeqInput(0, [1, 2], parents=[-1, 5])])
     assert runner.blocks.num_free_blocks == free and not runner.blocks.has(0)
+
+
+@pytest.mark.skipif(not (ops := __import__("adaserve_backend.models.linear", fromlist=["kernels"]).kernels()) or not ops.pair_gemm,
+                    reason="bfloat16 products of any row count take one kernel only with AVX512-BF16")
+def test_bfloat16_logits_do_not_depend_on_how_a_context_was_computed():
+    """The same token after the same context gets the same bfloat16 logits, bit for bit, whether it is
+    decoded alone, verified in a chain or in a tree beside hidden siblings, or prefilled in one chunk or
+    several (chunks within the pair kernel's rows where AMX takes larger products): else a repeated
+    greedy request could change its answer with the load or a prefix-cache hit."""
+    path = EMBEDDED_DEFAULT  # a tiny model's sums round alike either way
+    ids = random_ids(path, 60, seed=11)
+    P, N = 37, 12  # crosses several 16-key boundaries and block boundaries (block_size 4)
+    runner = ModelRunner(our_model(path, "bfloat16"), CacheConfig(block_size=4, memory_mb=64))
+    for start in range(0, P, 16):
+        runner.forward([SeqInput(0, ids[start : min(start + 16, P)], num_logits=0)])
+        runner.commit_all(0)
+    decoded = []
+    for p in range(P, P + N):
+        decoded.append(runner.forward([SeqInput(0, [ids[p]])]).logits[0])
+        runner.commit_all(0)
+
+    def fresh(seq: int, upto: int, chunk: int) -> None:
+        for start in range(0, upto, chunk):
+            runner.forward([SeqInput(seq, ids[start : min(start + chunk, upto)], num_logits=0)])
+            runner.commit_all(seq)
+
+    fresh(1, P, 16)
+    chain = runner.forward([SeqInput(1, ids[P : P + N], parents=list(range(-1, N - 1)), num_logits=N)]).logits
+    assert torch.equal(chain, torch.stack(decoded))
+    fresh(2, P, 5)  # other chunk boundaries, then a tree: path root -> 2 -> 4 beside hidden nodes 1 and 3
+    tree = runner.forward([SeqInput(2, [ids[P], 7, ids[P + 1], 9, ids[P + 2]], parents=[-1, 0, 0, 1, 2], num_logits=5)]).logits
+    assert torch.equal(tree[[0, 2, 4]], torch.stack(decoded[:3]))
+    fresh(3, P + 3, 11)
+    assert torch.equal(runner.forward([SeqInput(3, ids[P + 3 : P + 4])]).logits[0], decoded[3])

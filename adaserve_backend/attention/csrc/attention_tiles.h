@@ -33,25 +33,50 @@ inline __m512 sum16(const __m512* v) {
 }
 #endif
 
-// Softmax numerators of row[0:n] in place (exp(x - mx), all x <= mx); returns their sum.
-inline float exp_row(float* row, int64_t n, float mx) {
-  int64_t pos = 0;
-  float sum = 0.f;
+// Softmax numerators of a score row in place: exp(x - mx) (all visible x <= mx), 0 for the hidden keys
+// (key prefix + j is visible iff vis[j]; vis null: all visible); returns their sum.
+// The sum is the same bits for the same query however its keys were laid out: the k-th visible key
+// lands in partial sum k % 16 (in key order), as it would with the query's context contiguous. So a
+// decode step, a token tree (hidden siblings between a node's ancestors), a prefill chunk and a
+// prefix-cache hit all give one request the same output; with partial sums by slot, they did not (a
+// repeated greedy request could change its answer).
+inline float exp_row(float* row, int64_t n, float mx, int64_t prefix = 0, const bool* vis = nullptr) {
+  int64_t lead = n;  // keys [0, lead) are all visible: summed in place
+  if (vis != nullptr)
+    for (int64_t j = 0; prefix + j < n; ++j)
+      if (!vis[j]) {
+        lead = prefix + j;
+        break;
+      }
 #if defined(__AVX512F__)
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512 vsum = _mm512_setzero_ps();
-  for (; pos + 16 <= n; pos += 16) {
-    const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + pos), vmx));
-    _mm512_storeu_ps(row + pos, e);
-    vsum = _mm512_add_ps(vsum, e);
+  for (int64_t pos = 0; pos < n; pos += 16) {
+    const __mmask16 m = pos + 16 <= n ? __mmask16(0xFFFF) : __mmask16((1u << (n - pos)) - 1);
+    const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + pos), vmx));
+    _mm512_mask_storeu_ps(row + pos, m, e);
+    const __mmask16 in = pos + 16 <= lead ? m : pos < lead ? __mmask16((1u << (lead - pos)) - 1) : __mmask16(0);
+    vsum = _mm512_mask_add_ps(vsum, in, vsum, e);
   }
-  sum = _mm512_reduce_add_ps(vsum);
-#endif
-  for (; pos < n; ++pos) {
-    row[pos] = exp_nonpositive(row[pos] - mx);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, vsum);
+  for (int64_t pos = lead, k = lead; pos < n; ++pos) {
+    if (!vis[pos - prefix]) {
+      row[pos] = 0.f;
+    } else {
+      lanes[k % 16] += row[pos];
+      ++k;
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_load_ps(lanes));
+#else
+  float sum = 0.f;
+  for (int64_t pos = 0; pos < n; ++pos) {
+    row[pos] = pos >= lead && !vis[pos - prefix] ? 0.f : exp_nonpositive(row[pos] - mx);
     sum += row[pos];
   }
   return sum;
+#endif
 }
 
 // Rows `ahead` positions on are requested now: each row is a few cache lines of a page, so the

@@ -86,6 +86,7 @@ struct Paged {
 
 // Softmax numerators of each of the task's score rows over the keys its query sees (hidden keys: 0);
 // sums[r] gets row r's sum. Keys [0, prefix) are seen by all; prefix + j by query i iff vis row i, j.
+// The sums do not depend on where the prefix ends (exp_row): the same query gives the same bits.
 inline void softmax_numerators(float* scores, int64_t nq, int64_t group, int64_t kv_len, int64_t prefix,
                                const bool* vis_rows, float* sums) {
   const int64_t tail = kv_len - prefix;
@@ -98,13 +99,7 @@ inline void softmax_numerators(float* scores, int64_t nq, int64_t group, int64_t
       for (int64_t pos = 0; pos < prefix; ++pos) mx = std::max(mx, sr[pos]);
       for (int64_t j = 0; j < tail; ++j)
         if (vis[j]) mx = std::max(mx, sr[prefix + j]);
-      float sum = exp_row(sr, prefix, mx);
-      for (int64_t j = 0; j < tail; ++j) {
-        const float e = vis[j] ? exp_nonpositive(sr[prefix + j] - mx) : 0.f;
-        sr[prefix + j] = e;
-        sum += e;
-      }
-      sums[i * group + g] = sum;
+      sums[i * group + g] = exp_row(sr, kv_len, mx, prefix, vis);
     }
   }
 }
