@@ -103,7 +103,10 @@ class Engine:
 
     def _run(self, plan: IterationPlan) -> IterationResult:
         drafting = self.draft is not None and plan.runs_draft
-        cands = self.draft.propose(plan, self.max_model_len) if drafting else []
+        if drafting:
+            cands = self.draft.propose(plan, self.max_model_len)
+        else:  # model-free proposals need no draft step
+            cands = self.draft.copies(plan, self.max_model_len) if self.draft is not None and plan.copies else []
         t_spec = time.monotonic()
         trees = choose_trees(plan, cands, self.policy, self.estimator, self.config.speculation)
         t_select = time.monotonic()

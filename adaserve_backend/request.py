@@ -70,6 +70,9 @@ class Overloaded(RuntimeError):
     engine is not running."""
 
 
+MAX_TENANT_CHARS = 256
+
+
 @dataclass(frozen=True)
 class Request:
     """One generation request. `slo`: its latency targets as asked (slo.SLO; the engine resolves what it
@@ -86,6 +89,7 @@ class Request:
     ignore_eos: bool = False
     slo: SLO = SLO()
     arrival_time: float | None = None
+    tenant: str | None = None  # whose suffix index it reads and feeds (SpeculationConfig.suffix_scope "tenant")
 
     def validate(self, vocab_size: int, max_model_len: int) -> None:
         """Raise ValueError with a message a client can act on."""
@@ -99,6 +103,8 @@ class Request:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if self.tenant is not None and not 0 < len(self.tenant) <= MAX_TENANT_CHARS:
+            raise ValueError(f"a tenant is 1-{MAX_TENANT_CHARS} characters")
         if len(self.prompt_ids) + self.max_tokens > max_model_len:
             raise ValueError(
                 f"prompt ({len(self.prompt_ids)} tokens) + max_tokens ({self.max_tokens}) exceeds "

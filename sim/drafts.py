@@ -78,6 +78,7 @@ def propose(rng: random.Random, model: AcceptanceModel, depth: int, width: int, 
             p.tree.parents.append(j)
             p.tree.scores.append(-neg)
             p.tree.draft_region.append(-1)
+            p.tree.origin.append(None)
             p.pick.append(-1)
             p.child[(j, k)] = idx
             level.append(idx)

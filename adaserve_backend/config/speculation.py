@@ -9,6 +9,7 @@ from typing import NamedTuple
 # up to LOOKUP_MAX_NGRAM and each copy rank up to LOOKUP_MAX_COPIES, and checks that it does).
 LOOKUP_MAX_NGRAM = 5
 LOOKUP_MAX_COPIES = 2
+SUFFIX_SCOPES = ("shared", "tenant", "off")
 
 class Lookup(NamedTuple):
     """What prompt lookup adds to a request's tree (Policy.lookup); all zero: none."""
@@ -16,11 +17,18 @@ class Lookup(NamedTuple):
     ngram: int = 0  # longest suffix matched
     tokens: int = 0  # longest copy
     copies: int = 0  # distinct continuations grafted
+    suffix_tokens: int = 0  # nodes from the suffix index across requests (speculation/suffix_index.py)
+    suffix_scope: str = "shared"
+    suffix_max_tokens: int = 0
 
     @property
     def reserved(self) -> int:
         """Tree nodes the copies may add (KV capacity)."""
-        return self.tokens * self.copies
+        return self.tokens * self.copies + self.suffix_tokens
+
+    @property
+    def any(self) -> bool:
+        return bool(self.ngram or self.suffix_tokens)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,13 @@ class SpeculationConfig:
       latest followed by another token (more verified rows for almost no more accepted tokens, so it
       stays off where each row costs time; where extra rows are free, as below a GPU's knee, it may
       pay; docs/experiments.md#lookup-variants).
+    suffix_tokens: nodes a request's tree may take from the suffix index (speculation/suffix_index.py;
+      0 turns it off): continuations of the longest matches of its context among the tokens of earlier
+      and concurrent requests. suffix_scope: which requests match each other: "shared" (all), "tenant"
+      (requests with the same `tenant`; requests without one neither read nor feed the index), "off".
+      Outputs never change, but the time a request takes can show that its continuation was seen
+      before (as with prefix caching): servers shared by parties who must not learn of each other's
+      requests use "tenant" or "off". suffix_max_tokens: the index's bound over all requests.
 
     Defaults come from a float32 profile of the embedded model on a 2-core CPU: B is where a
     verification forward stays within 1.3x its flat latency (docs/experiments.md#profile); the served
@@ -71,6 +86,9 @@ class SpeculationConfig:
     lookup_ngram: int = LOOKUP_MAX_NGRAM
     lookup_tokens: int = 8
     lookup_copies: int = 1
+    suffix_tokens: int = 16
+    suffix_scope: str = "shared"
+    suffix_max_tokens: int = 262_144
 
     def __post_init__(self) -> None:
         if self.order not in ("desc", "asc"):
@@ -85,3 +103,7 @@ class SpeculationConfig:
             raise ValueError(f"lookup_tokens must be >= 1, got {self.lookup_tokens}")
         if not 1 <= self.lookup_copies <= LOOKUP_MAX_COPIES:
             raise ValueError(f"lookup_copies must be 1 to {LOOKUP_MAX_COPIES}, got {self.lookup_copies}")
+        if self.suffix_tokens < 0 or self.suffix_max_tokens < 1:
+            raise ValueError("suffix_tokens must be >= 0 (0: off) and suffix_max_tokens >= 1")
+        if self.suffix_scope not in SUFFIX_SCOPES:
+            raise ValueError(f"suffix_scope must be one of {', '.join(SUFFIX_SCOPES)}, got {self.suffix_scope!r}")

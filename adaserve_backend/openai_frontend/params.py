@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..request import MAX_TENANT_CHARS
 from ..slo import SLO
 from ..triton.protocol import MAX_STOP_CHARS
 from ..triton.protocol import MAX_STOP_WORDS as MAX_STOP
@@ -58,6 +59,7 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     slo: SLO = SLO()
+    tenant: str | None = None  # OpenAI's `user`: whose suffix index the request shares (suffix_scope "tenant")
 
 
 def _number(body: Mapping, name: str, lo: float, hi: float, default: float) -> float:
@@ -202,10 +204,13 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     if options and not stream:
         raise bad("stream_options", "'stream_options' is only allowed with stream=true")
     top_k = _integer(body, "top_k", -1, 0, INT32_MAX)
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or not 0 < len(user) <= MAX_TENANT_CHARS):
+        raise bad("user", f"'user' must be a string of 1-{MAX_TENANT_CHARS} characters")
     return Generation(
         prompt=prompt, messages=messages, max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k), seed=_integer(body, "seed", 0, None, 2**64 - 1),
         stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
-        slo=_slo(body, headers or {}),
+        slo=_slo(body, headers or {}), tenant=_utf8(user, "user") if user is not None else None,
     )

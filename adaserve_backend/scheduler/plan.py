@@ -20,6 +20,7 @@ class IterationPlan:
     prefill: dict[Sequence, int] = field(default_factory=dict)
     depth: int = 0
     width: int = 0
+    copies: bool = False  # trees may take model-free proposals (KV reserved for them), drafting or not
     failed: list[tuple[Sequence, str]] = field(default_factory=list)
     rejected: list[tuple[Sequence, str]] = field(default_factory=list)  # first-token deadline unmeetable (overload: reject)
     # Cached tokens the target's forward reads: each decoding request's committed context, each prefilling

@@ -46,10 +46,13 @@ class Policy:
         return 0, 0
 
     def lookup(self, spec: SpeculationConfig) -> Lookup:
-        """Prompt lookup's copies, none (Lookup()) but for a policy that drafts and selects (Spec(n)
-        verifies its draft's chain as drawn)."""
-        on = spec.lookup_ngram > 0 and self.speculative and not self.verify_whole_draft
-        return Lookup(spec.lookup_ngram, spec.lookup_tokens, spec.lookup_copies) if on else Lookup()
+        """Model-free proposals (prompt lookup's copies, the suffix index's), none (Lookup()) but for a
+        policy that drafts and selects (Spec(n) verifies its draft's chain as drawn)."""
+        if not self.speculative or self.verify_whole_draft:
+            return Lookup()
+        own = (spec.lookup_ngram, spec.lookup_tokens, spec.lookup_copies) if spec.lookup_ngram else (0, 0, 0)
+        suffix = spec.suffix_tokens if spec.suffix_scope != "off" else 0
+        return Lookup(*own, suffix, spec.suffix_scope, spec.suffix_max_tokens)
 
 
 class Continuous(Policy):

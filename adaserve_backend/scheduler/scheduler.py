@@ -23,12 +23,12 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
-from .prefix import PrefixStats, note_cached_prefixes, reuse_prefix
 from .control import best_effort_victim, keeps_slos, prefill_chunks, split_chunks
 from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, missed_at, rejection_message, tokens_ahead
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
+from .prefix import PrefixStats, note_cached_prefixes, reuse_prefix
 
 log = logging.getLogger("adaserve")
 
@@ -107,7 +107,7 @@ class Scheduler:
             decode = []
         depth, width = self.estimator.next_depth_width(len(decode)) if self.draft_blocks is not None and decode else (0, 0)
         chunks = self._prefill_chunks(prefill, decode, depth, width, now)
-        plan.decode, plan.depth, plan.width = self._ensure_capacity(decode, chunks, depth, width, plan)
+        plan.decode, plan.depth, plan.width, plan.copies = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
         plan.block_tables = {s.seq_id: self.target_blocks.table(s.seq_id) for s in plan.scheduled}
         if self.draft_blocks is not None:
@@ -279,25 +279,27 @@ class Scheduler:
     def _ensure_capacity(self, decode, chunks, depth, width, plan: IterationPlan):
         """Preempt the least urgent requests until this iteration's worst-case KV needs fit; a lone
         request that still does not fit decodes without speculation, or fails if even that cannot fit.
-        Returns the surviving decode list, depth and width."""
+        Returns the surviving decode list, depth, width and whether trees may take copies."""
+        copies = bool(self.lookup_tokens and decode)  # model-free proposals need no draft step
         while True:
             decode = [s for s in decode if s in self.running]
             prefill = {s: n for s, n in chunks.items() if s in self.running}
             needs, draft_needs = iteration_needs(self.target_blocks, self.draft_blocks, decode, prefill, depth, width,
-                                                 self.lookup_tokens if depth else 0)
+                                                 self.lookup_tokens if copies else 0)
             if fits(self.target_blocks, needs) and fits(self.draft_blocks, draft_needs):
                 reserve(self.target_blocks, needs)
                 reserve(self.draft_blocks, draft_needs)
-                return decode, depth, width
+                return decode, depth, width, copies
             if len(self.running) > 1:
                 self._preempt(self.policy.victim(self.running))
-            elif depth:
+            elif depth or copies:
                 depth = width = 0
+                copies = False
             else:
                 seq = self.running[0]
                 self._drop(seq)
                 plan.failed.append((seq, NO_ROOM))
-                return [], 0, 0
+                return [], 0, 0, False
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: the request keeps its output and re-prefills it when re-admitted."""

@@ -80,6 +80,7 @@ def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: in
             tree.parents.append(beam[flat // vocab])
             tree.scores.append(math.exp(score))
             tree.draft_region.append(-1)
+            tree.origin.append(None)
             level.append(len(tree.tokens) - 1)
             slots.append(flat // vocab)
         new_beams.append(level)

@@ -47,6 +47,16 @@ if (MAX_NGRAM, MAX_COPIES) != (LOOKUP_MAX_NGRAM, LOOKUP_MAX_COPIES):
     raise ImportError("config's lookup limits must be the matches and copies this module has priors for")
 
 
+def lookup_key(rank: int, n: int, i: int) -> tuple:
+    """The bucket of a copied token (copy_rates.py): its copy's rank, the match length, its place."""
+    return ("lookup", rank, n, min(i, 3))
+
+
+def lookup_prior(key: tuple) -> float:
+    _, rank, n, i = key
+    return RATES[rank][n][i]
+
+
 class NgramIndex:
     """A growing token list's n-grams (n <= max_n), each mapped to where its latest occurrences that
     are followed by a token end (up to `copies` of them, each followed by a different token, most
@@ -91,22 +101,28 @@ class NgramIndex:
         return 0, []
 
 
-def graft(tree: CandidateTree, tokens: Sequence[int], conditional: Sequence[float]) -> None:
-    """Add a chain below the root: where a node already holds the token it is followed (its score
-    raised to the chain's if lower), else a new node is appended (never read by the draft). A node's
-    path score continues from the higher of the two, so scores still never grow from parent to child,
-    and the list stays in topological order (levels may no longer be contiguous)."""
+def graft(tree: CandidateTree, tokens: Sequence[int], conditional: Sequence[float],
+          parents: Sequence[int] | None = None, origins: Sequence | None = None) -> None:
+    """Add proposed nodes below the root: a chain, or a tree whose `parents` index the proposal (-1: the
+    root; parents first). Where a node already holds the token it is followed (its score raised to the
+    proposal's if lower, its origin then the proposal's), else a new node is appended (never read by
+    the draft). A node's path score continues from the higher of the two, so scores still never grow
+    from parent to child, and the list stays in topological order (levels may no longer be contiguous)."""
     child_of = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if p >= 0}
-    node, score = 0, tree.scores[0]
-    for token, p in zip(tokens, conditional):
-        score *= p
+    placed: list[int] = []  # proposal node -> tree node
+    for i, (token, p) in enumerate(zip(tokens, conditional)):
+        parent = (i - 1 if parents is None else parents[i])
+        node = 0 if parent < 0 else placed[parent]
+        score = tree.scores[node] * p
+        origin = origins[i] if origins is not None else None
         child = child_of.get((node, token))
         if child is None:
+            child = child_of[(node, token)] = len(tree.tokens)
             tree.tokens.append(token)
             tree.parents.append(node)
             tree.scores.append(score)
             tree.draft_region.append(-1)
-            child = len(tree.tokens) - 1
-        else:
-            score = tree.scores[child] = max(tree.scores[child], score)
-        node = child
+            tree.origin.append(origin)
+        elif score > tree.scores[child]:
+            tree.scores[child], tree.origin[child] = score, origin
+        placed.append(child)

@@ -4,6 +4,11 @@ Budget accounting: every tree's root costs one token of the budget B (it is veri
 the bonus token), and counts 1.0 toward the request's expected accepted tokens.
 Ties between equal scores are broken by node index, so a parent (same or higher score, lower index)
 is always taken before its child: every selected set is a connected subtree containing the root.
+
+Copied nodes (prompt lookup, the suffix index: CandidateTree.origin set) carry learnt acceptance
+rates, not draft scores, so the draft's calibration does not scale them; and where a cost model prices
+every verified token (goodput selection), they may go past B: a copied chain that verification
+accepts whole yields many tokens for one forward, which a budget sized for the draft's beams would cut.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ class SelectionParams:
     iteration_ms: Callable[[int], float] | None = None
     calibration: float = 1.0  # measured accepted / predicted: scales scores into acceptance probabilities
 
-    def probability(self, score: float) -> float:
-        return acceptance(score, self.calibration)
+    def probability(self, score: float, copied: bool = False) -> float:
+        return acceptance(score, 1.0 if copied else self.calibration)
 
 
 def acceptance(score: float, calibration: float = 1.0) -> float:
@@ -62,12 +67,13 @@ def slo_customized_selection(
     selected: list[list[int]] = [[0] for _ in range(n)]
     budget = params.budget - n
     for i in sorted(range(n), key=lambda i: a_caps[i], reverse=params.order == "desc"):
+        origin = cands[i].origin
         acc, heap = ROOT_CREDIT, [(-s, j) for j, s in enumerate(cands[i].scores) if j != 0]
         heapq.heapify(heap)
         while acc < a_caps[i] and len(selected[i]) < params.n_max and budget > 0 and heap:
             neg, j = heapq.heappop(heap)
             selected[i].append(j)
-            acc += params.probability(-neg)
+            acc += params.probability(-neg, origin[j] is not None)
             budget -= 1
     return selected, max(budget, 0)
 
@@ -76,16 +82,27 @@ def throughput_selection(
     cands: Sequence[CandidateTree], selected: Sequence[list[int]], budget: int, params: SelectionParams | None = None
 ) -> list[list[int]]:
     """The remaining budget goes to the globally highest-scoring nodes not yet selected; with a cost
-    model, only as many of them as raise expected tokens per ms (`goodput_prefix`)."""
+    model, only as many of them as raise expected tokens per ms (`goodput_prefix`), copied nodes also
+    past the budget (their parents first)."""
     out = [list(s) for s in selected]
-    if budget > 0:
+    goodput = params is not None and params.iteration_ms is not None
+    if budget > 0 or goodput:
         taken = [set(s) for s in selected]
         heap = [(-s, i, j) for i, c in enumerate(cands) for j, s in enumerate(c.scores) if j not in taken[i]]
-        ranked = heapq.nsmallest(budget, heap)
-        if params is not None and params.iteration_ms is not None:
+        if not goodput:
+            ranked = heapq.nsmallest(budget, heap)
+        else:
+            ranked = []
+            for neg, i, j in sorted(heap):
+                copied = cands[i].origin[j] is not None
+                if (copied or budget > 0) and cands[i].parents[j] in taken[i]:
+                    ranked.append((neg, i, j))
+                    taken[i].add(j)
+                    budget -= not copied
             base = sum(len(s) for s in out)
             expected = sum(expected_accepted(cands[i], s, params.calibration) for i, s in enumerate(out))
-            ranked = ranked[: goodput_prefix(base, expected, [params.probability(-neg) for neg, _, _ in ranked], params.iteration_ms)]
+            gains = [params.probability(-neg, cands[i].origin[j] is not None) for neg, i, j in ranked]
+            ranked = ranked[: goodput_prefix(base, expected, gains, params.iteration_ms)]
         for _, i, j in ranked:
             out[i].append(j)
     return [sorted(s) for s in out]
@@ -106,4 +123,5 @@ def goodput_prefix(tokens: int, expected: float, gains: Sequence[float], iterati
 
 def expected_accepted(tree: CandidateTree, nodes: Sequence[int], calibration: float = 1.0) -> float:
     """E[acc(T)] = sum of f(v) over the tree (the root counting 1.0), f = the calibrated score."""
-    return ROOT_CREDIT + math.fsum(acceptance(tree.scores[j], calibration) for j in nodes if j != 0)
+    return ROOT_CREDIT + math.fsum(acceptance(tree.scores[j], 1.0 if tree.origin[j] is not None else calibration)
+                                   for j in nodes if j != 0)

@@ -14,20 +14,35 @@ class CandidateTree:
       root-to-node path); the root's is 1.0. Scores never increase from a parent to a child.
     draft_region: for each node, its index in the draft model's uncommitted KV region, or -1 when the
       draft never processed it (the deepest level): what to keep in the draft cache after acceptance.
+    origin: for each node, the bucket of the model-free proposal that gave its score (copy_rates.py),
+      None for the draft's own nodes: what verification teaches about each source.
     """
 
     tokens: list[int]
     parents: list[int]
     scores: list[float]
     draft_region: list[int] = field(default_factory=list)
+    origin: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.origin:
+            self.origin = [None] * len(self.tokens)
 
     @classmethod
     def root_only(cls, token: int) -> "CandidateTree":
         """No drafts: the root (the token being decoded) alone, never read by the draft."""
-        return cls([token], [-1], [1.0], [-1])
+        return cls([token], [-1], [1.0], [-1], [None])
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def height(self) -> int:
+        """The most drafts one verification of this tree can accept (its deepest node's depth)."""
+        depth = [0] * len(self.parents)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                depth[i] = depth[p] + 1
+        return max(depth)
 
 
 @dataclass(frozen=True)

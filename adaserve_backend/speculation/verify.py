@@ -85,6 +85,7 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
     if draft is not None:
         if cand is not None:
             draft.commit(seq, cand)
+            draft.learn(cand, tree, acc.path)
         # the accepted path's features, for the tokens the draft reads next iteration
         draft.add_features(seq, len(seq.tokens) - 1, features[acc.path])
     return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts)

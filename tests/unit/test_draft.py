@@ -115,7 +115,9 @@ def test_draft_reads_the_targets_features_for_every_token_it_keeps(kind, tmp_pat
     at least once with the target's exact feature of the position before it (and position 0 with zeros)."""
     target = tiny_checkpoint("qwen2")
     out, *_ = tiny_draft(target, tmp_path, kind=kind)
-    engine = make_engine(target, out, "adaserve", num_blocks=16)
+    # No copies: an iteration that verifies copies alone runs no draft, and what it accepted waits for
+    # the draft's next read, which need not come before the request ends.
+    engine = make_engine(target, out, "adaserve", num_blocks=16, lookup_ngram=0, suffix_tokens=0)
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     model = engine.draft.runner.model
     original = model.run

@@ -179,20 +179,21 @@ def test_iteration_records_carry_context_prefills_and_the_whole_step(policy):
     assert any(s.depth for s in stats) == (policy == "adaserve")
 
 
-@pytest.mark.parametrize("lookup_ngram", [0, 3])
-def test_prompt_lookup_grafts_copies_and_greedy_stays_exact(lookup_ngram, monkeypatch):
-    """Prompts that repeat a phrase, an unrelated draft: copies from the context join the trees (the
-    draft's own guesses almost never hold) and the outputs still equal the oracle's."""
+@pytest.mark.parametrize("lookup_ngram, suffix_tokens", [(0, 0), (3, 0), (0, 16), (3, 16)])
+def test_prompt_lookup_grafts_copies_and_greedy_stays_exact(lookup_ngram, suffix_tokens, monkeypatch):
+    """Prompts that repeat a phrase, an unrelated draft: copies from the context (prompt lookup) and
+    from every request's (the suffix index) join the trees (the draft's own guesses almost never
+    hold) and the outputs still equal the oracle's."""
     import adaserve_backend.speculation.draft_worker as draft_worker
 
     grafted = []
     real_graft = draft_worker.graft
-    monkeypatch.setattr(draft_worker, "graft", lambda tree, tokens, probs: (grafted.append(len(tokens)), real_graft(tree, tokens, probs)))
+    monkeypatch.setattr(draft_worker, "graft", lambda tree, tokens, *a, **k: (grafted.append(len(tokens)), real_graft(tree, tokens, *a, **k)))
     target = tiny_checkpoint("llama")
-    engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=lookup_ngram)
+    engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=lookup_ngram, suffix_tokens=suffix_tokens)
     reqs = [Request(f"r{i}", [7 + i, 40, 41, 42, 43, 44] * 3 + [7 + i, 40], max_tokens=12, slo=SLO(tpot_ms=20.0)) for i in range(4)]
     got = run_staggered(engine, reqs)
     for r in reqs:
         assert got[r.request_id] == reference(target, r), r.request_id
     assert_all_blocks_free(engine)
-    assert (sum(grafted) > 0) == bool(lookup_ngram)
+    assert (sum(grafted) > 0) == bool(lookup_ngram or suffix_tokens)

@@ -21,6 +21,8 @@ def test_completion_parameters_map_to_the_ensemble():
     assert t["text_input"][0] == b"Hi" and t["max_tokens"][0] == 7 and t["seed"][0] == 3 and t["top_k"][0] == 20
     assert list(t["stop_words"]) == [b"\n\n", b"END"] and t["min_tokens"][0] == 2 and not t["apply_chat_template"][0]
     assert t["temperature"][0] == pytest.approx(0.5) and t["top_p"][0] == pytest.approx(0.9) and t["return_num_input_tokens"][0]
+    assert g.tenant == "u1" and "tenant" not in t  # a repository without the input: nothing to scope
+    assert ensemble_request(g, g.prompt, supported={"tenant"})["tenant"][0] == b"u1"  # OpenAI's `user` scopes the suffix index
 
 
 def test_defaults_follow_openai():
@@ -80,6 +82,10 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"prompt": "x"}, {"x-slo-tpot-ms": "fast"}, "tpot_slo_ms"),
     ({"prompt": "x", "tpot_slo_ms": 50}, {"x-slo-tpot-ms": "60"}, "tpot_slo_ms"),
     ({"prompt": "x", "slo_class": 3}, {}, "slo_class"),
+    ({"prompt": "x", "user": 7}, {}, "user"),
+    ({"prompt": "x", "user": ""}, {}, "user"),
+    ({"prompt": "x", "user": "u" * 257}, {}, "user"),
+    ({"prompt": "x", "user": "\ud800"}, {}, "user"),
     ({"messages": []}, {}, "messages"),
     ({"messages": [{"role": "tool", "content": "x"}]}, {}, "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, {}, "messages[0].content"),

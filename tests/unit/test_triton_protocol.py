@@ -58,11 +58,12 @@ def test_parse_request_accepts_the_vllm_style_inputs():
             "seed": np.array([3], dtype=np.uint64),
             "stop_words": np.array([b"\n\n", b""], dtype=object),
             "slo_class": np.array([b"coding"], dtype=object),
+            "tenant": np.array([b"team-a"], dtype=object),
             "ttft_slo_ms": np.array([1500.0], dtype=np.float32),
             "return_finish_reason": np.array([True]),
         },
     )
-    assert req.slo.ttft_ms == 1500.0
+    assert req.slo.ttft_ms == 1500.0 and req.tenant == "team-a"
     assert req.prompt_ids == [5, 6, 7] and req.max_tokens == 9 and req.min_tokens == 2
     assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.top_k == 20 and req.sampling.seed == 3
     assert req.stop_strings == ("\n\n",) and req.slo.slo_class == "coding" and req.slo.tpot_ms is None
