@@ -83,11 +83,16 @@ def transformers_model(path: str, dtype):
 
 def engine_tpot_ms(engine, prompts: list[tuple[str, bool]], tokens: int) -> float:
     """Median over prompts of an in-process engine's TPOT (e.g. `served_engine(policy, dtype)`)."""
+    texts = prompt_texts(engine.tokenizer, prompts)
+    return statistics.median(engine_tpots_ms(engine, [texts[0]] + texts, tokens)[1:])  # the first one warms up
+
+
+def engine_tpots_ms(engine, texts: list[str], tokens: int) -> list[float]:
+    """An in-process engine's TPOT of each text in turn, one request at a time, exactly `tokens` long."""
     from adaserve_backend.request import Request
 
-    texts = prompt_texts(engine.tokenizer, prompts)
     tpots = []
-    for i, text in enumerate([texts[0]] + texts):  # the first one warms up
+    for i, text in enumerate(texts):
         ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
         engine.add_request(Request(f"r{i}", ids, max_tokens=tokens, min_tokens=tokens, slo=SLO(tpot_ms=1e6)))
         first = last = None
@@ -96,9 +101,8 @@ def engine_tpot_ms(engine, prompts: list[tuple[str, bool]], tokens: int) -> floa
             for out in engine.step():
                 if out.new_token_ids:
                     first, last, count = first or out.emit_time, out.emit_time, out.num_output_tokens
-        if i:
-            tpots.append(tpot_seconds(first, last, count) * 1e3)
-    return statistics.median(tpots)
+        tpots.append(tpot_seconds(first, last, count) * 1e3)
+    return tpots
 
 
 def _free_port() -> int:
@@ -137,6 +141,15 @@ def peer_tpot_ms(make_server, prompts: list[tuple[str, bool]], tokens: int) -> f
     where the peer is not installed."""
     from adaserve_backend.config import EMBEDDED_DEFAULT
     from adaserve_backend.models import load_tokenizer, locate
+
+    texts = prompt_texts(load_tokenizer(locate(EMBEDDED_DEFAULT)), prompts)
+    tpots = peer_tpots_of_texts(make_server, [texts[0]] + texts, tokens)  # the first one warms up
+    return statistics.median(tpots[1:]) if tpots is not None else None
+
+
+def peer_tpots_of_texts(make_server, texts: list[str], tokens: int) -> list[float] | None:
+    """A peer's TPOT of each text in turn (already rendered), one request at a time, exactly `tokens`
+    long, or None where the peer is not installed."""
     from benchmarks.servers import PEER_SERVED_NAME
     from harness.runners import run_openai
     from harness.workload import WorkItem
@@ -144,16 +157,14 @@ def peer_tpot_ms(make_server, prompts: list[tuple[str, bool]], tokens: int) -> f
     with running_peer(make_server) as port:
         if port is None:
             return None
-        texts = prompt_texts(load_tokenizer(locate(EMBEDDED_DEFAULT)), prompts)
         tpots = []
-        for i, text in enumerate([texts[0]] + texts):  # the first one warms up
+        for i, text in enumerate(texts):
             item = WorkItem(f"p{i}", "one", text, False, tokens, 1e6, 0.0)
             records, _ = run_openai(f"http://localhost:{port}", PEER_SERVED_NAME, [item], 300.0, exact_length=True)
             if records[0].error:
                 raise RuntimeError(f"peer request failed: {records[0].error}")
-            if i:
-                tpots.append(records[0].tpot * 1e3)
-        return statistics.median(tpots)
+            tpots.append(records[0].tpot * 1e3)
+        return tpots
 
 
 def peer_tpots_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path, vllm: bool = True) -> dict[str, float]:

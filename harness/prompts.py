@@ -156,4 +156,41 @@ def prompt_heavy_prompts() -> dict[str, list[tuple[str, bool]]]:
     }
 
 
-PROMPT_SETS = {"default": benchmark_prompts, "prompt-heavy": prompt_heavy_prompts}
+# ---- the repetitive set: traffic that repeats itself across requests (issue 45) -----------------------
+REPEATED_QUESTIONS = 12  # a support bot's pool: the same questions asked again and again
+EDIT_TASK = "Add type hints to the following Python function. Reply with the whole function only.\n\n"
+JSON_TASK = ('Describe the text below as a JSON object with the keys "topic", "audience", "difficulty" and '
+             '"key_terms" (a list of strings). Reply with the JSON only.\n\n')
+
+
+@cache
+def networkx_function_sources(min_lines: int = 4, max_lines: int = 20) -> tuple[str, ...]:
+    """Whole public top-level functions of networkx's algorithms, docstrings removed (code to edit)."""
+    import networkx
+
+    root = os.path.join(os.path.dirname(networkx.__file__), "algorithms")
+    out = []
+    for tree in parsed_sources([p for p in python_sources(root) if "/tests/" not in p]):
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                if ast.get_docstring(node):
+                    node.body = node.body[1:] or [ast.Pass()]
+                node.decorator_list = []
+                code = ast.unparse(node)
+                if min_lines <= code.count("\n") + 1 <= max_lines:
+                    out.append(code)
+    return tuple(dict.fromkeys(out))
+
+
+def repetitive_prompts() -> dict[str, list[tuple[str, bool]]]:
+    """The benchmark's families in shapes that repeat across requests: code to edit, whose answer
+    copies the code (coding); a small pool of questions asked again (chat); passages described as
+    JSON with one fixed set of keys, a templated answer (summary)."""
+    return {
+        "coding": [(EDIT_TASK + code, True) for code in networkx_function_sources()],
+        "chat": [(q, True) for q in python_faq_questions()[:REPEATED_QUESTIONS]],
+        "summary": [(JSON_TASK + p, True) for p in python_howto_passages()],
+    }
+
+
+PROMPT_SETS = {"default": benchmark_prompts, "prompt-heavy": prompt_heavy_prompts, "repetitive": repetitive_prompts}

@@ -36,7 +36,8 @@ class WorkItem:
 # ---- prompts -------------------------------------------------------------------------------------
 def builtin_prompts(kind: str = "default") -> dict[str, list[tuple[str, bool]]]:
     """The benchmark's offline prompt families (see harness/prompts.py), disjoint from the draft's:
-    `default`, or `prompt-heavy` (the same families, prompts several times longer than outputs)."""
+    `default`, `prompt-heavy` (the same families, prompts several times longer than outputs) or
+    `repetitive` (shapes that repeat across requests: code to edit, questions asked again, JSON)."""
     from .prompts import PROMPT_SETS
 
     return PROMPT_SETS[kind]()

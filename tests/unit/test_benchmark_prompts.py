@@ -3,16 +3,24 @@ text it was distilled on than on what users send)."""
 
 from __future__ import annotations
 
-from harness.prompts import BENCHMARK_FAMILIES, benchmark_prompts, normalize
+import pytest
+
+from harness.prompts import BENCHMARK_FAMILIES, PROMPT_SETS, benchmark_prompts, normalize
 from tools.draft.data import build_prompts
 
 
-def test_no_benchmark_prompt_is_a_draft_training_prompt():
+@pytest.fixture(scope="module")
+def drafted() -> set[str]:
     train, held_out = build_prompts()
-    drafted = {normalize(p.text) for p in train + held_out}
-    bench = benchmark_prompts()
+    return {normalize(p.text) for p in train + held_out}
+
+
+@pytest.mark.parametrize("prompt_set", sorted(PROMPT_SETS))
+def test_no_benchmark_prompt_is_a_draft_training_prompt(prompt_set, drafted):
+    bench = PROMPT_SETS[prompt_set]()
     overlap = [(cat, text[:80]) for cat, items in bench.items() for text, _ in items if normalize(text) in drafted]
     assert not overlap, f"{len(overlap)} benchmark prompts are draft training prompts, e.g. {overlap[:3]}"
+    assert set(bench) == set(BENCHMARK_FAMILIES) and all(bench.values())
 
 
 def test_every_category_has_a_family_of_distinct_prompts():
