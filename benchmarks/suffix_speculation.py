@@ -119,7 +119,7 @@ def plot(results: dict, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts, sent twice")
-    ap.add_argument("--repetitive", type=int, default=30, help="requests of the repetitive sequence")
+    ap.add_argument("--repetitive", type=int, default=40, help="requests of the repetitive sequence")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--no-peers", action="store_true", help="skip llama-server even where built")
     ap.add_argument("--out", default=os.path.join(run_dir("suffix-speculation"), "suffix_speculation"), help="writes OUT.json and OUT.png")

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from harness.bench import score
 from harness.machine import cpu_model
 from harness.metrics import fmt_ms
+from harness.prompts import PROMPT_SETS
 from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
 from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
@@ -140,8 +141,9 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                     help="an ablation served as system adaserve:NAME: engine.json sections merged with JSON, e.g. "
                          "'nocache={\"target_cache\": {\"prefix_caching\": false}}'")
-    ap.add_argument("--prompts", choices=["default", "prompt-heavy"], default="default",
-                    help="prompt-heavy: the same families with prompts several times the outputs (harness/prompts.py)")
+    ap.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default",
+                    help="prompt-heavy: the same families with prompts several times the outputs; repetitive: shapes "
+                         "that repeat across requests (harness/prompts.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=run_dir("vs-peers"))
     ap.add_argument("--http-port", type=int, default=18000)

@@ -157,7 +157,7 @@ def prompt_heavy_prompts() -> dict[str, list[tuple[str, bool]]]:
 
 
 # ---- the repetitive set: traffic that repeats itself across requests (issue 45) -----------------------
-REPEATED_QUESTIONS = 12  # a support bot's pool: the same questions asked again and again
+REPEATED_QUESTIONS = 8  # a support bot's pool: the same questions asked again and again
 EDIT_TASK = "Add type hints to the following Python function. Reply with the whole function only.\n\n"
 JSON_TASK = ('Describe the text below as a JSON object with the keys "topic", "audience", "difficulty" and '
              '"key_terms" (a list of strings). Reply with the JSON only.\n\n')

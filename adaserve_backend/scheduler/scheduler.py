@@ -52,7 +52,7 @@ class Scheduler:
         self.released: list[Sequence] = []  # freed since the last plan (IterationPlan.released)
         self.tokenizer = tokenizer  # only stop strings need one
         self.slo_admission = policy.slo_aware and config.slo_admission and estimator.cost is not None
-        self.lookup_tokens = policy.lookup(speculation).reserved  # trees may hold copied chains this long (capacity)
+        self.lookup = policy.lookup(speculation)  # trees may hold copied nodes beside the beams (capacity)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -280,12 +280,12 @@ class Scheduler:
         """Preempt the least urgent requests until this iteration's worst-case KV needs fit; a lone
         request that still does not fit decodes without speculation, or fails if even that cannot fit.
         Returns the surviving decode list, depth, width and whether trees may take copies."""
-        copies = bool(self.lookup_tokens and decode)  # model-free proposals need no draft step
+        copies = bool(self.lookup.reserved and decode)  # the suffix index's proposals need no draft step
         while True:
             decode = [s for s in decode if s in self.running]
             prefill = {s: n for s, n in chunks.items() if s in self.running}
-            needs, draft_needs = iteration_needs(self.target_blocks, self.draft_blocks, decode, prefill, depth, width,
-                                                 self.lookup_tokens if copies else 0)
+            copied = (self.lookup.reserved if depth else self.lookup.suffix_tokens) if copies else 0  # lookup: beside beams
+            needs, draft_needs = iteration_needs(self.target_blocks, self.draft_blocks, decode, prefill, depth, width, copied)
             if fits(self.target_blocks, needs) and fits(self.draft_blocks, draft_needs):
                 reserve(self.target_blocks, needs)
                 reserve(self.draft_blocks, draft_needs)

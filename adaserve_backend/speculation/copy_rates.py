@@ -1,13 +1,13 @@
-"""Acceptance rates of model-free proposals (prompt lookup, the suffix index), learnt from verification.
+"""Acceptance rates of the suffix index's proposals, learnt from verification.
 
-A copied token's probability of being accepted depends on the source, how much context matched and
-how the earlier occurrences agreed (each source's `bucket`); a fixed prior is right for one kind of
+A copied token's probability of being accepted depends on how much context matched and how the
+earlier occurrences agreed (suffix_index.bucket); a fixed prior is right for one kind of
 text and wrong for another. So each bucket's rate is its prior, as PRIOR_WEIGHT pseudo-observations,
 plus what verification measured: every verified copied node whose parent was accepted is one trial,
 accepted or not (a node below a rejected one says nothing about its own bucket). Old trials fade
 (DECAY per trial of the bucket), so a change of traffic moves the rate within about 1/(1-DECAY)
-trials. The selection then weighs each node by its rate: a source that stops paying stops being
-verified, and costs nothing.
+trials. The selection then weighs each node by its rate: proposals that stop paying stop being
+verified, and cost nothing but the lookup.
 """
 
 from __future__ import annotations

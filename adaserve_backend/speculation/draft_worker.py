@@ -21,7 +21,7 @@ from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from .beam import BeamRequest, beam_search
 from .copy_rates import CopyRates
 from .draft_fit import check_draft_fits
-from .lookup import NgramIndex, graft, lookup_key, lookup_prior
+from .lookup import NgramIndex, graft
 from .suffix_index import SuffixIndex, prior
 from .token_tree import CandidateTree, TokenTree
 
@@ -80,27 +80,27 @@ class DraftWorker:
         cands = [next(trees) if s.seq_id in drafting else CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
         if plan.copies:
             for seq, cand in zip(plan.decode, cands):
-                self._graft_copies(seq, cand, max_model_len)
+                self._graft_copies(seq, cand, max_model_len, seq.seq_id in drafting)
         return cands
 
     def copies(self, plan: IterationPlan, max_model_len: int) -> list[CandidateTree]:
-        """An iteration that does not draft: trees of model-free proposals alone (no draft forward), or
-        none if no request got any (then each decodes its next token, as without speculation)."""
+        """An iteration that does not draft: trees of the suffix index's proposals alone (no draft
+        forward), or none if no request got any (then each decodes its next token, as without
+        speculation)."""
         cands = [CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
         for seq, cand in zip(plan.decode, cands):
-            self._graft_copies(seq, cand, max_model_len)
+            self._graft_copies(seq, cand, max_model_len, drafting=False)
         return cands if any(len(c) > 1 for c in cands) else []
 
-    def _graft_copies(self, seq: Sequence, cand: CandidateTree, max_model_len: int) -> None:
-        """Prompt lookup's copies from the request's own context, then the suffix index's continuations
-        from every request in its scope, each weighed by its bucket's learnt rate (copy_rates.py)."""
+    def _graft_copies(self, seq: Sequence, cand: CandidateTree, max_model_len: int, drafting: bool) -> None:
+        """Prompt lookup's copies from the request's own context beside the draft's beams (weighed like
+        them: by measured priors, times the draft's calibration), then the suffix index's continuations
+        from every request in its scope, weighed by their buckets' learnt rates (copy_rates.py)."""
         lookup = self.lookup
-        if lookup.ngram:
+        if lookup.ngram and drafting:
             index = self._lookup.setdefault(seq.seq_id, NgramIndex(lookup.ngram, lookup.copies))
-            n, copies = index.match(seq.tokens, lookup.tokens)
-            for rank, copied in enumerate(copies):
-                keys = [lookup_key(rank, n, i) for i in range(len(copied))]
-                graft(cand, copied, [self.rates.rate(k, lookup_prior(k)) for k in keys], origins=keys)
+            for copied, conditional in index.propose(seq.tokens, lookup.tokens):
+                graft(cand, copied, conditional)
         scope = self._scope(seq)
         if scope is not None:
             self.suffix.extend(seq.seq_id, scope, seq.tokens)

@@ -47,16 +47,6 @@ if (MAX_NGRAM, MAX_COPIES) != (LOOKUP_MAX_NGRAM, LOOKUP_MAX_COPIES):
     raise ImportError("config's lookup limits must be the matches and copies this module has priors for")
 
 
-def lookup_key(rank: int, n: int, i: int) -> tuple:
-    """The bucket of a copied token (copy_rates.py): its copy's rank, the match length, its place."""
-    return ("lookup", rank, n, min(i, 3))
-
-
-def lookup_prior(key: tuple) -> float:
-    _, rank, n, i = key
-    return RATES[rank][n][i]
-
-
 class NgramIndex:
     """A growing token list's n-grams (n <= max_n), each mapped to where its latest occurrences that
     are followed by a token end (up to `copies` of them, each followed by a different token, most

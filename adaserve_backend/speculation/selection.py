@@ -5,8 +5,8 @@ the bonus token), and counts 1.0 toward the request's expected accepted tokens.
 Ties between equal scores are broken by node index, so a parent (same or higher score, lower index)
 is always taken before its child: every selected set is a connected subtree containing the root.
 
-Copied nodes (prompt lookup, the suffix index: CandidateTree.origin set) carry learnt acceptance
-rates, not draft scores, so the draft's calibration does not scale them; and where a cost model prices
+Nodes from the suffix index (CandidateTree.origin set) carry learnt acceptance rates, not draft
+scores, so the draft's calibration does not scale them; and where a cost model prices
 every verified token (goodput selection), they may go past B: a copied chain that verification
 accepts whole yields many tokens for one forward, which a budget sized for the draft's beams would cut.
 """

@@ -14,8 +14,8 @@ class CandidateTree:
       root-to-node path); the root's is 1.0. Scores never increase from a parent to a child.
     draft_region: for each node, its index in the draft model's uncommitted KV region, or -1 when the
       draft never processed it (the deepest level): what to keep in the draft cache after acceptance.
-    origin: for each node, the bucket of the model-free proposal that gave its score (copy_rates.py),
-      None for the draft's own nodes: what verification teaches about each source.
+    origin: for each node, the bucket of the suffix index's proposal that gave its score
+      (copy_rates.py), None for the draft's nodes and prompt lookup's: what verification teaches.
     """
 
     tokens: list[int]
