@@ -78,7 +78,8 @@ async def _replay(items: Sequence[WorkItem], send, time_limit_s: float, desc: st
         except asyncio.TimeoutError:
             rec.error = "not finished within the time limit"
         except Exception as e:  # a failed request is scored as an error, the run goes on
-            rec.error = f"{type(e).__name__}: {e}"
+            status = getattr(e, "status", "")  # gRPC's, so a refusal (UNAVAILABLE) reads as one
+            rec.error = f"{type(e).__name__}: {status + ': ' if status else ''}{e}"
         bar.update(1)
         return rec
 
