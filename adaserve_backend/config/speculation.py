@@ -26,10 +26,6 @@ class Lookup(NamedTuple):
         """Tree nodes the copies may add (KV capacity)."""
         return self.tokens * self.copies + self.suffix_tokens
 
-    @property
-    def any(self) -> bool:
-        return bool(self.ngram or self.suffix_tokens)
-
 
 @dataclass(frozen=True)
 class SpeculationConfig:

@@ -23,7 +23,7 @@ from .copy_rates import CopyRates
 from .draft_fit import check_draft_fits
 from .lookup import NgramIndex, graft
 from .suffix_index import SuffixIndex, prior
-from .token_tree import CandidateTree, TokenTree
+from .token_tree import CandidateTree, TokenTree, depths
 
 
 class DraftWorker:
@@ -195,9 +195,7 @@ class DraftWorker:
 def truncate_depth(cand: CandidateTree, max_depth: int) -> None:
     """Drop nodes deeper than `max_depth` (a grafted chain may sit after deeper beam levels, so nodes
     are filtered, not cut at the first deep one; parents come first, so indices remap in one pass)."""
-    depth = [0]
-    for p in cand.parents[1:]:
-        depth.append(depth[p] + 1)
+    depth = depths(cand.parents)
     if max(depth) <= max_depth:
         return
     keep = [i for i, d in enumerate(depth) if d <= max_depth]

@@ -65,6 +65,16 @@ class _Doc:
         self.finished = False
 
 
+def _keys(doc: _Doc, start: int):
+    """(key hash, position after the key) of each key of `doc` followed by a token at `start` or later."""
+    t = doc.tokens
+    for e in range(max(start, 1), len(t)):  # position e follows the key ending at e - 1
+        for k in KEY_LENGTHS:
+            if e < k:
+                break
+            yield hash((doc.scope, *t[e - k : e])), e
+
+
 class SuffixIndex:
     def __init__(self, max_tokens: int) -> None:
         if max_tokens < 1:
@@ -84,16 +94,12 @@ class SuffixIndex:
             doc = self._docs[doc_id] = _Doc(scope)
         start = len(doc.tokens)
         doc.tokens.extend(tokens[start:])
-        t = doc.tokens
-        for e in range(max(start, 1), len(t)):  # position e follows the key ending at e - 1
-            for k in KEY_LENGTHS:
-                if e < k:
-                    break
-                where = self._where.setdefault(hash((scope, *t[e - k : e])), [])
-                where.append((doc, e))
-                if len(where) > OCCURRENCES:
-                    del where[0]
-        self.num_tokens += len(t) - start
+        for h, e in _keys(doc, start):
+            where = self._where.setdefault(h, [])
+            where.append((doc, e))
+            if len(where) > OCCURRENCES:
+                del where[0]
+        self.num_tokens += len(doc.tokens) - start
         while self.num_tokens > self.max_tokens:
             self._evict()
 
@@ -108,18 +114,13 @@ class SuffixIndex:
         doc = self._docs.pop(victim)
         if not doc.finished:
             self._closed.add(victim)
-        t = doc.tokens
-        for e in range(1, len(t)):
-            for k in KEY_LENGTHS:
-                if e < k:
-                    break
-                h = hash((doc.scope, *t[e - k : e]))
-                where = self._where.get(h)
-                if where is not None:
-                    where[:] = [o for o in where if o[0] is not doc]
-                    if not where:
-                        del self._where[h]
-        self.num_tokens -= len(t)
+        for h, _ in _keys(doc, 0):
+            where = self._where.get(h)
+            if where is not None:
+                where[:] = [o for o in where if o[0] is not doc]
+                if not where:
+                    del self._where[h]
+        self.num_tokens -= len(doc.tokens)
 
     def num_keys(self) -> int:
         return len(self._where)

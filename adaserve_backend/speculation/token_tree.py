@@ -6,6 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def depths(parents: list[int]) -> list[int]:
+    """Each node's depth below the root, for parents listed before their children."""
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
 @dataclass
 class CandidateTree:
     """One request's beam-search result.
@@ -38,11 +46,7 @@ class CandidateTree:
 
     def height(self) -> int:
         """The most drafts one verification of this tree can accept (its deepest node's depth)."""
-        depth = [0] * len(self.parents)
-        for i, p in enumerate(self.parents):
-            if p >= 0:
-                depth[i] = depth[p] + 1
-        return max(depth)
+        return max(depths(self.parents))
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,7 @@ class TokenTree:
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), list(range(len(tokens))))
 
     def depths(self) -> list[int]:
-        out: list[int] = []
-        for p in self.parents:
-            out.append(0 if p < 0 else out[p] + 1)
-        return out
+        return depths(self.parents)
 
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in self.tokens]
