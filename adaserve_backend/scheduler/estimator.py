@@ -78,6 +78,9 @@ class Estimator:
         self.since_depth_explore = 0  # speculative iterations since a neighbouring depth was explored
         self.explore_deeper = False  # which neighbour the next depth exploration runs
         self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
+        # the same for iterations that do not draft: one token each, unless the suffix index's copies
+        # ride along (plan.copies), which under load is where most of its tokens come from
+        self.plain_by_load: dict[int, tuple[float, float]] = {}
         self.scored = 0.0  # decaying sum of the draft scores verified (bonus tokens excluded)
         self.hits = 0.0  # decaying sum of the drafts accepted
         self.total_verifications = 0
@@ -112,9 +115,11 @@ class Estimator:
         if spec:
             self.hits = CALIBRATION_DECAY * self.hits + it.accepted - it.n  # bonus tokens excluded
             self._record_depths(it)
+        if it.n:
+            table = self.by_load if spec else self.plain_by_load
             now = (it.accepted / it.n, float(it.verified_tokens))
-            old = self.by_load.get(it.n, now)
-            self.by_load[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
+            old = table.get(it.n, now)
+            table[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
         self.total_verifications += it.n
         self.total_accepted += it.accepted
         if spec and self.exploring:
@@ -124,7 +129,7 @@ class Estimator:
         """An exploration that paid by itself (more tokens per second than plain decoding's) keeps them
         coming; one that did not, while speculation still does not pay, makes the next one wait longer."""
         self.exploring = False
-        paid = self.cost is not None and it.accepted / it.latency > it.n / self.iteration_s(it.n, 0, 0)
+        paid = self.cost is not None and it.accepted / it.latency > it.n * self.at_load(it.n, 0)[0] / self.iteration_s(it.n, 0, 0)
         if paid or self.depth_width(it.n)[0]:
             self.explore_every, self.failed_at = EXPLORE_EVERY, 0
         else:
@@ -166,15 +171,17 @@ class Estimator:
         """Tokens per request per iteration and tree tokens verified with `n` decoding requests: as
         measured at that load, else at the nearest measured load with as many tokens per request (the
         fewer requests, the more each gets, so extrapolating the yield upwards would be optimistic and
-        admit too many), else all of B at the lifetime yield. Without speculation: one token each."""
-        if depth == 0:
-            return 1.0, float(n)
-        if n in self.by_load:
-            return self.by_load[n]
-        if not self.by_load:
-            return max(self.mean_accepted(), 1.0), float(max(self.budget, n) if depth else n)
-        m = min(self.by_load, key=lambda k: (abs(k - n), k))
-        accepted, verified = self.by_load[m]
+        admit too many), else all of B at the lifetime yield. Without drafting: as measured the same
+        way (the suffix index's copies), else one token each. The admission's time per token and the
+        prefill pacing's slack both divide by this: a yield the copies raise but the table ignored made
+        both pessimistic, holding back admissions and prefill chunks the copies had paid for."""
+        table = self.by_load if depth else self.plain_by_load
+        if n in table:
+            return table[n]
+        if not table:
+            return (max(self.mean_accepted(), 1.0), float(max(self.budget, n))) if depth else (1.0, float(n))
+        m = min(table, key=lambda k: (abs(k - n), k))
+        accepted, verified = table[m]
         return accepted, verified * n / m
 
     def correction(self, speculative: bool) -> float:
@@ -196,7 +203,9 @@ class Estimator:
         correction = self.correction(depth > 0)
         if depth and self.per_depth:
             correction = self.depth_correction.get(depth, correction)
-        tokens = min(self.verify_tokens(n, depth), n * (1 + depth * width))  # no tree outgrows its beams
+        tokens = self.verify_tokens(n, depth)
+        if depth:
+            tokens = min(tokens, n * (1 + depth * width))  # no tree outgrows its beams
         return self.cost.iteration_ms(n, depth, width, tokens) / 1e3 * correction
 
     # ---- how deep speculation pays -------------------------------------------------------------
@@ -219,7 +228,7 @@ class Estimator:
         0 (no speculation) unless some depth beats plain decoding by SPEC_MARGIN. Unmeasured: `depth`."""
         if not self.trims or depth == 0 or not self.tried or self.tried[0] < SPEC_MIN_SAMPLES:
             return depth
-        plain = 1.0 / self.iteration_s(n, 0, 0)
+        plain = self.at_load(n, 0)[0] / self.iteration_s(n, 0, 0)
         tokens, best, best_rate = 1.0, 0, 0.0
         for k, p in enumerate(self.reach(depth), start=1):
             tokens += p

@@ -176,3 +176,20 @@ def test_only_trimming_policies_are_trimmed():
         est.record(spec_iteration(est, 1, 4, 1, [0]))
     assert est.depth_width(1) == (4, 1)
 
+
+
+def test_copies_on_iterations_that_do_not_draft_count_in_the_yield_at_that_load():
+    est = estimator()
+    feed(est, accepted_per_request=0)  # the draft does not pay: plain decoding
+    assert est.at_load(4, 0) == (1.0, 4.0)
+    for _ in range(40):  # the suffix index's copies: 3 tokens each from 4 trees of 9 nodes
+        latency = COST.iteration_ms(4, 0, 0, 36) / 1e3
+        est.record(IterationStats(n=4, depth=0, width=0, verified_tokens=36, prefill_tokens=0, accepted=12,
+                                  latency=latency, speculation=0.0, selection=0.0, verification=latency))
+    accepted, verified = est.at_load(4, 0)
+    assert abs(accepted - 3.0) < 1e-3 and abs(verified - 36.0) < 1e-2
+    assert abs(est.at_load(8, 0)[1] - 72.0) < 0.1  # the nearest load measured, scaled to its requests
+    assert est.depth_width(4) == (0, 0)
+    assert abs(est.tpot_at(4) * 1e3 - COST.iteration_ms(4, 0, 0, 36) / 3) < 1e-2  # a copy's tree priced in
+    est.record(plain_iteration(2))
+    assert est.at_load(2, 0) == (1.0, 2.0)  # without copies: one token each, as before
