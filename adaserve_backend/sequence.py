@@ -31,6 +31,7 @@ class Sequence:
     draft_tokens: int = 0
     accepted_drafts: int = 0
     delivery_s: float = 0.0  # planned for the first token to reach the client (first_token_margin_ms)
+    tpot_margin: float = 0.0  # share of its TPOT target planned as margin (SchedulerConfig.tpot_margin)
     admitted_time: float | None = None  # first left the waiting queue
     missed: str | None = None  # why admission gave up its first-token deadline (overload: best_effort)
     predicted_first_token: float | None = None  # when admission predicted it (with a cost model)
@@ -49,6 +50,11 @@ class Sequence:
         """When the scheduler must have made its first token: arrival + TTFT target, less the time
         planned for it to reach the client."""
         return self.arrival + self.slo.ttft_s - self.delivery_s
+
+    @property
+    def planned_tpot_s(self) -> float:
+        """The time per token the scheduler plans this request for: its target less the margin."""
+        return self.slo.tpot_s * (1.0 - self.tpot_margin)
 
     @property
     def slo_missed(self) -> bool:

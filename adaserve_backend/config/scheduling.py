@@ -65,6 +65,11 @@ class SchedulerConfig:
       0 (the default) for in-process use; the served engine.json sets 200: smaller margins left the
       ensemble's delivery p99 and late prefill chunks under overload over class targets
       (docs/experiments.md#first-token-margin).
+    tpot_margin: the scheduler plans each request's time per token this share under its TPOT target
+      (admission, prefill pacing and the SLO-customized selection all aim there). Pacing spends every
+      decoding request's slack on prefill chunks, so without a margin requests end at their target
+      exactly, and the client, whose clock includes delivery, sees a share of them just over it.
+      0 (the default) for in-process use.
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers;
       the default class fills in what a request leaves open. With no default class (None, the default) a
       request that names no target (or names the class "best_effort") is best effort: it is never
@@ -94,6 +99,7 @@ class SchedulerConfig:
     max_request_s: float | None = None
     admission_headroom: float = 1.15
     first_token_margin_ms: float = 0.0
+    tpot_margin: float = 0.0
     slo_classes: tuple[SLOClass, ...] = (
         SLOClass("coding", 60.0, 2000.0), SLOClass("chat", 100.0, 2000.0), SLOClass("summary", 300.0, 5000.0))
     default_slo_class: str | None = None
@@ -111,6 +117,8 @@ class SchedulerConfig:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
         if self.admission_headroom < 1.0:
             raise ValueError("admission_headroom must be >= 1")
+        if not (isinstance(self.tpot_margin, (int, float)) and 0.0 <= self.tpot_margin < 0.5):
+            raise ValueError(f"tpot_margin must be a share of the TPOT target in [0, 0.5), got {self.tpot_margin!r}")
         if not (math.isfinite(self.first_token_margin_ms) and self.first_token_margin_ms >= 0):
             raise ValueError(f"first_token_margin_ms must be a number of ms >= 0, got {self.first_token_margin_ms}")
         if BEST_EFFORT in {c.name for c in classes}:

@@ -56,17 +56,17 @@ def paced_chunk(allowance_ms: float, extra_ms: Callable[[int], float], cap: int)
 
 def seq_slack_s(seq: Sequence, now: float, t_iter: float) -> float:
     """How far a decoding `seq` is ahead of its SLO after an iteration of `t_iter` yielding one token."""
-    return slo_slack_s(now - seq.first_token_time, t_iter, seq.slo.tpot_s, len(seq.output) - 1)
+    return slo_slack_s(now - seq.first_token_time, t_iter, seq.planned_tpot_s, len(seq.output) - 1)
 
 
 def seq_ends_within_slo(seq: Sequence, slack: float, tpot: float) -> bool:
-    return ends_within_slo(slack, seq.slo.tpot_s, seq.remaining, tpot)
+    return ends_within_slo(slack, seq.planned_tpot_s, seq.remaining, tpot)
 
 
 def on_track(seq: Sequence, now: float, tpot: float) -> bool:
     """Whether `seq` ends within its SLO if each of its remaining tokens takes `tpot`."""
     if seq.first_token_time is None:
-        return tpot <= seq.slo.tpot_s
+        return tpot <= seq.planned_tpot_s
     return seq_ends_within_slo(seq, seq_slack_s(seq, now, tpot), tpot)
 
 
@@ -91,9 +91,9 @@ def keeps_slos(seq: Sequence, running: list[Sequence], est, config: SchedulerCon
     pair = est.tpot_at(2) * est.ride_along * config.admission_headroom
 
     def held_too_long(s: Sequence) -> bool:
-        return s.slo.tpot_s < pair and now - (s.admitted_time or now) >= config.exclusive_hold_s
+        return s.planned_tpot_s < pair and now - (s.admitted_time or now) >= config.exclusive_hold_s
 
-    return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.slo.tpot_s < best or after <= s.slo.tpot_s))
+    return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.planned_tpot_s < best or after <= s.planned_tpot_s))
                for s in running if not held_too_long(s))
 
 

@@ -67,6 +67,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.delivery_s = self.config.first_token_margin_ms / 1e3
+        seq.tpot_margin = self.config.tpot_margin
         self.waiting.append(seq)
         self.waiting = self.policy.order(self.waiting)
 

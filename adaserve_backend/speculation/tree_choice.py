@@ -25,7 +25,7 @@ def choose_trees(
     # would not save it, and they cost every other request time. The throughput phase still gives it
     # whatever pays.
     a_caps = [
-        min(required_accepted(plan.start - s.first_token_time, t_spec, s.slo.tpot_s, len(s.output) - 1), c.height() + 1)
+        min(required_accepted(plan.start - s.first_token_time, t_spec, s.planned_tpot_s, len(s.output) - 1), c.height() + 1)
         if on_track(s, plan.start, best) else ROOT_CREDIT
         for s, c in zip(plan.decode, cands)
     ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from adaserve_backend.config import SchedulerConfig, SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
@@ -129,6 +131,20 @@ def test_slo_admission_starts_only_what_keeps_slos():
     assert case([(seq(100), (10, 9.0)), (seq(100), (10, 9.0))], [seq(1000)])[0] == []
     assert scheduler(TableEstimator(table), slo_admission=False).slo_admission is False
     assert scheduler(TableEstimator(table), policy="continuous").slo_admission is False
+
+
+def test_a_tpot_margin_plans_each_request_under_its_target():
+    """With 92 ms per token predicted for two running requests, a 100 ms request fits beside one
+    that is on time; with a 10% margin the scheduler aims at 90 ms and holds it back."""
+    table = {1: 0.05, 2: 0.092}
+    for margin, expected in ((0.0, [100]), (0.1, [])):
+        sched = scheduler(TableEstimator(table), admission_headroom=1.0, tpot_margin=margin)
+        decoding(running(sched, seq(1000))[0], 10, 0.5)
+        assert admitted(sched, [seq(100)]) == expected
+        assert sched.running[0].planned_tpot_s == 1.0 * (1 - margin)
+    for bad in (-0.1, 0.5, "0.1"):
+        with pytest.raises(ValueError, match="tpot_margin"):
+            SchedulerConfig(tpot_margin=bad)
 
 
 def steep_estimator() -> Estimator:
