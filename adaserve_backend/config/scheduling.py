@@ -70,6 +70,9 @@ class SchedulerConfig:
       decoding request's slack on prefill chunks, so without a margin requests end at their target
       exactly, and the client, whose clock includes delivery, sees a share of them just over it.
       0 (the default) for in-process use.
+    spare_decodes: the prefill chunk first-token deadlines need overrides pacing only as far as every
+      decoding request that can still make its SLO still can (control.spared_prefill); False: as far as
+      the deadlines need.
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers;
       the default class fills in what a request leaves open. With no default class (None, the default) a
       request that names no target (or names the class "best_effort") is best effort: it is never
@@ -100,6 +103,7 @@ class SchedulerConfig:
     admission_headroom: float = 1.15
     first_token_margin_ms: float = 0.0
     tpot_margin: float = 0.0
+    spare_decodes: bool = False
     slo_classes: tuple[SLOClass, ...] = (
         SLOClass("coding", 60.0, 2000.0), SLOClass("chat", 100.0, 2000.0), SLOClass("summary", 300.0, 5000.0))
     default_slo_class: str | None = None
@@ -115,6 +119,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
         if not all(math.isfinite(v) and v > 0 for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
+        if not isinstance(self.spare_decodes, bool):
+            raise ValueError(f"spare_decodes must be true or false, got {self.spare_decodes!r}")
         if self.admission_headroom < 1.0:
             raise ValueError("admission_headroom must be >= 1")
         if not (isinstance(self.tpot_margin, (int, float)) and 0.0 <= self.tpot_margin < 0.5):

@@ -117,14 +117,37 @@ def split_chunks(prefill: list[Sequence], cap: int) -> dict[Sequence, int]:
 
 
 def prefill_chunks(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
-                   est: Estimator, full: int) -> dict[Sequence, int]:
+                   est: Estimator, full: int, spare_decodes: bool = False) -> dict[Sequence, int]:
     """SLO-aware prefill: first tokens in deadline order, the chunk paced by the decoding requests'
-    slack (paced_prefill) but never below what the first-token deadlines need (urgent_chunk)."""
+    slack (paced_prefill) but never below what the first-token deadlines need (urgent_chunk); with
+    `spare_decodes`, that floor only as far as no decoding request is pushed past its target
+    (spared_prefill)."""
     prefill, cap = sorted(prefill, key=edf_key), full
     if decode:
         t_iter = est.prefill_iteration_s(len(decode), full)
-        cap = max(paced_prefill(decode, depth, width, now, est, full), min(urgent_chunk(prefill, now, t_iter), full))
+        urgent = min(urgent_chunk(prefill, now, t_iter), full)
+        if spare_decodes:
+            urgent = min(urgent, spared_prefill(decode, depth, width, now, est, full))
+        cap = max(paced_prefill(decode, depth, width, now, est, full), urgent)
     return split_chunks(prefill, cap)
+
+
+def spared_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int) -> int:
+    """The largest chunk after which every decoding request that can still make its SLO still ends
+    within it at this load's time per token: a first token may take a decoding request's slack and
+    what its remaining tokens win back, not more. Otherwise a burst's prompts stall a request with few
+    tokens left for a few hundred ms, and it ends far over its target (one late first token is
+    traded for several missed TPOTs)."""
+    n = len(decode)
+    t_iter, best, tpot = est.iteration_s(n, depth, width), est.tpot_at(1), est.tpot_at(n)
+    allowances = []
+    for s in decode:
+        slack = seq_slack_s(s, now, t_iter)
+        if seq_ends_within_slo(s, slack, best):
+            allowances.append(slack + max(s.remaining, 0) * (s.planned_tpot_s - tpot))
+    if not allowances:
+        return cap
+    return paced_chunk(min(allowances) * 1e3, lambda chunk: est.chunk_extra_ms(n, depth, chunk), cap)
 
 
 def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int) -> int:

@@ -273,7 +273,7 @@ class Scheduler:
     def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
         cap = self._chunk(len(decode))
         if self.slo_admission and prefill:
-            return prefill_chunks(prefill, decode, depth, width, now, self.estimator, cap)
+            return prefill_chunks(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes)
         return split_chunks(prefill, cap)
 
     # ---- KV capacity ---------------------------------------------------------------------------

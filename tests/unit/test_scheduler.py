@@ -175,6 +175,30 @@ def test_slo_paced_prefill_follows_the_least_slack():
     assert chunk(10, 1.2, slo_admission=False) == 256
 
 
+def test_first_tokens_take_decoding_slack_only_as_far_as_decodes_still_make_their_targets():
+    """A prompt due in 3 s needs large chunks; beside a decoding request 52 ms ahead of its target
+    with no tokens left to win time back, the deadline overrides pacing unless spare_decodes; with
+    many tokens left (decoding well under its target) the deadline gets its chunk either way."""
+    est = steep_estimator()
+    t_iter = est.iteration_s(1, *est.depth_width(1))
+
+    def chunk(max_tokens, spare):
+        sched = scheduler(est, draft=True, spare_decodes=spare)
+        d = running(sched, seq(100, max_tokens=max_tokens))[0]
+        decoding(d, 10, 1.1 - t_iter - 0.052)
+        req = Request(f"r{next(_ids)}", [5] * 300, max_tokens=10)
+        p = Sequence(req, next(_ids), SLO(tpot_ms=100, ttft_ms=3000), START, frozenset(), None, 300)
+        sched.add(p)
+        plan = sched.schedule(START)
+        assert plan.decode == [d]
+        return plan.prefill.get(p, 0)
+
+    urgent = chunk(12, spare=False)
+    assert urgent > 10
+    assert chunk(12, spare=True) == 10  # what its 52 ms pay for, as pacing alone gives
+    assert chunk(400, spare=True) == urgent
+
+
 def cached(sched: Scheduler, s: Sequence, n: int) -> None:
     """`s` decoding with `n` tokens in the target cache: its prompt and a first output token."""
     sched.target_blocks.append(s.seq_id, [-1] + list(range(n - 1)))
