@@ -132,29 +132,27 @@ def prefill_chunks(prefill: list[Sequence], decode: list[Sequence], depth: int, 
     return split_chunks(prefill, cap)
 
 
+def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int,
+                  catch_up: bool = False) -> int:
+    """The chunk the least slack among decoding requests that can still make their SLOs pays for.
+    With `catch_up` (spared_prefill), each request's slack plus what its remaining tokens win back at
+    this load's time per token."""
+    n = len(decode)
+    t_iter, best, tpot = est.iteration_s(n, depth, width), est.tpot_at(1), est.tpot_at(n) if catch_up else 0.0
+    allowances = []
+    for s in decode:
+        slack = seq_slack_s(s, now, t_iter)
+        if seq_ends_within_slo(s, slack, best):
+            allowances.append(slack + (max(s.remaining, 0) * (s.planned_tpot_s - tpot) if catch_up else 0.0))
+    if not allowances:
+        return cap
+    return paced_chunk(min(allowances) * 1e3, lambda chunk: est.chunk_extra_ms(n, depth, chunk), cap)
+
+
 def spared_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int) -> int:
     """The largest chunk after which every decoding request that can still make its SLO still ends
     within it at this load's time per token: a first token may take a decoding request's slack and
     what its remaining tokens win back, not more. Otherwise a burst's prompts stall a request with few
     tokens left for a few hundred ms, and it ends far over its target (one late first token is
     traded for several missed TPOTs)."""
-    n = len(decode)
-    t_iter, best, tpot = est.iteration_s(n, depth, width), est.tpot_at(1), est.tpot_at(n)
-    allowances = []
-    for s in decode:
-        slack = seq_slack_s(s, now, t_iter)
-        if seq_ends_within_slo(s, slack, best):
-            allowances.append(slack + max(s.remaining, 0) * (s.planned_tpot_s - tpot))
-    if not allowances:
-        return cap
-    return paced_chunk(min(allowances) * 1e3, lambda chunk: est.chunk_extra_ms(n, depth, chunk), cap)
-
-
-def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int) -> int:
-    """The chunk the least slack among decoding requests that can still make their SLOs pays for."""
-    t_iter, best = est.iteration_s(len(decode), depth, width), est.tpot_at(1)
-    slacks = [(seq_slack_s(s, now, t_iter), s) for s in decode]
-    slacks = [x for x, s in slacks if seq_ends_within_slo(s, x, best)]
-    if not slacks:
-        return cap
-    return paced_chunk(min(slacks) * 1e3, lambda chunk: est.chunk_extra_ms(len(decode), depth, chunk), cap)
+    return paced_prefill(decode, depth, width, now, est, cap, catch_up=True)
