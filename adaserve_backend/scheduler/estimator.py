@@ -129,7 +129,7 @@ class Estimator:
         """An exploration that paid by itself (more tokens per second than plain decoding's) keeps them
         coming; one that did not, while speculation still does not pay, makes the next one wait longer."""
         self.exploring = False
-        paid = self.cost is not None and it.accepted / it.latency > it.n * self.at_load(it.n, 0)[0] / self.iteration_s(it.n, 0, 0)
+        paid = self.cost is not None and it.accepted / it.latency > it.n * self.plain_rate(it.n)
         if paid or self.depth_width(it.n)[0]:
             self.explore_every, self.failed_at = EXPLORE_EVERY, 0
         else:
@@ -223,12 +223,16 @@ class Estimator:
             prev2, prev = prev, p
         return probs
 
+    def plain_rate(self, n: int) -> float:
+        """Tokens per second each of `n` requests gets without drafting (copies included, at_load)."""
+        return self.at_load(n, 0)[0] / self.iteration_s(n, 0, 0)
+
     def paying_depth(self, n: int, depth: int, width: int) -> int:
         """The depth up to the policy's `depth` whose expected tokens per second beats every other,
         0 (no speculation) unless some depth beats plain decoding by SPEC_MARGIN. Unmeasured: `depth`."""
         if not self.trims or depth == 0 or not self.tried or self.tried[0] < SPEC_MIN_SAMPLES:
             return depth
-        plain = self.at_load(n, 0)[0] / self.iteration_s(n, 0, 0)
+        plain = self.plain_rate(n)
         tokens, best, best_rate = 1.0, 0, 0.0
         for k, p in enumerate(self.reach(depth), start=1):
             tokens += p

@@ -34,9 +34,12 @@ def spec_iteration(est: Estimator, n: int, depth: int, width: int, accepted_draf
                           verification=latency, accepted_drafts=tuple(accepted_drafts))
 
 
-def plain_iteration(n: int) -> IterationStats:
-    latency = COST.iteration_ms(n, 0, 0, n) / 1e3
-    return IterationStats(n=n, depth=0, width=0, verified_tokens=n, prefill_tokens=0, accepted=n,
+def plain_iteration(n: int, verified: int | None = None, accepted: int | None = None) -> IterationStats:
+    """An iteration that does not draft: one token each, unless copies ride along (`verified` tree
+    tokens, `accepted` tokens produced)."""
+    verified, accepted = verified or n, accepted or n
+    latency = COST.iteration_ms(n, 0, 0, verified) / 1e3
+    return IterationStats(n=n, depth=0, width=0, verified_tokens=verified, prefill_tokens=0, accepted=accepted,
                           latency=latency, speculation=0.0, selection=0.0, verification=latency)
 
 
@@ -177,15 +180,12 @@ def test_only_trimming_policies_are_trimmed():
     assert est.depth_width(1) == (4, 1)
 
 
-
 def test_copies_on_iterations_that_do_not_draft_count_in_the_yield_at_that_load():
     est = estimator()
     feed(est, accepted_per_request=0)  # the draft does not pay: plain decoding
     assert est.at_load(4, 0) == (1.0, 4.0)
     for _ in range(40):  # the suffix index's copies: 3 tokens each from 4 trees of 9 nodes
-        latency = COST.iteration_ms(4, 0, 0, 36) / 1e3
-        est.record(IterationStats(n=4, depth=0, width=0, verified_tokens=36, prefill_tokens=0, accepted=12,
-                                  latency=latency, speculation=0.0, selection=0.0, verification=latency))
+        est.record(plain_iteration(4, verified=36, accepted=12))
     accepted, verified = est.at_load(4, 0)
     assert abs(accepted - 3.0) < 1e-3 and abs(verified - 36.0) < 1e-2
     assert abs(est.at_load(8, 0)[1] - 72.0) < 0.1  # the nearest load measured, scaled to its requests
