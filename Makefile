@@ -13,7 +13,7 @@ OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
+.PHONY: setup system-deps serve test test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -39,6 +39,9 @@ serve: setup  # the embedded default model behind a real tritonserver, and the O
 
 test: setup  # PYTHONUNBUFFERED: CI's log shows each test's progress as it happens
 	PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-contended: setup  # the whole suite RUNS times in a row beside BURNERS busy loops (tools/contended_suite.sh)
+	tools/contended_suite.sh
 
 test-fast: setup  # skips the tests that load the real model or start a server
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
