@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
 BEST_EFFORT = "best_effort"  # the class of a request without targets: never refused for a deadline
 
 

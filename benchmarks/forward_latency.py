@@ -26,16 +26,16 @@ from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
 from adaserve_backend.model_runner import ModelRunner
 from adaserve_backend.models import load_model
 from adaserve_backend.profiler import measure_forward, timed_ms
+from benchmarks.llama_bench import llama_bench
 from benchmarks.one_request import (
     engine_tpot_ms,
     held_out_prompts,
+    peer_tpots_ms,
     served_engine,
     torch_only,
-    peer_tpots_ms,
     torch_only_engine,
     transformers_model,
 )
-from benchmarks.llama_bench import llama_bench
 from harness.machine import cpu_model
 from harness.run_dir import run_dir
 
@@ -104,11 +104,11 @@ def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
 
 def weight_bytes_per_step(model) -> int:
     """Weights one decode step must read: every parameter but the embedding table (one row is read),
-    a projection served from Q4_1 blocks counted as those blocks."""
+    a projection served from GGUF blocks counted as those blocks."""
     from adaserve_backend.models.linear import Linear
 
-    served = [m for m in model.modules() if isinstance(m, Linear) and m._q4 is not None]
-    quantized, total = {m.weight for m in served}, sum(m._q4.numel() for m in served)
+    served = [m for m in model.modules() if isinstance(m, Linear) and m._blocks is not None]
+    quantized, total = {m.weight for m in served}, sum(m._blocks.numel() for m in served)
     return total + sum(p.numel() * p.element_size() for name, p in model.named_parameters()
                        if not name.startswith("embed_tokens.") and p not in quantized)
 

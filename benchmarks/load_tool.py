@@ -34,7 +34,7 @@ from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import build_workload, builtin_prompts, poisson_arrivals
 
 from .load_tool_report import plot, print_tables
-from .servers import VLLM_MODEL_DIR, PEER_SERVED_NAME, VLLM_VENV, triton_server, vllm_server
+from .servers import PEER_SERVED_NAME, VLLM_MODEL_DIR, VLLM_VENV, triton_server, vllm_server
 from .vs_peers import render_chat
 
 OUR_MODEL = "adaserve"

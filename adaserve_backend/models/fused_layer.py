@@ -53,7 +53,7 @@ def fused_stack(model) -> FusedStack | None:
     stack = model.__dict__.get("_fused_stack")
     if stack is None or stack.generation != linear.pack_generation:
         def w(m):
-            return m._packed, m._pairs, m._q4, m.bias
+            return m._packed, m._pairs, m._blocks, m.bias
 
         stack = FusedStack(
             [(l.input_layernorm.weight, *w(l.qkv_proj)) for l in model.layers],

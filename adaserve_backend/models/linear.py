@@ -53,14 +53,14 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor | None:
 class Linear(nn.Linear):
     _packed: torch.Tensor | None = None
     _pairs: torch.Tensor | None = None  # the pair kernel's packing, for products of few rows
-    _q4: torch.Tensor | None = None  # Q4_1 blocks of the same values (models/quantized.py), for the fewest rows
+    _blocks: torch.Tensor | None = None  # GGUF blocks (Q4_1, Q8_0) of the same values (models/quantized.py), for the fewest rows
     _packed_version = -1
 
     def prepack(self) -> None:
         """Pack the current weight for inference; a no-op where prepacking does not apply."""
         global pack_generation
         pack_generation += 1
-        self._packed = self._pairs = self._q4 = None
+        self._packed = self._pairs = self._blocks = None
         if prepacking_available(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
             self._pairs = pack_pairs(self.weight)
@@ -70,8 +70,8 @@ class Linear(nn.Linear):
         # The version check keeps a model that is trained after packing (in-place optimizer steps
         # bump the version) from reading a stale copy; training itself never takes this path.
         if self._packed is not None and not torch.is_grad_enabled() and self._packed_version == self.weight._version:
-            if self._pairs is not None or self._q4 is not None:  # packed by the kernels, so they are built
-                return kernels().packed_linear(x, self._packed, self._pairs, self._q4, self.bias)
+            if self._pairs is not None or self._blocks is not None:  # packed by the kernels, so they are built
+                return kernels().packed_linear(x, self._packed, self._pairs, self._blocks, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

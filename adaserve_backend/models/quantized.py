@@ -1,13 +1,16 @@
-"""A GGUF's Q4_1 weights served as they are shipped: the decoder layers' projections read 4-bit blocks
-(5 bits a weight with their scales) instead of the dequantized bfloat16 copy (16 bits), and
-csrc/q4_gemm.h turns them into bfloat16 in registers, exactly as the loader's dequantization rounds
-them, so `dtype: q4_1` computes what `bfloat16` computes, a decode step from fewer bytes.
+"""A GGUF's quantized weights served as they are shipped: the decoder layers' projections read Q4_1
+blocks (5 bits a weight with their scales) and the LM head the embedding's Q8_0 blocks (8.5 bits)
+instead of the dequantized bfloat16 copy (16 bits); csrc/block_gemm.h turns them into bfloat16 in
+registers, exactly as the loader's dequantization rounds them, so `dtype: q4_1` computes what
+`bfloat16` computes, a decode step from fewer bytes.
 
-Q4_1 (ggml): blocks of 32 weights along a row, each d (float16), m (float16) and 16 bytes of nibbles,
-weight i = d * q_i + m, byte i holding q_i (low nibble) and q_{i+16} (high nibble). The kernel's layout
-(pack_q4_1) takes 16 output columns and one 32-weight block at a time: their 16 d and 16 m (float16),
-then for each of the 16 k pairs one byte per column holding q_{2p} (low) and q_{2p+1} (high): 320 bytes
-per 512 weights, one 16-byte load per VDPBF16PS operand.
+ggml's blocks hold 32 weights along a row. Q4_1: d, m (float16) and 16 bytes of nibbles, weight
+i = d * q_i + m, byte i holding q_i (low nibble) and q_{i+16} (high nibble). Q8_0: d (float16) and 32
+signed bytes, weight i = d * q_i. The kernel's layouts take 16 output columns and one block at a time:
+their 16 d (and 16 m), then each of the 16 k pairs p in two halves of 16 lanes, lane i of the low half
+holding column i / 2's weight k = 2p + i % 2, the high half's column 8 + i / 2's: widened, each half
+is already in the lane order VDPBF16PS wants. Q4_1 keeps a lane's two halves in one byte's two
+nibbles (320 bytes per 512 weights), Q8_0 stores them one after the other (544 bytes).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 
 Q4_1_BYTES = 20  # per 32 weights: d, m (float16) and 16 bytes of nibbles
+Q8_0_BYTES = 34  # per 32 weights: d (float16) and 32 signed bytes
 PROJECTIONS = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
                "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
 
@@ -27,12 +31,11 @@ def unpermute_rows(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, dim, 2, *rows.shape[1:]).swapaxes(2, 1).reshape(rows.shape)
 
 
-def q4_1_rows(gguf_path: str, spec) -> list[dict[str, np.ndarray]]:
+def q4_1_rows(tensors: dict, spec, gguf_path: str) -> list[dict[str, np.ndarray]]:
     """Per layer, each projection's Q4_1 rows as stored ([out, in / 32 * 20] bytes), q/k/v and
     gate/up concatenated as the model fuses them. Raises ValueError if any projection is not Q4_1."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
 
-    tensors = {t.name: t for t in GGUFReader(gguf_path).tensors}
     heads = {"attn_q": spec.num_heads, "attn_k": spec.num_kv_heads}
     layers = []
     for i in range(spec.num_layers):
@@ -51,37 +54,73 @@ def q4_1_rows(gguf_path: str, spec) -> list[dict[str, np.ndarray]]:
     return layers
 
 
+def head_blocks(tensors: dict, spec) -> torch.Tensor | None:
+    """The LM head's blocks in the kernel's layout (the embedding's where the head is tied to it), or
+    None where the GGUF stores it in a format the kernel does not read."""
+    from gguf import GGMLQuantizationType
+
+    t = tensors.get("token_embd.weight" if spec.tie_word_embeddings else "output.weight")
+    packers = {GGMLQuantizationType.Q4_1: pack_q4_1, GGMLQuantizationType.Q8_0: pack_q8_0}
+    if t is None or t.tensor_type not in packers or spec.vocab_size % 16:
+        return None
+    return packers[t.tensor_type](np.asarray(t.data, dtype=np.uint8))
+
+
+def column_blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
+    """GGUF rows [out, in / 32 * block_bytes] -> [out, in / 32, block_bytes]; out must be whole 16s."""
+    if rows.shape[0] % 16:
+        raise ValueError(f"GGUF block packing needs output columns in whole blocks of 16, got {rows.shape[0]}")
+    return rows.reshape(rows.shape[0], -1, block_bytes)
+
+
+def lane_halves(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-weight values [out, nb, 32] -> the low and high halves [out / 16, nb, 16 pairs, 16 lanes]."""
+    out, nb = q.shape[:2]
+    q = q.reshape(out // 16, 16, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # [out / 16, nb, p, column, k - 2p]
+    return tuple(np.ascontiguousarray(h).reshape(out // 16, nb, 16, 16) for h in (q[:, :, :, :8], q[:, :, :, 8:]))
+
+
+def block_scales(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of every block -> [out / 16, nb, 32] bytes, 16 columns a block."""
+    out, nb = blocks.shape[:2]
+    halves = blocks[..., at:at + 2].copy().view(np.uint16).reshape(out // 16, 16, nb)
+    return np.ascontiguousarray(halves.transpose(0, 2, 1)).view(np.uint8)
+
+
 def pack_q4_1(rows: np.ndarray) -> torch.Tensor:
     """Q4_1 rows [out, in / 32 * 20] -> the kernel's layout [out / 16, in / 32, 320] (uint8)."""
-    out = rows.shape[0]
-    if out % 16:
-        raise ValueError(f"q4_1 packing needs output columns in whole blocks of 16, got {out}")
-    blocks = rows.reshape(out, -1, Q4_1_BYTES)
-    nb = blocks.shape[1]
+    blocks = column_blocks(rows, Q4_1_BYTES)
     qs = blocks[..., 4:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [out, nb, 32], q_0 .. q_31
-    pairs = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # [out, nb, 16]: pair p of each column
+    low, high = lane_halves(np.concatenate([qs & 0x0F, qs >> 4], axis=-1))
+    nibbles = (low | (high << 4)).reshape(*low.shape[:2], 256)
+    return torch.from_numpy(np.concatenate([block_scales(blocks, 0), block_scales(blocks, 2), nibbles], axis=-1))
 
-    def by_block(a: np.ndarray) -> np.ndarray:  # [out, nb, c] -> [out / 16, nb, c, 16] (columns last)
-        return a.reshape(out // 16, 16, nb, a.shape[-1]).transpose(0, 2, 3, 1)
 
-    d = by_block(blocks[..., 0:2].copy().view(np.uint16)).reshape(out // 16, nb, 16).copy().view(np.uint8)
-    m = by_block(blocks[..., 2:4].copy().view(np.uint16)).reshape(out // 16, nb, 16).copy().view(np.uint8)
-    nibbles = by_block(pairs).reshape(out // 16, nb, 256)
-    return torch.from_numpy(np.ascontiguousarray(np.concatenate([d, m, nibbles], axis=-1)))
+def pack_q8_0(rows: np.ndarray) -> torch.Tensor:
+    """Q8_0 rows [out, in / 32 * 34] -> the kernel's layout [out / 16, in / 32, 544] (uint8)."""
+    blocks = column_blocks(rows, Q8_0_BYTES)
+    low, high = lane_halves(blocks[..., 2:])
+    pairs = np.concatenate([low, high], axis=-1).reshape(*low.shape[:2], 512)
+    return torch.from_numpy(np.concatenate([block_scales(blocks, 0), pairs], axis=-1))
 
 
 def serve_q4_1(model, gguf_path: str) -> None:
-    """Give every decoder projection of a placed bfloat16 `model` its Q4_1 blocks (Linear._q4), read from
-    the GGUF it was loaded from, for the products of few rows (decode). The bfloat16 packings stay for
-    more rows (trees, prefill), where dequantizing costs more than the bytes it saves: they hold the
-    same values, so every row count computes what `bfloat16` computes."""
+    """Give every decoder projection of a placed bfloat16 `model` its Q4_1 blocks (Linear._blocks), and
+    the LM head its blocks where the GGUF's are Q8_0 or Q4_1, read from the GGUF it was loaded from,
+    for the products of few rows (decode). The bfloat16 packings stay for more rows (trees, prefill),
+    where dequantizing costs more than the bytes it saves: they hold the same values, so every row
+    count computes what `bfloat16` computes."""
+    from gguf import GGUFReader
+
     from . import linear
 
     ops = linear.kernels()
     if ops is None or not ops.pair_gemm:
         raise ValueError("dtype q4_1 needs the C++ kernels on a CPU with AVX512-BF16")
-    for layer, rows in zip(model.layers, q4_1_rows(gguf_path, model.spec)):
+    tensors = {t.name: t for t in GGUFReader(gguf_path).tensors}
+    for layer, rows in zip(model.layers, q4_1_rows(tensors, model.spec, gguf_path)):
         for proj, data in rows.items():
-            getattr(layer, proj)._q4 = pack_q4_1(data)
+            getattr(layer, proj)._blocks = pack_q4_1(data)
+    if model.lm_head.weight.shape[0] == model.spec.vocab_size:  # the whole vocabulary, in the GGUF's order
+        model.lm_head._blocks = head_blocks(tensors, model.spec)
     linear.pack_generation += 1  # caches over the packings (fused_layer.fused_stack) gather them anew

@@ -1,5 +1,5 @@
-"""Q4_1 weights served as shipped (models/quantized.py, csrc/q4_gemm.h): the kernel computes from the
-4-bit blocks exactly what the bfloat16 path computes from their dequantized copy (gguf-py's, as the
+"""GGUF weights served as shipped (models/quantized.py, csrc/block_gemm.h): the kernel computes from Q4_1
+and Q8_0 blocks exactly what the bfloat16 path computes from their dequantized copy (gguf-py's, as the
 loader's), and the embedded model in `dtype: q4_1` gives the bfloat16 model's logits bit for bit."""
 
 from __future__ import annotations
@@ -9,44 +9,48 @@ import pytest
 import torch
 
 from adaserve_backend.models import linear
-from adaserve_backend.models.quantized import Q4_1_BYTES, pack_q4_1
+from adaserve_backend.models.quantized import Q4_1_BYTES, Q8_0_BYTES, pack_q4_1, pack_q8_0
 
 ops = linear.kernels()
 pytestmark = pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the Q4_1 kernel needs AVX512-BF16")
 
 
-def random_q4_1(out: int, inp: int, seed: int = 0) -> np.ndarray:
-    """Q4_1 rows [out, inp / 32 * 20] with float16 scales and minima of a real model's range."""
+def random_blocks(kind: str, out: int, inp: int, seed: int = 0) -> np.ndarray:
+    """Q4_1 or Q8_0 rows [out, inp / 32 * block bytes], float16 scales (and minima) of a real model's range."""
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(out, inp // 32, Q4_1_BYTES), dtype=np.uint8)
+    size = Q4_1_BYTES if kind == "q4_1" else Q8_0_BYTES
+    blocks = rng.integers(0, 256, size=(out, inp // 32, size), dtype=np.uint8)
     blocks[..., 0:2] = rng.uniform(0.001, 0.05, size=(out, inp // 32)).astype(np.float16)[..., None].view(np.uint8)
-    blocks[..., 2:4] = rng.uniform(-0.4, 0.0, size=(out, inp // 32)).astype(np.float16)[..., None].view(np.uint8)
+    if kind == "q4_1":
+        blocks[..., 2:4] = rng.uniform(-0.4, 0.0, size=(out, inp // 32)).astype(np.float16)[..., None].view(np.uint8)
     return blocks.reshape(out, -1)
 
 
-def dequantize_q4_1(rows: np.ndarray) -> np.ndarray:
+def dequantize(kind: str, rows: np.ndarray) -> np.ndarray:
     """float32 [out, in]: gguf-py's dequantization, the one the loader's bfloat16 weights come from."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    return dequantize(rows, GGMLQuantizationType.Q4_1)
+    return dequantize(rows, GGMLQuantizationType.Q4_1 if kind == "q4_1" else GGMLQuantizationType.Q8_0)
 
 
+@pytest.mark.parametrize("kind,pack", [("q4_1", pack_q4_1), ("q8_0", pack_q8_0)])
 @pytest.mark.parametrize("out,inp", [(16, 32), (80, 96), (960, 576), (576, 1536)])
-def test_q4_kernel_equals_the_bfloat16_pair_kernel_on_the_dequantized_weight(out, inp):
-    rows = random_q4_1(out, inp, seed=out)
-    packed = pack_q4_1(rows)
-    pairs = ops.pack_pairs(torch.from_numpy(dequantize_q4_1(rows)).bfloat16())
+def test_block_kernel_equals_the_bfloat16_pair_kernel_on_the_dequantized_weight(kind, pack, out, inp):
+    rows = random_blocks(kind, out, inp, seed=out)
+    packed = pack(rows)
+    pairs = ops.pack_pairs(torch.from_numpy(dequantize(kind, rows)).bfloat16())
     bias = torch.randn(out).bfloat16()
     for m in (1, 2, 5, 9, 16, 37):
         x = torch.randn(m, inp).bfloat16()
-        assert torch.equal(ops.q4_linear(x, packed, None), ops.pair_linear(x, pairs, None))
-        assert torch.equal(ops.q4_linear(x, packed, bias), ops.pair_linear(x, pairs, bias))
+        assert torch.equal(ops.block_linear(x, packed, None), ops.pair_linear(x, pairs, None))
+        assert torch.equal(ops.block_linear(x, packed, bias), ops.pair_linear(x, pairs, bias))
 
 
 def test_packing_refuses_partial_column_blocks():
-    with pytest.raises(ValueError, match="blocks of 16"):
-        pack_q4_1(random_q4_1(24, 32))
+    for kind, pack in (("q4_1", pack_q4_1), ("q8_0", pack_q8_0)):
+        with pytest.raises(ValueError, match="blocks of 16"):
+            pack(random_blocks(kind, 24, 32))
 
 
 @pytest.mark.slow
@@ -60,7 +64,8 @@ def test_the_embedded_model_in_q4_1_gives_the_bfloat16_logits():
     for dtype in ("bfloat16", "q4_1"):
         model = load_model(ModelConfig(path=EMBEDDED_DEFAULT, dtype=dtype, max_model_len=256))
         if dtype == "q4_1":
-            assert all(layer.down_proj._q4 is not None for layer in model.layers)
+            assert all(layer.down_proj._blocks is not None for layer in model.layers)
+            assert model.lm_head._blocks is not None  # the tied embedding's Q8_0 blocks
         runner = ModelRunner(model, CacheConfig(block_size=16, memory_mb=16))
         runner.blocks.reserve(0, 64)
         prompt = list(range(100, 140))

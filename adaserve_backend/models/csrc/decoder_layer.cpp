@@ -5,7 +5,7 @@
 // weights once the weights sit in this machine's large L3. Here each side of attention is one call:
 //   pre_attention:  residual += x; h = rms_norm(residual); qkv = h W_qkv; rotate q and k in place
 //   post_attention: residual += attn W_o; h = rms_norm(residual); out = (silu(h W_g) * h W_u) W_d
-// The GEMMs go through packed_linear, which models/linear.py calls too: Q4_1 blocks, the pair kernel
+// The GEMMs go through packed_linear, which models/linear.py calls too: GGUF blocks, the pair kernel
 // (pair_gemm.h) or torch's own oneDNN op on the prepacked weight, by row count. Every elementwise
 // result is rounded to bfloat16 where the Python layer (models/llama.py) rounds it, so the two paths
 // agree up to the order of the norm's sum of squares and the exp inside SiLU.
@@ -16,7 +16,7 @@
 
 #include "cpu_math.h"
 #include "pair_gemm.h"
-#include "q4_gemm.h"
+#include "block_gemm.h"
 
 #include <cmath>
 #include <limits>
@@ -40,17 +40,17 @@ constexpr int64_t kPairRows = std::numeric_limits<int64_t>::max();
 
 inline float f(bf16 x) { return widen(x); }
 
-// Up to this many rows a weight served from Q4_1 blocks (models/quantized.py) is read as blocks. The
+// Up to this many rows a weight served from GGUF blocks (models/quantized.py) is read as blocks. The
 // dequantization bounds that product, not the bytes: at 4 rows it already cost what the bfloat16
 // pairs' larger read costs (docs/experiments.md#q4-1).
-constexpr int64_t kQ4Rows = 2;
+constexpr int64_t kBlockRows = 2;
 
-// The product with the cheapest packing there is for this many rows of a [rows, K] input: Q4_1 blocks,
+// The product with the cheapest packing there is for this many rows of a [rows, K] input: GGUF blocks,
 // bfloat16 pairs, or oneDNN's prepacked weight (any other input shape). All hold the same values.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& pairs,
-                         const std::optional<at::Tensor>& q4, const std::optional<at::Tensor>& bias) {
+                         const std::optional<at::Tensor>& blocks, const std::optional<at::Tensor>& bias) {
   const int64_t rows = x.dim() == 2 ? x.size(0) : std::numeric_limits<int64_t>::max();
-  if (q4 && rows <= kQ4Rows) return q4_linear(x, *q4, bias);
+  if (blocks && rows <= kBlockRows) return block_linear(x, *blocks, bias);
   if (pairs && rows <= kPairRows) return pair_linear(x, *pairs, bias);
   static const auto op =
       c10::Dispatcher::singleton()
@@ -199,25 +199,25 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // with the first `rotated` = heads + kv_heads heads rotated.
 at::Tensor pre_attention(const std::optional<at::Tensor>& x, at::Tensor residual, const at::Tensor& norm_weight,
                          const at::Tensor& qkv_packed, const std::optional<at::Tensor>& qkv_pairs,
-                         const std::optional<at::Tensor>& qkv_q4, const std::optional<at::Tensor>& qkv_bias,
+                         const std::optional<at::Tensor>& qkv_blocks, const std::optional<at::Tensor>& qkv_bias,
                          const at::Tensor& cos, const at::Tensor& signed_sin, int64_t rotated, int64_t dim, double eps) {
-  at::Tensor qkv = packed_linear(add_rms_norm(x, residual, norm_weight, eps), qkv_packed, qkv_pairs, qkv_q4, qkv_bias);
+  at::Tensor qkv = packed_linear(add_rms_norm(x, residual, norm_weight, eps), qkv_packed, qkv_pairs, qkv_blocks, qkv_bias);
   rope_in_place(qkv, cos, signed_sin, rotated, dim);
   return qkv;
 }
 
 // attn: attention output [T, heads * dim]; residual is updated in place. Returns the MLP's output.
 at::Tensor post_attention(const at::Tensor& attn, at::Tensor residual, const at::Tensor& o_packed,
-                          const std::optional<at::Tensor>& o_pairs, const std::optional<at::Tensor>& o_q4,
+                          const std::optional<at::Tensor>& o_pairs, const std::optional<at::Tensor>& o_blocks,
                           const std::optional<at::Tensor>& o_bias, const at::Tensor& norm_weight,
                           const at::Tensor& gate_up_packed, const std::optional<at::Tensor>& gate_up_pairs,
-                          const std::optional<at::Tensor>& gate_up_q4, const std::optional<at::Tensor>& gate_up_bias,
+                          const std::optional<at::Tensor>& gate_up_blocks, const std::optional<at::Tensor>& gate_up_bias,
                           const at::Tensor& down_packed, const std::optional<at::Tensor>& down_pairs,
-                          const std::optional<at::Tensor>& down_q4, const std::optional<at::Tensor>& down_bias, double eps) {
-  const at::Tensor o = packed_linear(attn, o_packed, o_pairs, o_q4, o_bias);
+                          const std::optional<at::Tensor>& down_blocks, const std::optional<at::Tensor>& down_bias, double eps) {
+  const at::Tensor o = packed_linear(attn, o_packed, o_pairs, o_blocks, o_bias);
   const at::Tensor h = add_rms_norm(o, residual, norm_weight, eps);
-  return packed_linear(silu_mul(packed_linear(h, gate_up_packed, gate_up_pairs, gate_up_q4, gate_up_bias)), down_packed,
-                       down_pairs, down_q4, down_bias);
+  return packed_linear(silu_mul(packed_linear(h, gate_up_packed, gate_up_pairs, gate_up_blocks, gate_up_bias)), down_packed,
+                       down_pairs, down_blocks, down_bias);
 }
 
 // Each call releases the GIL: it reads and writes tensors only, and a step spends most of its time in
@@ -230,9 +230,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I] rows (CPU bf16)");
   m.def("pack_pairs", &pack_pairs, "a bfloat16 [N, K] weight in the layout pair_linear reads");
   m.def("pair_linear", &pair_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias for few rows, W from pack_pairs (AVX512-BF16)");
-  m.def("q4_linear", &q4_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias, W from models/quantized.py's pack_q4_1 (AVX512-BF16)");
+  m.def("block_linear", &block_linear, py::call_guard<py::gil_scoped_release>(),
+        "x W^T + bias, W from models/quantized.py's pack_q4_1 or pack_q8_0 (AVX512-BF16)");
   m.def("packed_linear", &packed_linear, py::call_guard<py::gil_scoped_release>(),
-        "x W^T + bias through the cheapest packing for x's rows: Q4_1 blocks, pairs or oneDNN's (CPU bf16)");
+        "x W^T + bias through the cheapest packing for x's rows: GGUF blocks, pairs or oneDNN's (CPU bf16)");
   m.attr("pair_gemm") = py::bool_(kPairGemmCompiled);
   m.attr("pair_rows") = py::int_(kPairRows);
 }
