@@ -1,13 +1,13 @@
-"""An OpenAI-compatible HTTP frontend in front of the Triton `ensemble`: `/v1/completions` and
-`/v1/chat/completions` (streaming SSE and not), `/v1/models`, `/health`. The engine stays inside
-Triton; each request becomes one gRPC stream to the ensemble.
+"""An OpenAI-compatible HTTP frontend: `/v1/completions` and `/v1/chat/completions` (streaming SSE and
+not), `/v1/models`, `/health`, in front of a backend (backends.py): the Triton `ensemble`, each request
+one gRPC stream to it, or engine replicas on Ray Serve (adaserve_backend/ray_serve).
 
     python -m adaserve_backend.openai_frontend --triton-url localhost:8001 --port 9000
 
 Why aiohttp: it is already installed with `tritonclient[all]`, streams responses natively on the same
 asyncio loop as Triton's aio gRPC client, and with handler cancellation a client that disconnects
-cancels its handler, which closes the gRPC stream, which makes Triton abort the request and the engine
-free its KV cache (streaming or not).
+cancels its handler, which closes the backend's stream, which aborts the request and frees its KV
+cache in the engine (streaming or not).
 """
 
 from __future__ import annotations
@@ -20,16 +20,13 @@ import logging
 import os
 from collections.abc import Callable
 
-import numpy as np
 from aiohttp import web
 
-from ..triton.grpc_client import EnsembleClient, EnsembleError, ensemble_tensors
-from ..triton.metrics import ENGINE_UP
+from .backends import RETRY_AFTER_S, Backend, BackendError, TritonBackend, http_error
 from .params import Generation, OpenAIError, parse, shown
 from .responses import DONE, Tally, sse
 
 log = logging.getLogger("adaserve.openai")
-RETRY_AFTER_S = 1
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
 API_KEY_ENV = "ADASERVE_API_KEY"
 OPEN_PATHS = ("/health",)  # answered without the API key (a load balancer's probe)
@@ -55,39 +52,12 @@ def read_json(raw: bytes):
     return body
 
 
-def error_from_ensemble(e: EnsembleError) -> OpenAIError:
-    """By the gRPC status alone (the models send each error with its code): bad input -> 400, the
-    scheduler's overload answer or a stopping server -> 503 with Retry-After, anything else -> 500."""
-    if e.status == "INVALID_ARGUMENT":
-        return OpenAIError(400, e.message)
-    if e.status in ("UNAVAILABLE", "RESOURCE_EXHAUSTED"):
-        return OpenAIError(503, e.message, kind="server_overloaded", retry_after_s=RETRY_AFTER_S)
-    if e.status == "NOT_FOUND":
-        return OpenAIError(404, e.message, kind="not_found_error")
-    return OpenAIError(500, e.message, kind="internal_error")
-
-
-def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[str, np.ndarray]:
-    extra = {"top_p": np.array([gen.top_p], dtype=np.float32), "top_k": np.array([gen.top_k], dtype=np.int32),
-             "min_tokens": np.array([gen.min_tokens], dtype=np.int32), "return_num_input_tokens": np.array([True])}
-    if gen.stop:
-        extra["stop_words"] = np.array([s.encode() for s in gen.stop], dtype=object)
-    if gen.slo.ttft_ms is not None and "ttft_slo_ms" not in supported:  # an older model repository: never ignore a target
-        raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
-    if gen.tenant is not None and "tenant" in supported:  # an older repository has no suffix index to scope
-        extra["tenant"] = np.array([gen.tenant.encode()], dtype=object)
-    return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms, ttft_slo_ms=gen.slo.ttft_ms,
-                            slo_class=gen.slo.slo_class, temperature=gen.temperature, seed=gen.seed, chat=False, extra=extra)
-
-
 class Frontend:
-    def __init__(self, triton_url: str, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
-                 api_key: str | None = None, metrics_url: str | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
-        self.triton_url, self.model_name, self.render_chat = triton_url, model_name, render_chat
-        self.api_key, self.metrics_url, self.max_in_flight = api_key, metrics_url, max_in_flight
+    def __init__(self, backend: Backend, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
+                 api_key: str | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        self.backend, self.model_name, self.render_chat = backend, model_name, render_chat
+        self.api_key, self.max_in_flight = api_key, max_in_flight
         self.in_flight = 0
-        self.ensemble: EnsembleClient | None = None
-        self.inputs: set[str] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
@@ -98,11 +68,10 @@ class Frontend:
         return app
 
     async def _connect(self, app: web.Application) -> None:
-        # grpc.aio channels belong to the event loop they are made on: make it on the server's loop.
-        self.ensemble = EnsembleClient(self.triton_url)
+        await self.backend.connect()
 
     async def _disconnect(self, app: web.Application) -> None:
-        await self.ensemble.close()
+        await self.backend.close()
 
     @web.middleware
     async def _errors(self, request: web.Request, handler):
@@ -134,13 +103,8 @@ class Frontend:
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
-        """Triton's readiness of the ensemble, and (with Triton's metrics URL) whether the engine loop
-        still runs: Triton keeps a model ready whose engine failed for good."""
-        if not await self.ensemble.is_ready():
-            return web.Response(status=503, text="the Triton ensemble is not ready")
-        if self.metrics_url and not await engine_up(self.metrics_url):
-            return web.Response(status=503, text="the engine is not running")
-        return web.Response(text="ok")
+        why = await self.backend.unhealthy()
+        return web.Response(status=503, text=why) if why else web.Response(text="ok")
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "adaserve"}]})
@@ -170,11 +134,9 @@ class Frontend:
         gen = parse(body, endpoint, request.headers)
         if body.get("model") not in (None, self.model_name):
             raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
-        if self.inputs is None:
-            self.inputs = await self.ensemble.input_names()
         prompt = self.render_chat(gen.messages) if gen.messages is not None else gen.prompt
         tally = Tally(endpoint, self.model_name)
-        stream = self.ensemble.stream_tensors(ensemble_request(gen, prompt, self.inputs))
+        stream = self.backend.stream(gen, prompt)
         try:
             first = await self._next(stream, tally)  # errors before any output become plain HTTP errors
             if not gen.stream:
@@ -183,7 +145,7 @@ class Frontend:
                 return web.json_response(tally.whole())
             return await self._sse(request, gen, stream, tally, first)
         finally:
-            await stream.aclose()  # a disconnected client lands here too: Triton then aborts the request
+            await stream.aclose()  # a disconnected client lands here too: the backend then aborts the request
 
     async def _next(self, stream, tally: Tally) -> str | None:
         """The next text delta ("" for a response without text), None at the end."""
@@ -191,8 +153,8 @@ class Frontend:
             text, extra = await anext(stream)
         except StopAsyncIteration:
             return None
-        except EnsembleError as e:
-            raise error_from_ensemble(e) from None
+        except BackendError as e:
+            raise http_error(e) from None
         tally.text += text
         if "num_input_tokens" in extra:
             tally.prompt_tokens = int(extra["num_input_tokens"])
@@ -235,19 +197,6 @@ async def send(resp: web.StreamResponse, data: bytes) -> None:
     await asyncio.wait_for(resp.write(data), WRITE_IDLE_S)
 
 
-async def engine_up(metrics_url: str) -> bool:
-    """adaserve_engine_up from Triton's metrics (unreachable or absent: not up)."""
-    from aiohttp import ClientError, ClientSession, ClientTimeout
-
-    try:
-        async with ClientSession(timeout=ClientTimeout(total=2)) as session, session.get(metrics_url) as resp:
-            text = await resp.text()
-    except (ClientError, TimeoutError):
-        return False
-    values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith(ENGINE_UP)]
-    return bool(values) and all(float(v) == 1 for v in values)
-
-
 def tokenizer_chat_renderer(model_repository: str) -> Callable[[tuple[dict, ...]], str]:
     """Chat messages -> prompt text with the served model's own chat template (the tokenizer the
     ensemble's preprocessing uses)."""
@@ -284,13 +233,18 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     ap.add_argument("--model-repository", default="model_repository", help="for the chat template")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    frontend = Frontend(args.triton_url, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
-                        args.api_key or None, args.triton_metrics_url, args.max_in_flight)
+    backend = TritonBackend(args.triton_url, args.triton_metrics_url)
+    serve_frontend(Frontend(backend, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
+                            args.api_key or None, args.max_in_flight), args.host, args.port, on_shutdown)
+
+
+def serve_frontend(frontend: Frontend, host: str, port: int, on_shutdown: Callable[[], None] | None = None) -> None:
+    """Run the frontend's application until stopped (SIGINT / SIGTERM)."""
     app = frontend.app()
     if on_shutdown is not None:
         async def begin_stop(app: web.Application) -> None:
             on_shutdown()
 
         app.on_shutdown.append(begin_stop)
-    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None,
+    web.run_app(app, host=host, port=port, handler_cancellation=True, print=None,
                 shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=IDLE_CONNECTION_S)

@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adaserve_backend.openai_frontend.backends import TritonBackend
 from adaserve_backend.openai_frontend.server import MAX_BODY_BYTES, Frontend
 from adaserve_backend.triton.grpc_client import EnsembleError, infer_inputs
 from adaserve_backend.triton.process import PROJECT_ROOT
@@ -62,12 +63,23 @@ class FakeEnsemble:
         yield "", {"num_output_tokens": 1, "finish_reason": "length"}
 
 
-class FrontendWithoutTriton(Frontend):
-    async def _connect(self, app) -> None:
-        self.ensemble = FakeEnsemble(self.tokenizer)
+class BackendWithoutTriton(TritonBackend):
+    """The Triton backend with `ensemble_cls` (FakeEnsemble's contract) in place of the gRPC client."""
 
-    async def _disconnect(self, app) -> None:
+    def __init__(self, tokenizer, metrics_url: str | None = None, ensemble_cls=FakeEnsemble) -> None:
+        super().__init__("unused", metrics_url)
+        self.tokenizer, self.ensemble_cls = tokenizer, ensemble_cls
+
+    async def connect(self) -> None:
+        self.ensemble = self.ensemble_cls(self.tokenizer)
+
+    async def close(self) -> None:
         pass
+
+
+def frontend_without_triton(tokenizer, render=lambda messages: messages[-1]["content"], api_key: str | None = None,
+                            metrics_url: str | None = None, ensemble_cls=FakeEnsemble, **kwargs) -> Frontend:
+    return Frontend(BackendWithoutTriton(tokenizer, metrics_url, ensemble_cls), "adaserve", render, api_key, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +92,7 @@ def send_all(tokenizer, requests: list[tuple], api_key: str | None = None) -> li
     normal request, all on one server; each request must be answered within 10 s."""
 
     async def main():
-        frontend = FrontendWithoutTriton("unused", "adaserve", lambda messages: messages[-1]["content"], api_key)
-        frontend.tokenizer = tokenizer
+        frontend = frontend_without_triton(tokenizer, api_key=api_key)
         async with TestClient(TestServer(frontend.app())) as client:
             out = []
             for method, path, body, headers in requests + [NORMAL]:
@@ -240,8 +251,7 @@ def test_health_reports_an_engine_that_stopped_running(tokenizer, up, status):
         app = web.Application()
         app.add_routes([web.get("/metrics", metrics)])
         async with TestServer(app) as triton_metrics:
-            frontend = FrontendWithoutTriton("unused", "adaserve", lambda m: "", None, str(triton_metrics.make_url("/metrics")))
-            frontend.tokenizer = tokenizer
+            frontend = frontend_without_triton(tokenizer, lambda m: "", metrics_url=str(triton_metrics.make_url("/metrics")))
             async with TestClient(TestServer(frontend.app())) as client:
                 return (await client.get("/health")).status
 

@@ -12,7 +12,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from adaserve_backend.openai_frontend import server
-from tests.unit.test_openai_hostile import FakeEnsemble, FrontendWithoutTriton
+from adaserve_backend.openai_frontend.server import Frontend
+from tests.unit.test_openai_hostile import FakeEnsemble, frontend_without_triton
 
 
 class EndlessEnsemble(FakeEnsemble):
@@ -32,12 +33,8 @@ class EndlessEnsemble(FakeEnsemble):
             self.closed.set()
 
 
-def frontend_with(ensemble_cls, tokenizer, **kwargs) -> FrontendWithoutTriton:
-    class Frontend(FrontendWithoutTriton):
-        async def _connect(self, app) -> None:
-            self.ensemble = ensemble_cls(tokenizer)
-
-    return Frontend("unused", "adaserve", lambda messages: "", **kwargs)
+def frontend_with(ensemble_cls, tokenizer, **kwargs) -> Frontend:
+    return frontend_without_triton(tokenizer, lambda messages: "", ensemble_cls=ensemble_cls, **kwargs)
 
 
 def request_bytes(body: dict, content_length: int | None = None) -> bytes:
@@ -78,11 +75,11 @@ def test_a_client_that_stops_reading_has_its_request_aborted(tokenizer, monkeypa
             writer.transport.set_write_buffer_limits(0)
             writer.write(request_bytes({"prompt": "hi", "stream": True, "max_tokens": 10}))
             await writer.drain()
-            while frontend.ensemble is None:
+            while frontend.backend.ensemble is None:
                 await asyncio.sleep(0.01)
             reader._transport.pause_reading()  # the client reads nothing more but keeps the connection
-            frontend.ensemble.release.set()
-            await asyncio.wait_for(frontend.ensemble.closed.wait(), 30)
+            frontend.backend.ensemble.release.set()
+            await asyncio.wait_for(frontend.backend.ensemble.closed.wait(), 30)
             in_flight = frontend.in_flight
             writer.close()
             return in_flight

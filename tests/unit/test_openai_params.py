@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from adaserve_backend.openai_frontend.backends import BackendError, ensemble_request, http_error
 from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
 from adaserve_backend.openai_frontend.responses import Tally, sse
-from adaserve_backend.openai_frontend.server import ensemble_request, error_from_ensemble
 from adaserve_backend.slo import SLO
-from adaserve_backend.triton.grpc_client import EnsembleError
 
 
 def test_completion_parameters_map_to_the_ensemble():
@@ -100,13 +99,13 @@ def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
     assert e.value.body()["error"]["type"] == "invalid_request_error"
 
 
-def test_ensemble_errors_map_by_status_code_only():
-    busy = error_from_ensemble(EnsembleError("server cannot meet ttft_slo_ms=1 at the current load", "UNAVAILABLE"))
+def test_backend_errors_map_by_status_code_only():
+    busy = http_error(BackendError("server cannot meet ttft_slo_ms=1 at the current load", "UNAVAILABLE"))
     assert busy.status == 503 and busy.retry_after_s is not None and busy.kind == "server_overloaded"
-    assert error_from_ensemble(EnsembleError("max_tokens must be >= 1", "INVALID_ARGUMENT")).status == 400
-    assert error_from_ensemble(EnsembleError("internal error: looks like a failure", "INVALID_ARGUMENT")).status == 400
-    assert error_from_ensemble(EnsembleError("input 'seed' must hold exactly one value", "INTERNAL")).status == 500
-    assert error_from_ensemble(EnsembleError("no status", "")).status == 500
+    assert http_error(BackendError("max_tokens must be >= 1", "INVALID_ARGUMENT")).status == 400
+    assert http_error(BackendError("internal error: looks like a failure", "INVALID_ARGUMENT")).status == 400
+    assert http_error(BackendError("input 'seed' must hold exactly one value", "INTERNAL")).status == 500
+    assert http_error(BackendError("no status", "")).status == 500
 
 
 def test_response_shapes():
