@@ -215,8 +215,11 @@ def test_a_rejected_request_gets_a_clear_unavailable_error_at_once_while_the_oth
             return e.value, time.monotonic() - start
 
         try:
-            return await asyncio.gather(collect(slo_class="chat"), refused(extra={"ttft_slo_ms": np.array([1.0], dtype=np.float32)}),
-                                        collect(extra={"ttft_slo_ms": np.array([60000.0], dtype=np.float32)}), refused(max_tokens=0))
+            # The streams beside the refusal get a first-token target no busy machine misses (the chat
+            # class's own 2 s is missed on a starved one, and then refused too); their class still applies.
+            relaxed = {"ttft_slo_ms": np.array([60000.0], dtype=np.float32)}
+            return await asyncio.gather(collect(slo_class="chat", extra=relaxed), refused(extra={"ttft_slo_ms": np.array([1.0], dtype=np.float32)}),
+                                        collect(extra=relaxed), refused(max_tokens=0))
         finally:
             await client.close()
 
