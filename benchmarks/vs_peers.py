@@ -49,11 +49,13 @@ from harness.workload import (
     rescale_trace,
 )
 
-from .servers import PEER_SERVED_NAME, ServerProcess, llamacpp_server, triton_server, vllm_server
+from .servers import PEER_SERVED_NAME, ServerProcess, llamacpp_server, ray_server, triton_server, vllm_server
 from .vs_peers_report import capacity, plot, print_table
 
 LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, bool(s)) for w in ("bf16", "q4_1") for s in ("", "-spec")}  # -> (weights, speculates)
-SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *LLAMACPP_SYSTEMS)
+# replicas on Ray Serve (make serve-ray) -> (replicas, threads each, router)
+RAY_SYSTEMS = {"ray1": (1, 2, "slo"), "ray2": (2, 1, "slo"), "ray2-pow2": (2, 1, "pow2"), "ray2-prefix": (2, 1, "prefix")}
+SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *LLAMACPP_SYSTEMS, *RAY_SYSTEMS)
 TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our systems: the model clients call
 
 
@@ -107,6 +109,8 @@ def make_server(system: str, args, log_dir: Path) -> ServerProcess:
         return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / f"tritonserver-{name}.log", repo)
     if system in TRITON_MODELS:
         return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / "tritonserver.log")
+    if system in RAY_SYSTEMS:
+        return ray_server(args.peer_port, log_dir / f"{system}.log", *RAY_SYSTEMS[system])
     if system in LLAMACPP_SYSTEMS:
         weights, speculates = LLAMACPP_SYSTEMS[system]
         return llamacpp_server(args.peer_port, log_dir / f"{system}.log", weights, slots=args.llamacpp_slots,
@@ -118,6 +122,9 @@ def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, 
     if system in TRITON_MODELS or system.startswith("adaserve:"):
         model = TRITON_MODELS.get(system, "ensemble")
         return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model, exact_length=True)
+    if system in RAY_SYSTEMS:  # our OpenAI frontend: the targets travel as body fields
+        return run_openai(f"http://localhost:{args.peer_port}", "adaserve", items, args.time_limit, exact_length=True,
+                          slo_fields=True)
     return run_openai(f"http://localhost:{args.peer_port}", PEER_SERVED_NAME, items, args.time_limit, exact_length=True,
                       priority=priorities(slos) if system == "vllm-priority" else None)
 

@@ -29,7 +29,8 @@ from .responses import DONE, Tally, sse
 log = logging.getLogger("adaserve.openai")
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
 API_KEY_ENV = "ADASERVE_API_KEY"
-OPEN_PATHS = ("/health",)  # answered without the API key (a load balancer's probe)
+OPEN_PATHS = ("/health", "/metrics")  # answered without the API key (a load balancer's probe, a scraper)
+IN_FLIGHT_GAUGE = "adaserve_frontend_requests_in_flight"
 BODY_READ_S = 30.0  # a client that has not sent its whole body by then gets a 408 (slow-loris bodies)
 WRITE_IDLE_S = 30.0  # a streaming client that takes no event for this long is gone: its request is aborted
 IDLE_CONNECTION_S = 30.0  # a connection without a whole request's headers by then is closed (aiohttp's keep-alive)
@@ -61,7 +62,7 @@ class Frontend:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
-        app.add_routes([web.get("/health", self.health), web.get("/v1/models", self.models),
+        app.add_routes([web.get("/health", self.health), web.get("/metrics", self.metrics), web.get("/v1/models", self.models),
                         web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat)])
         app.on_startup.append(self._connect)
         app.on_cleanup.append(self._disconnect)
@@ -105,6 +106,10 @@ class Frontend:
     async def health(self, request: web.Request) -> web.Response:
         why = await self.backend.unhealthy()
         return web.Response(status=503, text=why) if why else web.Response(text="ok")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The frontend's own gauge (the engines' metrics are Triton's, :8002): generations in flight."""
+        return web.Response(text=f"# TYPE {IN_FLIGHT_GAUGE} gauge\n{IN_FLIGHT_GAUGE} {self.in_flight}\n")
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "adaserve"}]})
@@ -204,7 +209,10 @@ def tokenizer_chat_renderer(model_repository: str) -> Callable[[tuple[dict, ...]
 
     from ..triton.repository import load_repository_tokenizer
 
-    tokenizer = load_repository_tokenizer(os.path.join(model_repository, "preprocessing"))
+    return chat_renderer(load_repository_tokenizer(os.path.join(model_repository, "preprocessing")))
+
+
+def chat_renderer(tokenizer) -> Callable[[tuple[dict, ...]], str]:
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit("the served model has no chat template: /v1/chat/completions cannot work")
 

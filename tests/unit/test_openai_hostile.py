@@ -208,15 +208,17 @@ def test_hostile_requests_get_clear_4xx_answers_and_the_server_keeps_serving(tok
 
 
 def test_every_answer_is_json_with_an_api_key_too(tokenizer):
-    """With a key, the same requests (without it) are 401s in the same JSON shape; /health stays open."""
+    """With a key, the same requests (without it) are 401s in the same JSON shape; /health and /metrics
+    stay open."""
     results = send_all(tokenizer, [c for _, c in CASES] + [
         ("GET", "/health", None, {}),
+        ("GET", "/metrics", None, {}),
         ("GET", "/v1/models", None, {"Authorization": "Bearer wrong"}),
         ("GET", "/v1/models", None, {"Authorization": f"Bearer {KEY}"}),
     ], api_key=KEY)
-    *answers, health, wrong, right, normal = results
+    *answers, health, metrics, wrong, right, normal = results
     assert all(s in (401, 404, 405, 413) and b and b["error"]["message"] for s, b, _ in answers), answers
-    assert health[0] == 200 and wrong[0] == 401 and right[0] == 200 and normal[0] == 200
+    assert health[0] == 200 and metrics[0] == 200 and wrong[0] == 401 and right[0] == 200 and normal[0] == 200
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
