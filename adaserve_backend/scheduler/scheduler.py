@@ -220,9 +220,9 @@ class Scheduler:
         """What admission expects for a starting request's first token (the predictor's error is
         measured against it: EngineMetrics)."""
         if self.estimator.cost is not None and seq.first_token_time is None:
-            n, prefilling = self._prefill_view()
+            n, prefilling = self.prefill_view()
             ahead = tokens_ahead(seq, [s for s in prefilling if s is not seq])  # it is running already
-            seq.predicted_first_token = first_token_at(self.estimator, seq, now, n, ahead, self._chunk(n))
+            seq.predicted_first_token = first_token_at(self.estimator, seq, now, n, ahead, self.prefill_cap(n))
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s
@@ -231,7 +231,7 @@ class Scheduler:
             plan.failed.append((seq, f"request timed out: unfinished {limit:g} s after it arrived"))
 
     # ---- first-token deadlines (see deadlines.py) ------------------------------------------------
-    def _prefill_view(self) -> tuple[int, list[Sequence]]:
+    def prefill_view(self) -> tuple[int, list[Sequence]]:
         """Decoding requests (what prefill rides along) and the running requests still prefilling."""
         decoding = sum(s.decoding for s in self.running)
         return decoding, [s for s in self.running if not s.decoding]
@@ -241,16 +241,16 @@ class Scheduler:
         running prefills due before it, is past saving: the overload answer applies at once."""
         self.waiting = deque(sorted(self.waiting, key=edf_key))
         note_cached_prefixes(self.waiting, self.target_blocks, self.draft_blocks)
-        n, prefilling = self._prefill_view()
-        for seq, at in missed_at(self.waiting, self.estimator, now, n, prefilling, self._chunk(n)):
+        n, prefilling = self.prefill_view()
+        for seq, at in missed_at(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n)):
             self._overload(seq, UNREACHABLE, at, plan)
 
     def _give_up_late(self, now: float, plan: IterationPlan) -> None:
         """A request not admitted now waits at least one more iteration; if that already makes its first
         token late, no admissible schedule meets its deadline: the overload answer applies, so no request
         waits past its deadline unanswered."""
-        est, (n, prefilling) = self.estimator, self._prefill_view()
-        chunk = self._chunk(n)
+        est, (n, prefilling) = self.estimator, self.prefill_view()
+        chunk = self.prefill_cap(n)
         if prefilling:  # the next iteration carries a chunk of the running prefills
             t_next, done = est.prefill_iteration_s(n, chunk), chunk
         else:
@@ -267,11 +267,12 @@ class Scheduler:
             self._drop(seq)
             plan.rejected.append((seq, rejection_message(seq, first_token)))
 
-    def _chunk(self, num_decode: int) -> int:
+    def prefill_cap(self, num_decode: int) -> int:
+        """Prefill tokens an iteration beside `num_decode` decoding requests may carry."""
         return self.policy.prefill_cap(self.config, num_decode)
 
     def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
-        cap = self._chunk(len(decode))
+        cap = self.prefill_cap(len(decode))
         if self.slo_admission and prefill:
             return prefill_chunks(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes)
         return split_chunks(prefill, cap)

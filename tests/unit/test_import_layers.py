@@ -19,6 +19,7 @@ LAYERS = [
     ["adaserve_backend.speculation", "adaserve_backend.profiler"],
     ["adaserve_backend.engine", "adaserve_backend.inbox"],
     ["adaserve_backend.triton", "adaserve_backend.openai_frontend", "adaserve_backend.serve"],
+    ["adaserve_backend.ray_serve"],
     ["harness", "client"],
     ["sim", "benchmarks", "tools"],
     ["model_repository"],

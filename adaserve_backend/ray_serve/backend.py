@@ -1,0 +1,95 @@
+"""The OpenAI frontend's backend for engine replicas on Ray Serve: the prompt is tokenized here, as
+Triton's preprocessing model does it, so the router knows its length; each request is one streaming
+call through the deployment's handle, which the router (router.py) sends to a replica. Closing the
+stream cancels the call, which aborts the request in its replica and frees its KV blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+from ..config import SchedulerConfig
+from ..openai_frontend.backends import BackendError
+from ..openai_frontend.params import Generation
+from ..request import Request, SamplingParams
+from ..triton.protocol import encode_prompt
+from .routing import Job
+
+APP_NAME = "adaserve"
+REPLICA_FAILED = "the replica serving this request failed; retry"
+SHUTTING_DOWN = "the server is shutting down"
+
+
+def engine_request(gen: Generation, prompt_ids: list[int]) -> Request:
+    return Request(uuid.uuid4().hex, prompt_ids, max_tokens=gen.max_tokens, min_tokens=gen.min_tokens,
+                   sampling=SamplingParams(gen.temperature, gen.top_p, gen.top_k, gen.seed), stop_strings=gen.stop,
+                   slo=gen.slo, tenant=gen.tenant)
+
+
+class RayBackend:
+    def __init__(self, handle, tokenizer, scheduler: SchedulerConfig) -> None:
+        self.handle, self.tokenizer, self.scheduler = handle, tokenizer, scheduler
+        self.calls: set = set()  # the streaming calls in flight
+        self.stopped: asyncio.Event | None = None
+
+    def stop(self) -> None:
+        """A stop began: every call in flight ends now with SHUTTING_DOWN (503), new ones get it at once;
+        the calls are cancelled, which aborts their requests in the replicas."""
+        self.stopped.set()
+        for call in list(self.calls):
+            call.cancel()
+
+    async def connect(self) -> None:
+        self.stopped = asyncio.Event()  # on the frontend's loop
+
+    async def close(self) -> None:
+        pass
+
+    async def unhealthy(self) -> str | None:
+        from ray import serve
+
+        app = (await asyncio.to_thread(serve.status)).applications.get(APP_NAME)
+        if app is None or app.status != "RUNNING":
+            return f"the Ray Serve application is {app.status.lower() if app else 'not deployed'}"
+        return None
+
+    async def stream(self, gen: Generation, prompt: str) -> AsyncIterator[tuple[str, dict]]:
+        from ray.exceptions import RayActorError, RayError
+
+        if self.stopped.is_set():
+            raise BackendError(SHUTTING_DOWN, "UNAVAILABLE")
+        try:
+            ids = [int(i) for i in encode_prompt(self.tokenizer, prompt.encode(), False)]
+            request = engine_request(gen, ids)
+            slo = self.scheduler.resolve_slo(gen.slo)
+        except ValueError as e:
+            raise BackendError(str(e), "INVALID_ARGUMENT") from None
+        job = Job(len(ids), slo.tpot_s if slo.tpot_ms else None, slo.ttft_s if slo.ttft_ms else None, prompt)
+        responses = self.handle.options(stream=True).generate.remote(request, job)
+        self.calls.add(responses)
+        stopped = asyncio.ensure_future(self.stopped.wait())
+        try:
+            while True:
+                item = asyncio.ensure_future(anext(responses))
+                await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not item.done():  # a stop: answer now, not when the replica acknowledges the cancel
+                    item.cancel()
+                    raise BackendError(SHUTTING_DOWN, "UNAVAILABLE")
+                try:
+                    item = item.result()
+                except StopAsyncIteration:
+                    return
+                if "error" in item:
+                    raise BackendError(item["error"], item["status"])
+                yield item.get("text", ""), item
+        except RayActorError:
+            raise BackendError(REPLICA_FAILED, "UNAVAILABLE") from None
+        except RayError as e:
+            if self.stopped.is_set():
+                raise BackendError(SHUTTING_DOWN, "UNAVAILABLE") from None
+            raise BackendError(f"the replica call failed: {type(e).__name__}", "INTERNAL") from None
+        finally:
+            stopped.cancel()
+            self.calls.discard(responses)
+            responses.cancel()

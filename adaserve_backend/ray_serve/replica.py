@@ -1,0 +1,66 @@
+"""One engine replica on Ray Serve: the same Engine the Triton model wraps (its startup calibration,
+prefix cache, SLO admission), stepped by AsyncEngine, streaming each request's text as it is made.
+Ray Serve polls `record_routing_stats` for the router (routing.py) and `check_health` to restart a
+replica whose engine died. The class is plain Python; app.py deploys it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..config import EngineConfig
+from ..engine import Engine
+from ..request import FinishReason, Overloaded, Request
+from ..triton.detokenize import StreamState
+from .async_engine import ENGINE_DEAD, AsyncEngine
+
+log = logging.getLogger("adaserve.ray")
+ERROR_STATUS = {FinishReason.REJECTED: "UNAVAILABLE", FinishReason.ABORT: "CANCELLED", FinishReason.ERROR: "INTERNAL"}
+
+
+def error_item(message: str, status: str) -> dict:
+    """A request's last item when it failed: the frontend raises it as BackendError(message, status)."""
+    return {"error": message, "status": status}
+
+
+class EngineReplica:
+    def __init__(self, engine_config: str, threads: int | None = None) -> None:
+        config = EngineConfig.from_json(engine_config)
+        if threads is not None:
+            config = dataclasses.replace(config, threads=threads)
+        self.engine = AsyncEngine(Engine.from_config(config))
+        self.tokenizer = self.engine.engine.tokenizer
+
+    async def generate(self, request: Request, job=None):
+        """Dicts of text deltas; the first carries num_input_tokens, the last num_output_tokens and
+        finish_reason; a failure is one error_item. `job` is the router's view of it (routing.Job)."""
+        stream, first = StreamState(), True
+        try:
+            async for out in self.engine.generate(request):
+                if out.finish_reason in ERROR_STATUS:
+                    yield error_item(out.error or out.finish_reason.value, ERROR_STATUS[out.finish_reason])
+                    return
+                rendered = stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
+                item = {"text": rendered.text if rendered else ""}
+                if first:
+                    item["num_input_tokens"], first = out.num_prompt_tokens, False
+                if out.finished:
+                    item.update(num_output_tokens=out.num_output_tokens, finish_reason=out.finish_reason.value)
+                if rendered or out.finished or "num_input_tokens" in item:
+                    yield item
+        except ValueError as e:
+            yield error_item(str(e), "INVALID_ARGUMENT")
+        except Overloaded as e:
+            yield error_item(str(e), "UNAVAILABLE")
+
+    def record_routing_stats(self) -> dict:
+        return self.engine.load.as_dict()
+
+    def check_health(self) -> None:
+        if self.engine.dead:
+            raise RuntimeError(ENGINE_DEAD)
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.stop()

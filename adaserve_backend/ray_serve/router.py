@@ -1,0 +1,62 @@
+"""The SLO-aware request router on Ray Serve's RequestRouter API: each request goes to the replica
+predicted to serve it furthest inside both its targets (routing.rank), from the loads the replicas
+publish (`record_routing_stats`), each charged with the requests this router sent it since. A replica
+predicted to miss is still tried, least occupied first: admission on the replica then serves or
+refuses the request, so a 503 comes only when no replica would take it. Ray's own routers, for the
+comparison: power of two choices (its default) and prefix-cache affinity."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from .routing import Job, ReplicaLoad, rank
+
+SENT_MEMORY_S = 30.0  # sends older than this are in any replica's published load by now
+ROUTERS = {"slo": "adaserve_backend.ray_serve.router.SLORouter",
+           "pow2": "ray.serve._private.request_router.pow_2_router.PowerOfTwoChoicesRequestRouter",
+           "prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.PrefixCacheAffinityRouter"}
+
+
+def job_of(pending: PendingRequest | None) -> Job:
+    """The routing.Job the backend sends beside the request (backend.RayBackend.stream)."""
+    args = pending.args if pending is not None else []
+    return args[1] if len(args) > 1 and isinstance(args[1], Job) else Job(0)
+
+
+class SLORouter(FIFOMixin, RequestRouter):
+    """Requests are routed concurrently (each routing task chooses, then probes its choice), so a burst
+    would all see the same loads and land on one replica: a request is charged to its first choice as
+    soon as it is ranked, and moved to the replica it went to once routed."""
+
+    def initialize_state(self, **kwargs) -> None:
+        self.sent: dict[ReplicaID, dict[str, tuple[float, int]]] = defaultdict(dict)  # request id -> (time, tokens)
+        self.choice: dict[str, ReplicaID] = {}  # where each request being routed is charged for now
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        now = time.time()
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        loads, sent = {}, {}
+        for rid, replica in by_id.items():
+            load = loads[rid] = ReplicaLoad.from_dict(replica.routing_stats)
+            self.sent[rid] = {k: (t, n) for k, (t, n) in self.sent[rid].items() if now - t < SENT_MEMORY_S}
+            sent[rid] = [n for t, n in self.sent[rid].values() if load is None or t > load.at]
+        self.choice = {k: rid for k, rid in self.choice.items() if k in self.sent[rid]}  # never routed: forgotten
+        job = job_of(pending_request)
+        tiers = rank(job, loads, sent)
+        if pending_request is not None and tiers:
+            self._charge(pending_request.metadata.request_id, tiers[0][0], now, job.prompt_tokens)
+        return [[by_id[rid] for rid in tier] for tier in tiers]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+        self._charge(pending_request.metadata.request_id, replica_id, time.time(), job_of(pending_request).prompt_tokens)
+        self.choice.pop(pending_request.metadata.request_id, None)
+
+    def _charge(self, request_id: str, replica_id: ReplicaID, at: float, tokens: int) -> None:
+        if (before := self.choice.get(request_id)) is not None:
+            self.sent[before].pop(request_id, None)
+        self.choice[request_id] = replica_id
+        self.sent[replica_id][request_id] = (at, tokens)

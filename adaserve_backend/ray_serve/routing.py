@@ -1,0 +1,103 @@
+"""Which engine replica a request goes to. Each replica publishes its load as its own scheduler predicts
+it (`measure_load`): when a new request's first token would come, as a function of its prompt length,
+and what time per token its decoding requests would get with one more. The router ranks replicas by
+how far inside both of a request's targets each would serve it (`rank`), after charging each replica
+with the requests sent to it since it last published. Pure: no Ray here, tested with made-up loads."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+from ..scheduler.deadlines import prefill_left
+
+PROBE_TOKENS = 1024  # the second prompt length the first-token prediction is sampled at (linear between)
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    running: int
+    waiting: int
+    max_running: int
+    decoding: int
+    first_token_s: float | None = None  # predicted first token of a one-token prompt sent now (no cost model: None)
+    first_token_s_per_token: float = 0.0  # and each further prompt token's share of it
+    tpot_next_s: float | None = None  # predicted time per token of each decoding request with one more
+    tightest_tpot_s: float | None = None  # the tightest TPOT target among the running requests
+    healthy: bool = True
+    at: float = 0.0  # wall-clock time it was measured
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, stats: dict | None) -> ReplicaLoad | None:
+        if not stats:
+            return None
+        return cls(**{k: v for k, v in stats.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a router knows of a request: its prompt length and its targets (None: best effort), and its
+    prompt text (what Ray's prefix-affinity router matches on)."""
+
+    prompt_tokens: int
+    tpot_s: float | None = None
+    ttft_s: float | None = None
+    prompt: str = ""
+
+
+def measure_load(engine, now: float | None = None) -> ReplicaLoad:
+    """A replica's load, read on its engine thread (between steps)."""
+    s, est = engine.scheduler, engine.scheduler.estimator
+    n, prefilling = s.prefill_view()
+    backlog = sum(prefill_left(q) for q in prefilling) + sum(prefill_left(q) for q in s.waiting)
+    first = per_token = tpot = None
+    if est.cost is not None:
+        first = est.first_token_s(n, backlog + 1, s.prefill_cap(n))
+        per_token = (est.first_token_s(n, backlog + PROBE_TOKENS, s.prefill_cap(n)) - first) / (PROBE_TOKENS - 1)
+        tpot = est.tpot_at(n + 1)
+    targets = [q.planned_tpot_s for q in s.running if q.slo.tpot_ms is not None]
+    return ReplicaLoad(len(s.running), engine.num_waiting(), s.config.max_num_seqs, n, first, per_token or 0.0, tpot,
+                       min(targets) if targets else None, at=time.time() if now is None else now)
+
+
+def slack(job: Job, load: ReplicaLoad, sent: list[int] = ()) -> float:
+    """How far inside both of `job`'s targets `load`'s replica would serve it, the smaller of the two
+    relative slacks (negative: a miss predicted; inf: no target, or no prediction to judge by), with
+    `sent` (prompt lengths of requests sent to it since `load` was measured) queued ahead of it. Its
+    decoding also must not push the replica's tightest running request past that one's target."""
+    ttft = tpot = math.inf
+    if job.ttft_s is not None and load.first_token_s is not None:
+        predicted = load.first_token_s + load.first_token_s_per_token * (job.prompt_tokens - 1 + sum(sent))
+        ttft = (job.ttft_s - predicted) / job.ttft_s
+    target = min(t for t in (job.tpot_s, load.tightest_tpot_s, math.inf) if t is not None)
+    if math.isfinite(target) and load.tpot_next_s is not None:
+        # each request sent since adds one more decoding request; scaled as the replica's own prediction grows
+        grown = load.tpot_next_s * (load.decoding + 1 + len(sent)) / (load.decoding + 1)
+        tpot = (target - grown) / target
+    return min(ttft, tpot)
+
+
+def occupancy(load: ReplicaLoad, sent: list[int] = ()) -> float:
+    """Share of the replica's request slots in use or queued for, sent requests included."""
+    return (load.running + load.waiting + len(sent)) / max(load.max_running, 1)
+
+
+def rank(job: Job, loads: dict, sent: dict | None = None) -> list[list]:
+    """Replica keys, best first: those predicted to meet both targets by the most slack (a best-effort
+    request: the least occupied), then those predicted to miss, least occupied first; replicas with
+    no load published yet come after those that meet, unhealthy ones never."""
+    sent = sent or {}
+    meet, miss, unknown = [], [], []
+    for key, load in loads.items():
+        if load is None:
+            unknown.append(key)
+        elif load.healthy:
+            s = slack(job, load, sent.get(key, []))
+            (meet if s >= 0 else miss).append((key, s, occupancy(load, sent.get(key, []))))
+    meet.sort(key=lambda x: (x[2] if math.isinf(x[1]) else -x[1], x[2]))
+    miss.sort(key=lambda x: x[2])
+    return [[key] for key, *_ in meet] + ([unknown] if unknown else []) + [[key] for key, *_ in miss]
