@@ -157,6 +157,7 @@ inline at::Tensor block_linear(const at::Tensor& x, const at::Tensor& q, const s
   at::Tensor out = at::empty({m, blocks * 16}, xc.options());
   at::Tensor bias32 = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
 #if defined(__AVX512BF16__)
+  if (m == 0) return out;  // an LM head asked for no logits (a prefill chunk)
   const c10::BFloat16* xp = xc.data_ptr<c10::BFloat16>();
   const float* bp = bias ? bias32.data_ptr<float>() : nullptr;
   if (bytes == Q4_1::kBytes)
