@@ -1,9 +1,9 @@
-"""The SLO-aware request router on Ray Serve's RequestRouter API: each request goes to the replica
-predicted to serve it furthest inside both its targets (routing.rank), from the loads the replicas
-publish (`record_routing_stats`), each charged with the requests this router sent it since. A replica
-predicted to miss is still tried, least occupied first: admission on the replica then serves or
-refuses the request, so a 503 comes only when no replica would take it. Ray's own routers, for the
-comparison: power of two choices (its default) and prefix-cache affinity."""
+"""The SLO-aware request router on Ray Serve's RequestRouter API: each request goes to a replica
+predicted to meet both its targets, the one whose first token would come soonest (routing.rank), from
+the loads the replicas publish (`record_routing_stats`), each charged with the requests this router
+sent it since. A replica predicted to miss is still tried, least occupied first: admission on the
+replica then serves or refuses the request, so a 503 comes only when no replica would take it. Ray's
+own routers, for the comparison: power of two choices (its default) and prefix-cache affinity."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Which engine replica a request goes to. Each replica publishes its load as its own scheduler predicts
 it (`measure_load`): when a new request's first token would come, as a function of its prompt length,
-and what time per token its decoding requests would get with one more. The router ranks replicas by
-how far inside both of a request's targets each would serve it (`rank`), after charging each replica
-with the requests sent to it since it last published. Pure: no Ray here, tested with made-up loads."""
+and what time per token its decoding requests would get with one more. The router keeps the replicas
+predicted to meet both of a request's targets and sends it to the one whose first token would come
+soonest (`rank`), after charging each replica with the requests sent to it since it last published.
+Pure: no Ray here, tested with made-up loads."""
 
 from __future__ import annotations
 
@@ -64,14 +65,20 @@ def measure_load(engine, now: float | None = None) -> ReplicaLoad:
                        min(targets) if targets else None, at=time.time() if now is None else now)
 
 
+def first_token_s(job: Job, load: ReplicaLoad, sent: list[int] = ()) -> float | None:
+    """When `job`'s first token would come on `load`'s replica, behind `sent` (prompt lengths of requests
+    sent to it since `load` was measured); None without a cost model."""
+    if load.first_token_s is None:
+        return None
+    return load.first_token_s + load.first_token_s_per_token * (job.prompt_tokens - 1 + sum(sent))
+
+
 def slack(job: Job, load: ReplicaLoad, sent: list[int] = ()) -> float:
     """How far inside both of `job`'s targets `load`'s replica would serve it, the smaller of the two
-    relative slacks (negative: a miss predicted; inf: no target, or no prediction to judge by), with
-    `sent` (prompt lengths of requests sent to it since `load` was measured) queued ahead of it. Its
+    relative slacks (negative: a miss predicted; inf: no target, or no prediction to judge by). Its
     decoding also must not push the replica's tightest running request past that one's target."""
     ttft = tpot = math.inf
-    if job.ttft_s is not None and load.first_token_s is not None:
-        predicted = load.first_token_s + load.first_token_s_per_token * (job.prompt_tokens - 1 + sum(sent))
+    if job.ttft_s is not None and (predicted := first_token_s(job, load, sent)) is not None:
         ttft = (job.ttft_s - predicted) / job.ttft_s
     target = min(t for t in (job.tpot_s, load.tightest_tpot_s, math.inf) if t is not None)
     if math.isfinite(target) and load.tpot_next_s is not None:
@@ -87,17 +94,20 @@ def occupancy(load: ReplicaLoad, sent: list[int] = ()) -> float:
 
 
 def rank(job: Job, loads: dict, sent: dict | None = None) -> list[list]:
-    """Replica keys, best first: those predicted to meet both targets by the most slack (a best-effort
-    request: the least occupied), then those predicted to miss, least occupied first; replicas with
-    no load published yet come after those that meet, unhealthy ones never."""
+    """Replica keys, best first: those predicted to meet both targets, earliest first token first (the
+    least loaded in time: TPOT is already within target there, and a prefill backlog is what turns into
+    refusals); then those predicted to miss, least occupied first. Without a prediction, least occupied.
+    Replicas with no load published yet come after those that meet, unhealthy ones never."""
     sent = sent or {}
     meet, miss, unknown = [], [], []
     for key, load in loads.items():
         if load is None:
             unknown.append(key)
         elif load.healthy:
-            s = slack(job, load, sent.get(key, []))
-            (meet if s >= 0 else miss).append((key, s, occupancy(load, sent.get(key, []))))
-    meet.sort(key=lambda x: (x[2] if math.isinf(x[1]) else -x[1], x[2]))
+            queued = sent.get(key, [])
+            first = first_token_s(job, load, queued)
+            entry = (key, math.inf if first is None else first, occupancy(load, queued))
+            (meet if slack(job, load, queued) >= 0 else miss).append(entry)
+    meet.sort(key=lambda x: (x[1], x[2]))
     miss.sort(key=lambda x: x[2])
     return [[key] for key, *_ in meet] + ([unknown] if unknown else []) + [[key] for key, *_ in miss]
