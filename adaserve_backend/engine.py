@@ -25,7 +25,7 @@ from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
 from .profiler import calibrate
-from .request import Request, RequestOutput
+from .request import Overloaded, Request, RequestOutput
 from .scheduler.estimator import Estimator
 from .scheduler.plan import IterationPlan, IterationResult
 from .scheduler.policies import make_policy
@@ -86,6 +86,12 @@ class Engine:
     def num_waiting(self) -> int:
         """Requests not admitted yet, queued ones included. Read from any thread: a bound, not a count."""
         return len(self.scheduler.waiting) + self._inbox.queued()
+
+    def check_room(self) -> None:
+        """Overloaded once SchedulerConfig.max_waiting requests wait already: what a serving driver asks
+        before add_request, so a full queue is answered at once. Safe from any thread."""
+        if (waiting := self.num_waiting()) >= self.config.scheduler.max_waiting:
+            raise Overloaded(f"server overloaded: {waiting} requests are waiting; retry later")
 
     def abort(self, request_id: str) -> None:
         self._inbox.put_abort(request_id)

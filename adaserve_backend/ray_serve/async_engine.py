@@ -39,8 +39,7 @@ class AsyncEngine:
         engine cannot take it now; both before any output."""
         if self.dead or self.stopping:
             raise Overloaded(ENGINE_DEAD if self.dead else STOPPED)
-        if (waiting := self.engine.num_waiting()) >= self.engine.config.scheduler.max_waiting:
-            raise Overloaded(f"server overloaded: {waiting} requests are waiting; retry later")
+        self.engine.check_room()
         queue: asyncio.Queue = asyncio.Queue()
         with self.lock:
             if request.request_id in self.streams:

@@ -125,8 +125,7 @@ class TritonEngineLoop:
         try:
             if self.dead:
                 raise Overloaded(ENGINE_DEAD)
-            if (waiting := self.engine.num_waiting()) >= self.engine.config.scheduler.max_waiting:
-                raise Overloaded(f"server overloaded: {waiting} requests are waiting; retry later")
+            self.engine.check_room()
             self.engine.add_request(req)
         except (ValueError, Overloaded) as e:
             with self.lock:
