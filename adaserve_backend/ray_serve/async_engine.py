@@ -82,13 +82,17 @@ class AsyncEngine:
                 now = time.monotonic()
                 self.failures = [t for t in self.failures if now - t < FAILURE_WINDOW_S] + [now]
                 self.dead = len(self.failures) >= MAX_FAILURES
+                self._measure()  # unhealthy before anyone hears of the failure
             self._deliver(outputs)
             self._measure()
-        self.load = ReplicaLoad(0, 0, 0, 0, healthy=False, at=time.time())
+        self._measure()
         self._deliver(self.engine.fail_all(ENGINE_DEAD if self.dead else STOPPED))
 
     def _measure(self) -> None:
-        if time.time() - self.load.at >= LOAD_EVERY_S:
+        """The load the router reads: unhealthy once the engine is dead or stopping."""
+        if self.dead or self.stopping:
+            self.load = ReplicaLoad(0, 0, 0, 0, healthy=False, at=time.time())
+        elif time.time() - self.load.at >= LOAD_EVERY_S:
             self.load = measure_load(self.engine)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
