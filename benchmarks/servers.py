@@ -73,11 +73,14 @@ def llamacpp_server(port: int, log_path: Path, weights: str = "q4_1", slots: int
 
 def ray_server(port: int, log_path: Path, replicas: int, threads: int, router: str) -> ServerProcess:
     """`make serve-ray`: `replicas` engine replicas of `threads` threads each on a Ray cluster started for
-    it, behind `router`, the OpenAI frontend on `port` (its in-flight gauge tells when it is idle)."""
+    it, behind `router`, the OpenAI frontend on `port` (its in-flight gauge tells when it is idle). The
+    slo router's decisions go beside the log (<log>.routing.jsonl) for sim/router_check.py."""
     from adaserve_backend.openai_frontend.server import IN_FLIGHT_GAUGE
 
     argv = [str(PROJECT_ROOT / ".venv" / "bin" / "python"), "-m", "adaserve_backend.ray_serve", "--replicas", str(replicas),
             "--threads", str(threads), "--router", router, "--port", str(port)]
+    if router == "slo":
+        argv += ["--record-routing", str(log_path.with_suffix(".routing.jsonl"))]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return ServerProcess(f"Ray Serve {replicas}x{threads} ({router})", argv, env, f"http://localhost:{port}/health",
                          f"http://localhost:{port}/metrics", (IN_FLIGHT_GAUGE,), log_path)

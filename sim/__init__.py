@@ -8,7 +8,8 @@ on a virtual clock (issue 17). `python -m sim --help`.
   acceptance.py   per-depth acceptance models (presets, the engine's table)
   drafts.py       synthetic candidate trees and their verification
   replica.py      one engine: real Scheduler + Estimator + choose_trees, simulated model runner
-  router.py       round robin, least loaded, SLO-aware routing over replicas
+  router.py       round robin, least loaded, SLO-aware routing over replicas (the Ray Serve router's rank)
+  router_check.py the simulated routers replayed on a real deployment's recorded routing decisions
   workload.py     requests from harness/workload.py generators with the paper's SLOs
   scenario.py     a deployment from names (cpu, a100x4 + llama70b, ...)
   simulator.py    the discrete-event loop and scoring (harness/metrics.py)

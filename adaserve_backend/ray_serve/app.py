@@ -28,7 +28,8 @@ STATS_PERIOD_S = 0.25  # how often replicas publish their load; the router charg
 HEALTH_PERIOD_S = 2.0
 
 
-def deploy(engine_config: str, replicas: int, threads: int | None, router: str, stats_period_s: float = STATS_PERIOD_S):
+def deploy(engine_config: str, replicas: int, threads: int | None, router: str, stats_period_s: float = STATS_PERIOD_S,
+           record_routing: str | None = None):
     """Start Serve without an HTTP proxy (the frontend is the ingress) and the engine deployment;
     returns its handle once every replica is up."""
     from ray import serve
@@ -38,8 +39,9 @@ def deploy(engine_config: str, replicas: int, threads: int | None, router: str, 
     deployment = serve.deployment(EngineReplica, name="engine").options(
         num_replicas=replicas, max_ongoing_requests=MAX_ONGOING, health_check_period_s=HEALTH_PERIOD_S,
         graceful_shutdown_timeout_s=5, ray_actor_options={"num_cpus": threads or 1},
-        request_router_config=RequestRouterConfig(request_router_class=ROUTERS[router],
-                                                  request_routing_stats_period_s=stats_period_s))
+        request_router_config=RequestRouterConfig(
+            request_router_class=ROUTERS[router], request_routing_stats_period_s=stats_period_s,
+            request_router_kwargs={"record": os.path.abspath(record_routing)} if record_routing else {}))
     return serve.run(deployment.bind(os.path.abspath(engine_config), threads), name=APP_NAME, route_prefix=None)
 
 
@@ -55,9 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"as the OpenAI frontend's (default: ${API_KEY_ENV})")
     ap.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT)
     ap.add_argument("--served-model-name", default="adaserve")
+    ap.add_argument("--record-routing", default=None, metavar="PATH",
+                    help="append each routing decision and the loads it was made from to PATH (JSON lines; slo router)")
     args = ap.parse_args(argv)
     if args.replicas < 1 or (args.threads is not None and args.threads < 1):
         ap.error("--replicas and --threads must be >= 1")
+    if args.record_routing and args.router != "slo":
+        ap.error("--record-routing records the slo router's decisions")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import ray
     from ray import serve
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address=args.address, include_dashboard=False, log_to_driver=True)
     try:
-        handle = deploy(args.engine_config, args.replicas, args.threads, args.router)
+        handle = deploy(args.engine_config, args.replicas, args.threads, args.router, record_routing=args.record_routing)
         backend = RayBackend(handle, tokenizer, config.scheduler)
         frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
                             args.max_in_flight)

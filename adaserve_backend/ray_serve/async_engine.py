@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from ..engine import Engine
 from ..request import INTERNAL_ERROR, Overloaded, Request, RequestOutput
-from .routing import ReplicaLoad, measure_load
+from ..scheduler.routing import ReplicaLoad, measure_load
 
 log = logging.getLogger("adaserve.ray")
 MAX_FAILURES, FAILURE_WINDOW_S = 3, 60.0
@@ -30,7 +30,7 @@ class AsyncEngine:
         self.lock, self.wake = threading.Lock(), threading.Event()
         self.stopping, self.dead = False, False
         self.failures: list[float] = []
-        self.load: ReplicaLoad = measure_load(engine)
+        self.load: ReplicaLoad = measure_load(engine.scheduler, engine.num_waiting())
         self.thread = threading.Thread(target=self._run, name="adaserve-engine", daemon=True)
         self.thread.start()
 
@@ -93,7 +93,7 @@ class AsyncEngine:
         if self.dead or self.stopping:
             self.load = ReplicaLoad(0, 0, 0, 0, healthy=False, at=time.time())
         elif time.time() - self.load.at >= LOAD_EVERY_S:
-            self.load = measure_load(self.engine)
+            self.load = measure_load(self.engine.scheduler, self.engine.num_waiting())
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         with self.lock:

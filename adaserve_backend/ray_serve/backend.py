@@ -13,8 +13,8 @@ from ..config import SchedulerConfig
 from ..openai_frontend.backends import BackendError
 from ..openai_frontend.params import Generation
 from ..request import Request, SamplingParams
+from ..scheduler.routing import Job
 from ..triton.protocol import encode_prompt
-from .routing import Job
 
 APP_NAME = "adaserve"
 REPLICA_FAILED = "the replica serving this request failed; retry"

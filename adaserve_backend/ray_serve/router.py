@@ -3,16 +3,20 @@ predicted to meet both its targets, the one whose first token would come soonest
 the loads the replicas publish (`record_routing_stats`), each charged with the requests this router
 sent it since. A replica predicted to miss is still tried, least occupied first: admission on the
 replica then serves or refuses the request, so a 503 comes only when no replica would take it. Ray's
-own routers, for the comparison: power of two choices (its default) and prefix-cache affinity."""
+own routers, for the comparison: power of two choices (its default) and prefix-cache affinity.
+With `record` (a path), each decision is appended there as a JSON line, what it was made from
+included, for sim/router_check.py to replay through the simulator's routers."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
+from dataclasses import asdict
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from .routing import Job, ReplicaLoad, rank
+from ..scheduler.routing import Job, ReplicaLoad, rank
 
 SENT_MEMORY_S = 30.0  # sends older than this are in any replica's published load by now
 ROUTERS = {"slo": "adaserve_backend.ray_serve.router.SLORouter",
@@ -31,9 +35,11 @@ class SLORouter(FIFOMixin, RequestRouter):
     would all see the same loads and land on one replica: a request is charged to its first choice as
     soon as it is ranked, and moved to the replica it went to once routed."""
 
-    def initialize_state(self, **kwargs) -> None:
+    def initialize_state(self, record: str | None = None, **kwargs) -> None:
         self.sent: dict[ReplicaID, dict[str, tuple[float, int]]] = defaultdict(dict)  # request id -> (time, tokens)
         self.choice: dict[str, ReplicaID] = {}  # where each request being routed is charged for now
+        self.record = record
+        self.decided: dict[str, dict] = {}  # request id -> its last ranking, written once it is routed
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -49,11 +55,19 @@ class SLORouter(FIFOMixin, RequestRouter):
         tiers = rank(job, loads, sent)
         if pending_request is not None and tiers:
             self._charge(pending_request.metadata.request_id, tiers[0][0], now, job.prompt_tokens)
+        if self.record and pending_request is not None:
+            self.decided[pending_request.metadata.request_id] = {
+                "at": now, "job": {**asdict(job), "prompt": ""}, "ranked": [[r.unique_id for r in t] for t in tiers],
+                "loads": {r.unique_id: None if v is None else v.as_dict() for r, v in loads.items()},
+                "sent": {r.unique_id: v for r, v in sent.items()}}
         return [[by_id[rid] for rid in tier] for tier in tiers]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         self._charge(pending_request.metadata.request_id, replica_id, time.time(), job_of(pending_request).prompt_tokens)
         self.choice.pop(pending_request.metadata.request_id, None)
+        if (decision := self.decided.pop(pending_request.metadata.request_id, None)) is not None:
+            with open(self.record, "a") as f:
+                f.write(json.dumps({**decision, "routed": replica_id.unique_id}) + "\n")
 
     def _charge(self, request_id: str, replica_id: ReplicaID, at: float, tokens: int) -> None:
         if (before := self.choice.get(request_id)) is not None:

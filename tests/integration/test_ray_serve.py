@@ -1,7 +1,8 @@
 """Engine replicas on a real Ray Serve (adaserve_backend/ray_serve) behind the SLO-aware router, with the
 OpenAI frontend in front: a Ray cluster started and stopped here, two replicas of the embedded model
 with one thread each. Requests are served and spread over both; a replica killed mid-stream ends its
-own streams with a 503 and the others finish; a stop ends every stream with a final answer."""
+own streams with a 503 and the others finish; a stop ends every stream with a final answer. The
+router's recorded decisions replay identically through the simulator's SLO router."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ PROMPT = "Write a long story about a dragon who"
 
 @pytest.fixture(scope="module")
 def ray_app(tmp_path_factory):
-    """(handle, engine config) of a two-replica deployment; Ray and Serve stopped after the module."""
+    """(handle, engine config, routing log) of a two-replica deployment; Ray and Serve stopped after the
+    module."""
     import ray
     from ray import serve
 
@@ -31,17 +33,19 @@ def ray_app(tmp_path_factory):
     served["speculation"] = {"profile_path": str(ROOT / "model_repository/adaserve/1/profile-cpu.json"), "calibrate": False}
     served["target_cache"], served["draft_cache"] = {"block_size": 128, "memory_mb": 64}, {"block_size": 128, "memory_mb": 16}
     path = tmp_path_factory.mktemp("ray") / "engine.json"
+    routing_log = path.with_name("routing.jsonl")
     path.write_text(json.dumps(served))
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # workers inherit this environment
     try:
-        yield deploy(str(path), replicas=2, threads=1, router="slo", stats_period_s=0.1), str(path)
+        yield deploy(str(path), replicas=2, threads=1, router="slo", stats_period_s=0.1, record_routing=str(routing_log)), \
+            str(path), routing_log
     finally:
         serve.shutdown()
         ray.shutdown()
 
 
-def frontend_for(handle, config_path: str):
+def frontend_for(handle, config_path: str, routing_log=None):
     from adaserve_backend.config import EngineConfig
     from adaserve_backend.models import load_tokenizer, locate
     from adaserve_backend.openai_frontend.server import Frontend, chat_renderer
@@ -100,6 +104,11 @@ def test_requests_are_served_and_spread_over_both_replicas(ray_app):
     import ray
 
     assert len(stats) == 2 and all(ray.get(stats, timeout=30))  # both replicas up and publishing
+    from sim.router_check import agreement, read
+
+    decisions = read(ray_app[2])
+    assert len(decisions) >= 6 and {d.routed for d in decisions} <= set(decisions[-1].replicas)
+    assert agreement(decisions, "slo")["agrees_with_first_choice"] == 1.0  # the simulator decides as the real router
 
 
 def test_a_replica_killed_mid_stream_fails_its_streams_and_the_rest_go_on(ray_app):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from adaserve_backend.scheduler.routing import slack
 from adaserve_backend.speculation import selection, tree_choice
 from sim.clock import EventQueue, Kind
 from sim.replica import Replica
-from sim.router import LeastLoaded, RoundRobin, SloAware, predict
+from sim.router import LeastLoaded, RoundRobin, SloAware, job_of
 from sim.scenario import scenario
 from sim.simulator import SimConfig, simulate
 from sim.workload import SimRequest, build_requests
@@ -181,20 +182,22 @@ def test_slo_router_avoids_a_replica_that_cannot_meet_the_first_token_deadline()
     for i in range(6):  # replica 0 has ~6k prompt tokens queued: a tight first token cannot make it there
         reps[0].add(req(100 + i, "summary", prompt=1000))
     urgent = req(1, tpot=150.0, ttft=500.0)
-    assert not predict(reps[0], urgent).meets(urgent)
-    assert predict(reps[1], urgent).meets(urgent)
-    assert SloAware().route(req(3, tpot=10.0, ttft=500.0), reps, 0.0).index == 1  # no TPOT fits: first token decides
+    assert slack(job_of(urgent), reps[0].load_at(0.0)) < 0 <= slack(job_of(urgent), reps[1].load_at(0.0))
+    assert SloAware().route(req(3, tpot=10.0, ttft=500.0), reps, 0.0).index == 1  # no TPOT fits: least occupied
     assert SloAware().route(urgent, reps, 0.0).index == 1
-    # when no replica can meet it, the earliest first token wins
+    # when no replica can meet it, the least occupied is tried
     reps[1].add(req(200, "summary", prompt=500))
     hopeless = req(2, ttft=1.0)
     assert SloAware().route(hopeless, reps, 0.0).index == 1
 
 
-def test_slo_router_prefers_the_less_loaded_of_the_feasible_replicas():
+def test_slo_router_prefers_the_earliest_first_token_of_the_feasible_replicas():
     reps, _ = replicas(2)
     reps[0].add(req(50, prompt=10))
-    assert SloAware().route(req(51, prompt=10), reps, 0.0).index == 1
+    reps[1].add(req(51, prompt=10))
+    reps[1].add(req(52, prompt=10))
+    reps[0].add(req(53, prompt=400))  # fewer requests, but more prefill ahead
+    assert SloAware().route(req(54, prompt=10, tpot=100.0), reps, 0.0).index == 1
 
 
 def test_more_replicas_serve_more_load():

@@ -1,12 +1,12 @@
-"""The SLO-aware router's choice (ray_serve/routing.py) from made-up replica loads, and the load a real
+"""The SLO-aware router's choice (scheduler/routing.py) from made-up replica loads, and the load a real
 (tiny) engine publishes. No Ray here."""
 
 from __future__ import annotations
 
 import math
 
-from adaserve_backend.ray_serve.routing import Job, ReplicaLoad, measure_load, rank, slack
 from adaserve_backend.request import Request
+from adaserve_backend.scheduler.routing import Job, ReplicaLoad, measure_load, rank, slack
 from adaserve_backend.slo import SLO
 from tests.engines import make_engine
 from tests.model_fixtures import tiny_checkpoint
@@ -59,12 +59,12 @@ def test_without_a_cost_model_there_is_nothing_to_miss():
 
 def test_the_load_a_real_engine_publishes_grows_with_its_backlog():
     engine = make_engine(tiny_checkpoint("llama"), None, "continuous", profile_path=PROFILE)
-    idle = measure_load(engine)
+    idle = measure_load(engine.scheduler, engine.num_waiting())
     assert idle.running == idle.waiting == 0 and idle.healthy and idle.first_token_s > 0
     for i in range(3):
         engine.add_request(Request(f"r{i}", list(range(3, 43)), max_tokens=8, slo=SLO(tpot_ms=40.0)))
     engine.step()
-    busy = measure_load(engine)
+    busy = measure_load(engine.scheduler, engine.num_waiting())
     assert busy.running + busy.waiting == 3 and busy.tightest_tpot_s is not None and busy.tightest_tpot_s <= 0.040
     assert busy.first_token_s >= idle.first_token_s and busy.first_token_s_per_token > 0
     assert ReplicaLoad.from_dict(busy.as_dict()) == busy

@@ -3,7 +3,7 @@ it (`measure_load`): when a new request's first token would come, as a function 
 and what time per token its decoding requests would get with one more. The router keeps the replicas
 predicted to meet both of a request's targets and sends it to the one whose first token would come
 soonest (`rank`), after charging each replica with the requests sent to it since it last published.
-Pure: no Ray here, tested with made-up loads."""
+Pure: the Ray Serve router (ray_serve/router.py) and the simulator's (sim/router.py) both decide here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
-from ..scheduler.deadlines import prefill_left
+from .deadlines import prefill_left
 
 PROBE_TOKENS = 1024  # the second prompt length the first-token prediction is sampled at (linear between)
 
@@ -50,18 +50,21 @@ class Job:
     prompt: str = ""
 
 
-def measure_load(engine, now: float | None = None) -> ReplicaLoad:
-    """A replica's load, read on its engine thread (between steps)."""
-    s, est = engine.scheduler, engine.scheduler.estimator
+def measure_load(scheduler, num_waiting: int, unscheduled=(), busy_s: float = 0.0, now: float | None = None) -> ReplicaLoad:
+    """A replica's load, read between its steps: `num_waiting` requests not admitted yet, of which
+    `unscheduled` not yet handed to the scheduler (their prompts count in the backlog), and `busy_s`
+    left of an iteration under way (the simulator's replicas are read mid-iteration)."""
+    s, est = scheduler, scheduler.estimator
     n, prefilling = s.prefill_view()
-    backlog = sum(prefill_left(q) for q in prefilling) + sum(prefill_left(q) for q in s.waiting)
+    backlog = sum(prefill_left(q) for q in (*prefilling, *s.waiting, *unscheduled))
     first = per_token = tpot = None
     if est.cost is not None:
         first = est.first_token_s(n, backlog + 1, s.prefill_cap(n))
         per_token = (est.first_token_s(n, backlog + PROBE_TOKENS, s.prefill_cap(n)) - first) / (PROBE_TOKENS - 1)
+        first += busy_s
         tpot = est.tpot_at(n + 1)
     targets = [q.planned_tpot_s for q in s.running if q.slo.tpot_ms is not None]
-    return ReplicaLoad(len(s.running), engine.num_waiting(), s.config.max_num_seqs, n, first, per_token or 0.0, tpot,
+    return ReplicaLoad(len(s.running), num_waiting, s.config.max_num_seqs, n, first, per_token or 0.0, tpot,
                        min(targets) if targets else None, at=time.time() if now is None else now)
 
 
