@@ -137,8 +137,12 @@ def main() -> None:
     add_slo_arguments(ap)
     ap.add_argument("--sweeps", nargs="+", help="run only these of the suite's sweeps (rps, urgent_share, slo_scale, fluctuating)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run each level this many times back to back (rows carry `repeat`): the band sim.validate judges by")
     ap.add_argument("--out", default=run_dir("bench"))
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
 
     config = EngineConfig.from_json(args.config)
     runner = InProcess(config)
@@ -180,7 +184,8 @@ def main() -> None:
         rows = []
         for label, items in levels:
             print(f"{name} {label}: {len(items)} requests")
-            rows += run_level(args, runner, args.policies, items, label)
+            for k in range(args.repeats):  # interleaved: a level's repeats see the machine in the same state
+                rows += run_level(args, runner, args.policies, items, {**label, "repeat": k} if args.repeats > 1 else label)
         stem = os.path.join(args.out, f"{args.suite}-{name}" + ("" if args.target == "inprocess" else f"-{args.target}"))
         with open(stem + ".json", "w") as f:
             json.dump({**meta, "sweep": name, "rows": rows}, f, indent=2)

@@ -20,5 +20,6 @@ on a virtual clock (issue 17). `python -m sim --help`.
   paper.py        the paper's Figures 7-8 and its two sweeps, with ratios over the best baseline
   scaleout.py     replicas needed per load and router
   validate.py     predicted vs measured for a `make bench` result
+  checks.py       one run against a fixed bar; bands.py: repeated runs' band and leave-one-out errors
   calibration.py  what validate prices a measured run with: step fit, machine speed, scaled acceptance
 """

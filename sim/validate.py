@@ -23,8 +23,9 @@ probe` (default) its `speed_probe_ms`, the profile's own forwards timed either s
 too. Acceptance from `--acceptance` (default: the engine's recorded table), scaled with `--fit-from` to
 the calibration runs' tokens per verification. The issue's bar: attainment within 0.05 and TPOT p50
 within 10% at every level. `--repeat` judges another measured run of the same bench by the same bar, as if it were
-the prediction: what the bar means on a machine whose runs differ from each other. Writes <out>.json
-and <out>.png.
+the prediction: what the bar means on a machine whose runs differ from each other. A bench whose levels
+were repeated (`harness.bench --repeats N`, what `make sim-validate` measures) is also judged by each
+level's band of repeats (sim/bands.py). Writes <out>.json and <out>.png.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import dataclasses
 import json
 import os
 import random
-from dataclasses import asdict, dataclass
 
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.step_cost import EngineStepCost
@@ -43,6 +43,7 @@ from harness.slo_targets import SloTargets
 from harness.workload import build_workload, builtin_prompts, poisson_arrivals
 
 from .acceptance import acceptance_model
+from .bands import bands, print_bands
 from .calibration import (
     SPEED_MOVED,
     calibrated_acceptance,
@@ -54,6 +55,7 @@ from .calibration import (
     steps_speed,
     with_step,
 )
+from .checks import ATTAINMENT_TOLERANCE, TPOT_TOLERANCE, Check, as_dict, print_checks
 from .plots import plot_panels
 from .report import save
 from .runs import RunSpec, run_all
@@ -61,35 +63,6 @@ from .scenario import scenario
 from .workload import SimRequest
 
 SWEEP_KEYS = ("urgent_share", "urgent_slo_scale")  # a bench row's level besides rps
-ATTAINMENT_TOLERANCE = 0.05
-TPOT_TOLERANCE = 0.10
-
-
-@dataclass(frozen=True)
-class Check:
-    policy: str
-    level: dict
-    measured_joint: float
-    predicted_joint: float
-    measured_tpot_only: float
-    predicted_tpot_only: float
-    measured_tpot_p50_ms: float | None
-    predicted_tpot_p50_ms: float | None
-
-    @property
-    def tpot_p50_error(self) -> float | None:
-        if not self.measured_tpot_p50_ms or self.predicted_tpot_p50_ms is None:
-            return None
-        return self.predicted_tpot_p50_ms / self.measured_tpot_p50_ms - 1
-
-    @property
-    def within(self) -> bool:
-        err = self.tpot_p50_error
-        return (abs(self.predicted_joint - self.measured_joint) <= ATTAINMENT_TOLERANCE
-                and abs(self.predicted_tpot_only - self.measured_tpot_only) <= ATTAINMENT_TOLERANCE
-                and (err is None or abs(err) <= TPOT_TOLERANCE))
-
-
 def level_of(row: dict) -> dict:
     return {"rps": row["rps"], **{k: row[k] for k in SWEEP_KEYS if k in row}}
 
@@ -131,8 +104,8 @@ def stop_lengths(measured: list[dict], items_of) -> dict:
 
 
 def same_run(rows: list[dict], m: dict) -> dict:
-    """The row of `rows` with measured run `m`'s policy and level."""
-    return next(r for r in rows if r["policy"] == m["policy"] and level_of(r) == level_of(m))
+    """The row of `rows` with measured run `m`'s policy, level and repeat."""
+    return next(r for r in rows if r["policy"] == m["policy"] and level_of(r) == level_of(m) and r.get("repeat") == m.get("repeat"))
 
 
 def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
@@ -210,7 +183,8 @@ def main(argv=None) -> None:
     workloads = {key: sim_requests(its, encode, stops) for key, its in items.items()}
 
     def spec_of(row: dict) -> RunSpec:  # the simulated run of a bench row: its policy on its level's workload
-        return RunSpec(row["policy"], workloads[level_key(level_of(row))], level_of(row))
+        repeat = {"repeat": row["repeat"]} if "repeat" in row else {}
+        return RunSpec(row["policy"], workloads[level_key(level_of(row))], {**level_of(row), **repeat})
     specs = [spec_of(r) for r in measured]
     for r, s in zip(measured, specs):
         if r.get("requests") not in (None, len(s.requests)):
@@ -260,6 +234,7 @@ def main(argv=None) -> None:
     band = {f: simulate_runs([(sp, v * f, st) for sp, v, st in zip(specs, speeds, steps)], acceptance, f"speed x{f:g}")
             for f in ((1 - args.speed_band, 1 + args.speed_band) if args.speed_band else ())}
     checks = compare(measured, predicted)
+    found = bands(measured, predicted, level_of)
     repeat = [r for r in json.load(open(args.repeat))["rows"] if not keep or r["policy"] in keep] if args.repeat else []
     repeat_checks = compare(measured, speed_matched(measured, speeds, repeat, lambda o, i: speed_of(o, steps[i]))) if repeat else []
     stem = args.out or os.path.join(run_dir("sim-validate"), "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
@@ -267,7 +242,7 @@ def main(argv=None) -> None:
     save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": pricing, "speed": args.speed,
                  "acceptance_factor": factor}, predicted,
          checks=[as_dict(c) for c in checks], repeat_checks=[as_dict(c) for c in repeat_checks],
-         speed_band={f"{f:g}": rows for f, rows in band.items()})
+         speed_band={f"{f:g}": rows for f, rows in band.items()}, bands=[b.as_dict() for b in found])
     x_key = next((k for k in SWEEP_KEYS if k in measured[0]), "rps")
     both = [{**r, "policy": f"{r['policy']} {kind}"} for kind, rows in (("sim", predicted), ("bench", measured), ("bench, other run", repeat))
             for r in rows]
@@ -281,25 +256,14 @@ def main(argv=None) -> None:
         for r in rows:
             print(f"  {r[1].policy:>10} {' '.join(f'{k}={v:g}' for k, v in r[1].level.items())}: {r[1].measured_joint:.2f}, "
                   + " / ".join(f"{c.predicted_joint:.2f}" for c in r))
+    if found:
+        print("the band protocol: each level's repeats measured, and the simulator priced at each one's speed (sim/bands.py)")
+        print_bands(found)
     if repeat_checks:
         print(f"the other measured run {args.repeat} as the prediction (the machine's run-to-run floor):")
         print_checks(repeat_checks, "rep")
         print(f"{sum(c.within for c in repeat_checks)}/{len(repeat_checks)} within the bar")
     print(f"wrote {stem}.json and {stem}.png")
-
-
-def as_dict(c: Check) -> dict:
-    return {**asdict(c), "tpot_p50_error": c.tpot_p50_error, "within": c.within}
-
-
-def print_checks(checks: list[Check], other: str = "sim") -> None:
-    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    print(f"{'policy':>12} {'level':>28} {'joint meas/' + other:>15} {'tpot-only meas/' + other:>19} {'TPOT p50 ms meas/' + other:>21} ok")
-    for c in checks:
-        level = " ".join(f"{k}={v:g}" for k, v in c.level.items())
-        print(f"{c.policy:>12} {level:>28} {c.measured_joint:7.2f}/{c.predicted_joint:<7.2f} "
-              f"{c.measured_tpot_only:9.2f}/{c.predicted_tpot_only:<9.2f} {fmt(c.measured_tpot_p50_ms):>10}/{fmt(c.predicted_tpot_p50_ms):<10} "
-              f"{'yes' if c.within else 'no'}")
 
 
 if __name__ == "__main__":
