@@ -40,6 +40,7 @@ class ReplicaConfig:
     draft_blocks: int
     block_size: int = 16
     max_model_len: int = 32768
+    prefix_caching: bool = False  # both caches share full committed blocks by their token prefix, as the engine's
 
 
 @dataclass
@@ -70,8 +71,8 @@ class Replica:
         self.budget = profile.budget
         spec = cfg.speculation
         self.estimator = Estimator.for_policy(profile, self.budget, self.policy, spec)  # as Engine.__init__ does
-        self.target_blocks = BlockManager(cfg.kv_blocks, cfg.block_size)
-        self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size) if self.policy.speculative else None
+        self.target_blocks = BlockManager(cfg.kv_blocks, cfg.block_size, cfg.prefix_caching)
+        self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size, cfg.prefix_caching) if self.policy.speculative else None
         self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator, self.target_blocks, self.draft_blocks)
         self.iterations = 0
 
@@ -154,6 +155,8 @@ class Replica:
                 blocks.append(seq.seq_id, chain_parents(0, read))
                 blocks.commit_all(seq.seq_id)
                 chain_tokens += read
+        for seq in list(plan.prefill) + plan.decode:  # DraftWorker._publish: the blocks the chains just filled
+            blocks.publish(seq.seq_id, seq.tokens)
         props = []
         for seq in plan.decode:
             n = chains[seq.seq_id]
@@ -163,6 +166,7 @@ class Replica:
                 ctx += blocks.num_committed(seq.seq_id) + n
                 blocks.append(seq.seq_id, chain_parents(0, n) + [n - 1] * (plan.depth - 1) * plan.width)
                 blocks.commit(seq.seq_id, list(range(n)))
+                blocks.publish(seq.seq_id, seq.tokens)
                 chain_tokens += n
             room = min(seq.request.max_tokens - len(seq.output), self.config.max_model_len - len(seq.tokens)) - 1
             truncate_depth(p.tree, max(room, 0))  # as DraftWorker.propose: no tree outgrows max_tokens

@@ -84,9 +84,12 @@ def bench_items(level: dict, duration_s: float, slos: SloTargets, prompts, seed:
 def sim_requests(items, encode, stops: dict | None = None) -> list[SimRequest]:
     """`stops`: (prompt, chat) -> the output token at which the served model ended it (stop_lengths)."""
     stops = stops or {}
-    return [SimRequest(it.request_id, it.category, len(encode(it)), it.max_tokens, it.tpot_slo_ms, it.ttft_slo_ms, it.arrival_s,
-                       stop if (stop := stops.get((it.prompt, it.chat))) is not None and stop <= it.max_tokens else None)
-            for it in items]
+    out = []
+    for it in items:
+        ids, stop = tuple(encode(it)), stops.get((it.prompt, it.chat))
+        out.append(SimRequest(it.request_id, it.category, len(ids), it.max_tokens, it.tpot_slo_ms, it.ttft_slo_ms, it.arrival_s,
+                              stop if stop is not None and stop <= it.max_tokens else None, ids))
+    return out
 
 
 def stop_lengths(measured: list[dict], items_of) -> dict:

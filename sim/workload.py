@@ -62,12 +62,16 @@ class SimRequest:
     # (validate.py); None: the request runs to max_tokens. The scheduler still sees max_tokens, as the
     # engine's does: neither knows in advance where a request will stop.
     stop_after: int | None = None
+    # The prompt's token ids where they are known (validate.py encodes the measured run's prompts), so
+    # the prefix cache hits where requests share a prefix; None: a prompt shared with no other request.
+    prompt_ids: tuple[int, ...] | None = None
 
     def sequence(self, seq_id: int) -> Sequence:
         """The engine's own request state (Sequence.start, as Engine._take_inbox makes it); the category
         rides along as the SLO class so the acceptance model can read it."""
         slo = SLO(self.tpot_slo_ms, self.ttft_slo_ms, self.category)
-        req = Request(self.request_id, [0] * self.prompt_tokens, max_tokens=self.max_tokens, ignore_eos=self.stop_after is None,
+        ids = list(self.prompt_ids) if self.prompt_ids is not None else [seq_id + 1] + [0] * (self.prompt_tokens - 1)
+        req = Request(self.request_id, ids, max_tokens=self.max_tokens, ignore_eos=self.stop_after is None,
                       slo=slo, arrival_time=self.arrival_s)
         return Sequence.start(req, seq_id, slo, self.arrival_s, frozenset({EOS}))
 

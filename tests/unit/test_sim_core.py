@@ -216,3 +216,23 @@ def test_cli_writes_json_and_png(tmp_path):
     rows = json.load(open(stem + ".json"))["rows"]
     assert {r["policy"] for r in rows} == {"adaserve", "continuous"}
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_a_shared_prompt_hits_the_simulated_prefix_cache():
+    """As the served engine's: the second request with the same 400-token prompt prefills only what the
+    first left uncached; requests whose prompts are unknown share nothing."""
+    import dataclasses
+
+    sc = scenario("cpu", policy="adaserve")
+    assert sc.replica.prefix_caching  # the served engine.json's setting
+
+    def ttfts(replica, ids):
+        reqs = [SimRequest(f"r{i}", "summary", 400, 8, 250.0, 5000.0, 2.0 * i, None, ids) for i in range(2)]
+        res = simulate(SimConfig(replica, sc.cost, sc.acceptance, drain_s=30.0), reqs)
+        return [r.first_token - r.arrival for r in res.records]
+
+    ids = tuple(range(3, 403))
+    first, second = ttfts(sc.replica, ids)
+    assert second < 0.5 * first
+    assert ttfts(dataclasses.replace(sc.replica, prefix_caching=False), ids)[1] == pytest.approx(first, rel=0.1)
+    assert ttfts(sc.replica, None)[1] == pytest.approx(first, rel=0.1)
