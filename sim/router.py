@@ -16,15 +16,23 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence as Seq
 
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, occupancy, rank
+from adaserve_backend.kv_cache.block_pool import extend_keys
+from adaserve_backend.scheduler.routing import Job, ReplicaLoad, hint, occupancy, rank
 from adaserve_backend.sequence import Sequence
 
 from .replica import Replica
 
 
-def job_of(seq: Sequence) -> Job:
+def job_of(seq: Sequence, block_size: int = 0) -> Job:
+    """As RayBackend makes it; with `block_size`, the prompt's prefix hints (the sequence keeps the block
+    keys, which the scheduler's prefix match then reuses)."""
     slo = seq.slo
-    return Job(seq.prefill_goal, None if slo.tpot_ms is None else slo.tpot_s, None if slo.ttft_ms is None else slo.ttft_s)
+    hints = ()
+    if block_size:
+        keys = extend_keys(seq.block_keys.setdefault(block_size, []), seq.tokens, block_size, (len(seq.tokens) - 1) // block_size)
+        hints = tuple(hint(k) for k in keys)
+    return Job(seq.prefill_goal, None if slo.tpot_ms is None else slo.tpot_s, None if slo.ttft_ms is None else slo.ttft_s,
+               "", hints, block_size)
 
 
 class Router:
@@ -33,7 +41,8 @@ class Router:
 
     def route(self, seq: Sequence, replicas: Seq[Replica], now: float) -> Replica:
         loads = [r.load_at(now) for r in replicas] if self.reads_loads else [None] * len(replicas)
-        return replicas[self.choose(job_of(seq), loads)]
+        cfg = replicas[0].config
+        return replicas[self.choose(job_of(seq, cfg.block_size if cfg.prefix_caching and self.reads_loads else 0), loads)]
 
     def choose(self, job: Job, loads: Seq[ReplicaLoad | None], sent: Seq[list[int]] | None = None) -> int:
         """The index of the replica `job` goes to, from the replicas' loads and the prompt lengths sent to

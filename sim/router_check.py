@@ -42,7 +42,8 @@ def read(path: Path) -> list[Decision]:
             continue
         d = json.loads(line)
         keys = sorted(d["loads"])
-        out.append(Decision(Job(**d["job"]), keys, [ReplicaLoad.from_dict(d["loads"][k]) for k in keys],
+        job = Job(**{**d["job"], "prefix_blocks": tuple(d["job"].get("prefix_blocks", ()))})
+        out.append(Decision(job, keys, [ReplicaLoad.from_dict(d["loads"][k]) for k in keys],
                             [d["sent"].get(k, []) for k in keys], d["ranked"][0] if d["ranked"] else [], d["routed"]))
     return out
 

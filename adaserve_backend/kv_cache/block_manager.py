@@ -206,6 +206,10 @@ class BlockManager:
             blocks.append(block)
         return blocks, keys[: len(blocks)]
 
+    def recent_keys(self, limit: int) -> list[bytes]:
+        """The keys of the `limit` blocks cached most recently (what a router is told this cache holds)."""
+        return self.pool.recent_keys(limit)
+
     def attach(self, seq_id: int, blocks: Sequence[int], keys: Sequence[bytes]) -> None:
         """Start a sequence the cache does not hold yet on matched blocks, committed and shared."""
         if seq_id in self._seqs:

@@ -14,6 +14,7 @@ feature-conditioned draft needs the target's feature of the block's last positio
 from __future__ import annotations
 
 import hashlib
+import itertools
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -91,6 +92,10 @@ class BlockPool:
             self._key_of[block] = key
             if payload is not None:
                 self._payload[block] = payload
+
+    def recent_keys(self, limit: int) -> list[bytes]:
+        """The keys of the `limit` blocks cached most recently, newest first."""
+        return list(itertools.islice(reversed(self._by_key), limit))
 
     def lookup(self, key: bytes) -> int | None:
         return self._by_key.get(key)

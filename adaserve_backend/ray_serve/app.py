@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     ray.init(address=args.address, include_dashboard=False, log_to_driver=True)
     try:
         handle = deploy(args.engine_config, args.replicas, args.threads, args.router, record_routing=args.record_routing)
-        backend = RayBackend(handle, tokenizer, config.scheduler)
+        backend = RayBackend(handle, tokenizer, config.scheduler, config.target_cache.block_size)
         frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
                             args.max_in_flight)
         serve_frontend(frontend, args.host, args.port, on_shutdown=backend.stop)

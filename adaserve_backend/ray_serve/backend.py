@@ -13,7 +13,7 @@ from ..config import SchedulerConfig
 from ..openai_frontend.backends import BackendError
 from ..openai_frontend.params import Generation
 from ..request import Request, SamplingParams
-from ..scheduler.routing import Job
+from ..scheduler.routing import Job, prefix_hints
 from ..triton.protocol import encode_prompt
 
 APP_NAME = "adaserve"
@@ -28,8 +28,9 @@ def engine_request(gen: Generation, prompt_ids: list[int]) -> Request:
 
 
 class RayBackend:
-    def __init__(self, handle, tokenizer, scheduler: SchedulerConfig) -> None:
-        self.handle, self.tokenizer, self.scheduler = handle, tokenizer, scheduler
+    def __init__(self, handle, tokenizer, scheduler: SchedulerConfig, block_size: int = 0) -> None:
+        """`block_size`: the replicas' target cache's, for the prompt's prefix hints (0: none sent)."""
+        self.handle, self.tokenizer, self.scheduler, self.block_size = handle, tokenizer, scheduler, block_size
         self.calls: set = set()  # the streaming calls in flight
         self.stopped: asyncio.Event | None = None
 
@@ -65,7 +66,8 @@ class RayBackend:
             slo = self.scheduler.resolve_slo(gen.slo)
         except ValueError as e:
             raise BackendError(str(e), "INVALID_ARGUMENT") from None
-        job = Job(len(ids), slo.tpot_s if slo.tpot_ms else None, slo.ttft_s if slo.ttft_ms else None, prompt)
+        hints = prefix_hints(ids, self.block_size) if self.block_size else ()
+        job = Job(len(ids), slo.tpot_s if slo.tpot_ms else None, slo.ttft_s if slo.ttft_ms else None, prompt, hints, self.block_size)
         responses = self.handle.options(stream=True).generate.remote(request, job)
         self.calls.add(responses)
         stopped = asyncio.ensure_future(self.stopped.wait())

@@ -24,6 +24,11 @@ ROUTERS = {"slo": "adaserve_backend.ray_serve.router.SLORouter",
            "prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.PrefixCacheAffinityRouter"}
 
 
+def recorded(load: ReplicaLoad, job: Job) -> dict:
+    """A load as the decision log keeps it: of its cached blocks only those `job` would reuse."""
+    return {**load.as_dict(), "cached_blocks": list(job.prefix_blocks[: load.holds(job) // job.block_size] if job.block_size else ())}
+
+
 def job_of(pending: PendingRequest | None) -> Job:
     """The routing.Job the backend sends beside the request (backend.RayBackend.stream)."""
     args = pending.args if pending is not None else []
@@ -58,7 +63,7 @@ class SLORouter(FIFOMixin, RequestRouter):
         if self.record and pending_request is not None:
             self.decided[pending_request.metadata.request_id] = {
                 "at": now, "job": {**asdict(job), "prompt": ""}, "ranked": [[r.unique_id for r in t] for t in tiers],
-                "loads": {r.unique_id: None if v is None else v.as_dict() for r, v in loads.items()},
+                "loads": {r.unique_id: None if v is None else recorded(v, job) for r, v in loads.items()},
                 "sent": {r.unique_id: v for r, v in sent.items()}}
         return [[by_id[rid] for rid in tier] for tier in tiers]
 

@@ -3,7 +3,9 @@ it (`measure_load`): when a new request's first token would come, as a function 
 and what time per token its decoding requests would get with one more. The router keeps the replicas
 predicted to meet both of a request's targets and sends it to the one whose first token would come
 soonest (`rank`), after charging each replica with the requests sent to it since it last published.
-Pure: the Ray Serve router (ray_serve/router.py) and the simulator's (sim/router.py) both decide here."""
+A replica also names the blocks its prefix cache took most recently, and a request the keys of its
+prompt's blocks (`prefix_hints`): the prefix a replica holds is not prefilled again there, so its first
+token comes sooner. Pure: the Ray Serve router (ray_serve/router.py) and the simulator's (sim/router.py) both decide here."""
 
 from __future__ import annotations
 
@@ -11,9 +13,21 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
+from ..kv_cache.block_pool import extend_keys
 from .deadlines import prefill_left
 
 PROBE_TOKENS = 1024  # the second prompt length the first-token prediction is sampled at (linear between)
+HINT_BLOCKS = 2048  # the most recently cached blocks a replica names; older ones are the first evicted anyway
+
+
+def hint(key: bytes) -> str:
+    """A block key as published: 64 bits of it (a collision only misplaces one request's routing)."""
+    return key[:8].hex()
+
+
+def prefix_hints(token_ids, block_size: int) -> tuple[str, ...]:
+    """The hints of a prompt's full blocks but the one holding its last token (always prefilled)."""
+    return tuple(hint(k) for k in extend_keys([], token_ids, block_size, max(len(token_ids) - 1, 0) // block_size))
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,7 @@ class ReplicaLoad:
     tightest_tpot_s: float | None = None  # the tightest TPOT target among the running requests
     healthy: bool = True
     at: float = 0.0  # wall-clock time it was measured
+    cached_blocks: tuple[str, ...] = ()  # hints of the blocks its prefix cache took most recently
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -36,18 +51,30 @@ class ReplicaLoad:
     def from_dict(cls, stats: dict | None) -> ReplicaLoad | None:
         if not stats:
             return None
-        return cls(**{k: v for k, v in stats.items() if k in cls.__dataclass_fields__})
+        fields = {k: v for k, v in stats.items() if k in cls.__dataclass_fields__}
+        return cls(**{**fields, "cached_blocks": tuple(fields.get("cached_blocks", ()))})
+
+    def holds(self, job: Job) -> int:
+        """Prompt tokens of `job` this replica's prefix cache holds (its leading blocks named in both)."""
+        if not job.prefix_blocks or not self.cached_blocks:
+            return 0
+        have, n = set(self.cached_blocks), 0
+        while n < len(job.prefix_blocks) and job.prefix_blocks[n] in have:
+            n += 1
+        return n * job.block_size
 
 
 @dataclass(frozen=True)
 class Job:
-    """What a router knows of a request: its prompt length and its targets (None: best effort), and its
-    prompt text (what Ray's prefix-affinity router matches on)."""
+    """What a router knows of a request: its prompt length and its targets (None: best effort), its
+    prompt text (what Ray's prefix-affinity router matches on) and its blocks' hints (prefix_hints)."""
 
     prompt_tokens: int
     tpot_s: float | None = None
     ttft_s: float | None = None
     prompt: str = ""
+    prefix_blocks: tuple[str, ...] = ()
+    block_size: int = 0
 
 
 def measure_load(scheduler, num_waiting: int, unscheduled=(), busy_s: float = 0.0, now: float | None = None) -> ReplicaLoad:
@@ -64,16 +91,17 @@ def measure_load(scheduler, num_waiting: int, unscheduled=(), busy_s: float = 0.
         first += busy_s
         tpot = est.tpot_at(n + 1)
     targets = [q.planned_tpot_s for q in s.running if q.slo.tpot_ms is not None]
+    cached = tuple(hint(k) for k in s.target_blocks.recent_keys(HINT_BLOCKS))
     return ReplicaLoad(len(s.running), num_waiting, s.config.max_num_seqs, n, first, per_token or 0.0, tpot,
-                       min(targets) if targets else None, at=time.time() if now is None else now)
+                       min(targets) if targets else None, at=time.time() if now is None else now, cached_blocks=cached)
 
 
 def first_token_s(job: Job, load: ReplicaLoad, sent: list[int] = ()) -> float | None:
     """When `job`'s first token would come on `load`'s replica, behind `sent` (prompt lengths of requests
-    sent to it since `load` was measured); None without a cost model."""
+    sent to it since `load` was measured), its cached prefix not prefilled; None without a cost model."""
     if load.first_token_s is None:
         return None
-    return load.first_token_s + load.first_token_s_per_token * (job.prompt_tokens - 1 + sum(sent))
+    return load.first_token_s + load.first_token_s_per_token * (job.prompt_tokens - load.holds(job) - 1 + sum(sent))
 
 
 def slack(job: Job, load: ReplicaLoad, sent: list[int] = ()) -> float:

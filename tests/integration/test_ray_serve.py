@@ -53,7 +53,8 @@ def frontend_for(handle, config_path: str, routing_log=None):
 
     config = EngineConfig.from_json(config_path)
     tokenizer = load_tokenizer(locate(config.target.path))
-    return Frontend(RayBackend(handle, tokenizer, config.scheduler), "adaserve", chat_renderer(tokenizer))
+    return Frontend(RayBackend(handle, tokenizer, config.scheduler, config.target_cache.block_size), "adaserve",
+                    chat_renderer(tokenizer))
 
 
 async def stream_events(client, body: dict, events: list) -> None:

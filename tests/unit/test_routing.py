@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from adaserve_backend.request import Request
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, measure_load, rank, slack
+from adaserve_backend.scheduler.routing import Job, ReplicaLoad, measure_load, prefix_hints, rank, slack
 from adaserve_backend.slo import SLO
 from tests.engines import make_engine
 from tests.model_fixtures import tiny_checkpoint
@@ -68,3 +68,26 @@ def test_the_load_a_real_engine_publishes_grows_with_its_backlog():
     assert busy.running + busy.waiting == 3 and busy.tightest_tpot_s is not None and busy.tightest_tpot_s <= 0.040
     assert busy.first_token_s >= idle.first_token_s and busy.first_token_s_per_token > 0
     assert ReplicaLoad.from_dict(busy.as_dict()) == busy
+
+
+def test_a_replica_holding_the_prompts_prefix_gives_the_earlier_first_token():
+    ids = list(range(3, 3 + 1000))
+    hints = prefix_hints(ids, 16)
+    assert len(hints) == 62 and hints == prefix_hints(ids + [7], 16)[:62]  # the last token's block is never reused
+    job = Job(1000, 0.05, 1.0, prefix_blocks=hints, block_size=16)
+    cold, warm = load(first=0.10), ReplicaLoad(2, 0, 16, 2, 0.15, 0.001, 0.03, at=100.0, cached_blocks=("x",) + hints[:40])
+    assert warm.holds(job) == 640 and cold.holds(job) == 0
+    assert rank(job, {"cold": cold, "warm": warm}) == [["warm"], ["cold"]]  # 0.15 + 0.36 s against 0.10 + 1.0 s
+    assert ReplicaLoad.from_dict(warm.as_dict()) == warm
+
+
+def test_a_replica_names_the_blocks_its_prefix_cache_took():
+    engine = make_engine(tiny_checkpoint("llama"), None, "continuous", profile_path=PROFILE)
+    prompt = list(range(3, 3 + 200))
+    engine.add_request(Request("a", prompt, max_tokens=4))
+    while engine.has_work():
+        engine.step()
+    published = measure_load(engine.scheduler, engine.num_waiting())
+    bs = engine.scheduler.target_blocks.block_size
+    job = Job(len(prompt), prefix_blocks=prefix_hints(prompt, bs), block_size=bs)
+    assert engine.scheduler.target_blocks.prefix_caching and published.holds(job) == (len(prompt) - 1) // bs * bs > 0

@@ -236,3 +236,24 @@ def test_a_shared_prompt_hits_the_simulated_prefix_cache():
     assert second < 0.5 * first
     assert ttfts(dataclasses.replace(sc.replica, prefix_caching=False), ids)[1] == pytest.approx(first, rel=0.1)
     assert ttfts(sc.replica, None)[1] == pytest.approx(first, rel=0.1)
+
+
+def test_slo_router_sends_a_prompt_to_the_replica_holding_its_prefix():
+    import random
+
+    sc = scenario("cpu", policy="adaserve")
+    reps = [Replica(i, sc.replica, sc.cost, sc.acceptance, random.Random(i)) for i in range(2)]
+    ids = tuple(range(3, 403))
+    first = SimRequest("r0", "summary", 400, 4, 250.0, 5000.0, 0.0, None, ids)
+    reps[1].add(first.sequence(0))
+    now = 0.0
+    while reps[1].has_work():
+        reps[1].begin(now)
+        if reps[1].in_flight is not None:
+            now = reps[1].in_flight.end
+            reps[1].finish()
+    again = SimRequest("r1", "summary", 400, 4, 250.0, 5000.0, now, None, ids).sequence(1)
+    assert reps[1].load_at(now).holds(job_of(again, sc.replica.block_size)) >= 384
+    assert SloAware().route(again, reps, now).index == 1
+    other = SimRequest("r2", "summary", 400, 4, 250.0, 5000.0, now, None, None).sequence(2)
+    assert SloAware().route(other, reps, now).index == 0  # nothing cached anywhere: the first of equals
