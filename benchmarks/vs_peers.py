@@ -7,8 +7,8 @@ same requests, arrivals and absolute SLO targets, one system after the other in 
 Systems: `adaserve` (our tritonserver, `make serve`'s configuration, called through its `ensemble`
 pipeline), `adaserve-direct` (the same server, its `adaserve` model called with the same text: one
 process hop less per token), `vllm` (vLLM's default FCFS scheduler), `vllm-priority` (vLLM's priority
-scheduler, the tightest TPOT class first), `llamacpp-bf16` and `llamacpp-q4_1` (llama-server on the
-same weights in bf16, and on the Q4_1 file that ships; `make peers`), each also as `...-spec` with
+scheduler, the tightest TPOT class first), `llamacpp-bf16`, `llamacpp-q4_1` and `llamacpp-q8_0` (llama-server on
+the same weights in bf16, on the Q4_1 file that ships, and in Q8_0; `make peers`), each also as `...-spec` with
 `--llamacpp-spec` speculation. Every request is greedy and asks for exactly its `max_tokens`
 (min_tokens = max_tokens, ignore_eos), chat prompts are rendered with the model's chat template here, so
 every server sees the same token ids and produces the same number of tokens. Scores use the joint
@@ -49,10 +49,18 @@ from harness.workload import (
     rescale_trace,
 )
 
-from .servers import PEER_SERVED_NAME, ServerProcess, llamacpp_server, ray_server, triton_server, vllm_server
+from .servers import (
+    LLAMACPP_WEIGHTS,
+    PEER_SERVED_NAME,
+    ServerProcess,
+    llamacpp_server,
+    ray_server,
+    triton_server,
+    vllm_server,
+)
 from .vs_peers_report import capacity, plot, print_table
 
-LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, bool(s)) for w in ("bf16", "q4_1") for s in ("", "-spec")}  # -> (weights, speculates)
+LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, bool(s)) for w in LLAMACPP_WEIGHTS for s in ("", "-spec")}  # -> (weights, speculates)
 # replicas on Ray Serve (make serve-ray) -> (replicas, threads each, router)
 RAY_SYSTEMS = {"ray1": (1, 2, "slo"), "ray2": (2, 1, "slo"), "ray2-pow2": (2, 1, "pow2"), "ray2-prefix": (2, 1, "prefix")}
 SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *LLAMACPP_SYSTEMS, *RAY_SYSTEMS)

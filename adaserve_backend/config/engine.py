@@ -40,7 +40,9 @@ class ModelConfig:
     dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
       CPUs with AVX512-BF16 or AMX and on GPUs), float16 (GPU only), or q4_1: a GGUF's Q4_1 decoder
       projections read as shipped (5 bits a weight) and computed as bfloat16 computes them
-      (models/quantized.py; CPU with AVX512-BF16).
+      (models/quantized.py; CPU with AVX512-BF16), or q8_0: every projection and the LM head
+      quantized at load to ggml's Q8_0 (8.5 bits a weight, as llama.cpp's Q8_0 files hold them), from
+      any Llama-family checkpoint; the model then computes with those values at every row count.
     max_model_len: longest sequence (prompt + output) served; capped by the model's own limit.
     head_rows: for this project's draft only: propose from the first `head_rows` tokens of its reduced
       vocabulary (most frequent first) instead of all 8,192. None: all. Every draft step reads its head
@@ -56,8 +58,8 @@ class ModelConfig:
     head_rows: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16", "q4_1"):
-            raise ValueError(f"dtype must be float32, bfloat16, float16 or q4_1, got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "q4_1", "q8_0"):
+            raise ValueError(f"dtype must be float32, bfloat16, float16, q4_1 or q8_0, got {self.dtype!r}")
         if self.max_model_len <= 0:
             raise ValueError("max_model_len must be positive")
         if self.head_rows is not None and self.head_rows < 1:

@@ -2,7 +2,9 @@
 blocks (5 bits a weight with their scales) and the LM head the embedding's Q8_0 blocks (8.5 bits)
 instead of the dequantized bfloat16 copy (16 bits); csrc/block_gemm.h turns them into bfloat16 in
 registers, exactly as the loader's dequantization rounds them, so `dtype: q4_1` computes what
-`bfloat16` computes, a decode step from fewer bytes.
+`bfloat16` computes, a decode step from fewer bytes. `dtype: q8_0` quantizes every projection and the
+LM head at load as llama.cpp's converter does (gguf-py's Q8_0) and swaps the bfloat16 copy for the
+dequantized values, so there too every row count computes the same.
 
 ggml's blocks hold 32 weights along a row. Q4_1: d, m (float16) and 16 bytes of nibbles, weight
 i = d * q_i + m, byte i holding q_i (low nibble) and q_{i+16} (high nibble). Q8_0: d (float16) and 32
@@ -124,3 +126,41 @@ def serve_q4_1(model, gguf_path: str) -> None:
     if model.lm_head.weight.shape[0] == model.spec.vocab_size:  # the whole vocabulary, in the GGUF's order
         model.lm_head._blocks = head_blocks(tensors, model.spec)
     linear.pack_generation += 1  # caches over the packings (fused_layer.fused_stack) gather them anew
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """A [out, in] weight as ggml's Q8_0 rows and as their dequantized float32 values."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    rows = quantize(weight.detach().float().numpy(), GGMLQuantizationType.Q8_0)
+    return rows, torch.from_numpy(dequantize(rows, GGMLQuantizationType.Q8_0))
+
+
+def quantize_to_q8_0(model) -> dict:
+    """Before `model` is placed (its weights as the checkpoint holds them): every decoder projection and
+    the LM head quantized to Q8_0 from those weights, as llama.cpp's converter quantizes the same
+    checkpoint, each weight replaced by its dequantized values. Returns {module: Q8_0 rows} for
+    `serve_q8_0`. The head is a copy even where tied, so the embedding lookup keeps the loaded values."""
+    from . import linear
+
+    ops = linear.kernels()
+    if ops is None or not ops.pair_gemm:
+        raise ValueError("dtype q8_0 needs the C++ kernels on a CPU with AVX512-BF16")
+    heads = [model.lm_head] if model.lm_head.weight.shape[0] % 16 == 0 else []
+    out = {}
+    for m in [getattr(layer, proj) for layer in model.layers for proj in PROJECTIONS] + heads:
+        out[m], values = quantize_q8_0(m.weight)
+        with torch.no_grad():
+            m.weight.copy_(values)
+    return out
+
+
+def serve_q8_0(rows: dict) -> None:
+    """After placing: each quantized module's blocks (Linear._blocks) for the products of few rows; its
+    bfloat16 packings hold the same values for more rows."""
+    from . import linear
+
+    for m, data in rows.items():
+        m._blocks = pack_q8_0(data)
+    linear.pack_generation += 1

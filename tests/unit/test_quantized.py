@@ -53,16 +53,27 @@ def test_packing_refuses_partial_column_blocks():
             pack(random_blocks(kind, 24, 32))
 
 
-@pytest.mark.slow
-def test_the_embedded_model_in_q4_1_gives_the_bfloat16_logits():
-    """Prefill, a decode step and a token tree, through the fused layers, q4_1 against bfloat16."""
-    from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig, ModelConfig
-    from adaserve_backend.model_runner import ModelRunner, SeqInput
+def embedded(dtype: str):
+    from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
     from adaserve_backend.models import load_model
+
+    return load_model(ModelConfig(path=EMBEDDED_DEFAULT, dtype=dtype, max_model_len=256))
+
+
+@pytest.fixture(scope="module")
+def bfloat16_model():
+    return embedded("bfloat16")
+
+
+@pytest.mark.slow
+def test_the_embedded_model_in_q4_1_gives_the_bfloat16_logits(bfloat16_model):
+    """Prefill, a decode step and a token tree, through the fused layers, q4_1 against bfloat16."""
+    from adaserve_backend.config import CacheConfig
+    from adaserve_backend.model_runner import ModelRunner, SeqInput
 
     outputs = []
     for dtype in ("bfloat16", "q4_1"):
-        model = load_model(ModelConfig(path=EMBEDDED_DEFAULT, dtype=dtype, max_model_len=256))
+        model = bfloat16_model if dtype == "bfloat16" else embedded(dtype)
         if dtype == "q4_1":
             assert all(layer.down_proj._blocks is not None for layer in model.layers)
             assert model.lm_head._blocks is not None  # the tied embedding's Q8_0 blocks
@@ -82,7 +93,45 @@ def test_q4_1_is_for_gguf_targets_only():
     from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
     from adaserve_backend.models import load_model
 
-    with pytest.raises(ValueError, match="draft runs in bfloat16"):
-        load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype="q4_1"))
+    for dtype in ("q4_1", "q8_0"):
+        with pytest.raises(ValueError, match="draft runs in bfloat16"):
+            load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype=dtype))
     with pytest.raises(ValueError, match="dtype must be"):
         ModelConfig(dtype="q3_k")
+
+
+@pytest.mark.slow
+def test_the_embedded_model_in_q8_0_computes_its_quantized_values_at_every_row_count():
+    """dtype q8_0: the projections and the head become ggml's Q8_0 values (gguf-py's quantizer, as
+    llama.cpp's converter writes them); prefill and decode through the blocks equal the bfloat16
+    kernels on those values."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as deq
+    from gguf.quants import quantize
+
+    from adaserve_backend.config import EMBEDDED_DEFAULT, CacheConfig
+    from adaserve_backend.model_runner import ModelRunner, SeqInput
+    from adaserve_backend.models.loader import read_checkpoint
+
+    model = embedded("q8_0")
+    layer = model.layers[3].down_proj
+    checkpoint = read_checkpoint(EMBEDDED_DEFAULT)[2]["model.layers.3.mlp.down_proj.weight"]  # float32, as converted
+    expect = deq(quantize(checkpoint.float().numpy(), GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+    assert torch.equal(layer.weight, torch.from_numpy(expect).bfloat16()) and layer._blocks.shape[-1] == 544
+    assert model.lm_head._blocks is not None
+
+    def logits(m):
+        runner = ModelRunner(m, CacheConfig(block_size=16, memory_mb=16))
+        runner.blocks.reserve(0, 64)
+        first = runner.forward([SeqInput(0, list(range(100, 140)), num_logits=3)]).logits
+        runner.commit_all(0)
+        step = runner.forward([SeqInput(0, [int(first[-1].argmax())])]).logits
+        return torch.cat([first, step])
+
+    blocked = logits(model)
+    for m in [getattr(lyr, p) for lyr in model.layers for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")] + [model.lm_head]:
+        m._blocks = None  # the bfloat16 pair kernel on the same values
+    from adaserve_backend.models import linear
+
+    linear.pack_generation += 1
+    assert torch.equal(blocked, logits(model))
