@@ -1,10 +1,7 @@
-"""sim/bands.py: the simulator judged against repeated measured runs of each level, and sim.validate on a
-bench whose levels were repeated (harness.bench --repeats)."""
+"""sim/bands.py: the simulator judged against repeated measured runs of each level (sim.validate on a
+repeated bench: test_sim_tools.py)."""
 
 from __future__ import annotations
-
-import dataclasses
-import json
 
 import pytest
 
@@ -37,29 +34,3 @@ def test_bands_group_the_repeats_of_each_policy_and_level():
     found = bands(rows, [{**r, "slo_attainment": 0.6} for r in rows], validate.level_of)
     assert [(b.policy, b.level) for b in found] == [("a", {"rps": 1.0}), ("b", {"rps": 1.0}), ("a", {"rps": 2.0}), ("b", {"rps": 2.0})]
     assert all(b.measured == pytest.approx((0.5, 0.6, 0.7)) and b.inside and b.no_worse for b in found)
-
-
-def test_validate_judges_a_repeated_bench_by_its_bands(tmp_path, monkeypatch):
-    import harness.bench
-    from harness.slo_targets import SloTargets
-
-    class Tokenless:  # InProcess without the tokenizer: every prompt 40 tokens
-        def __init__(self, config):
-            pass
-
-        def encode(self, item):
-            return [0] * 40
-
-    monkeypatch.setattr(harness.bench, "InProcess", Tokenless)
-    rows = [{"rps": 1.0, "repeat": k, "policy": "continuous", "requests": 10, "slo_attainment": a, "tpot_slo_attainment": a,
-             "tpot_ms_p50": 15.0} for k, a in enumerate((0.9, 1.0, 1.0))]
-    bench = {"suite": "quick", "target": "inprocess", "slo_targets": dataclasses.asdict(SloTargets()), "duration_s": 10.0,
-             "config": "model_repository/adaserve/1/engine.json", "sweep": "rps", "rows": rows}
-    path = tmp_path / "quick-rps.json"
-    path.write_text(json.dumps(bench))
-    validate.main([str(path), "--step-cost", "profile", "--out", str(tmp_path / "v")])
-    out = json.load(open(tmp_path / "v.json"))
-    assert [r["repeat"] for r in out["rows"]] == [0, 1, 2] and len(out["checks"]) == 3
-    (b,) = out["bands"]
-    assert b["measured"] == [0.9, 1.0, 1.0] and len(b["predicted"]) == 3 and b["lo"] == 0.9 and b["median"] == 1.0
-    assert {"inside", "no_worse", "rerun_error", "sim_error"} <= set(b)

@@ -99,13 +99,15 @@ def test_paper_command_writes_figure_and_ratios(tmp_path):
     assert out["meta"]["paper_llama70b"]["attainment_x"] == 2.1 and (tmp_path / "paper-rps.png").stat().st_size > 0
 
 
-def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
+def tokenless_bench(tmp_path, monkeypatch, rows: list[dict]):
+    """A bench JSON of `rows` (in-process, the served config) and InProcess without the tokenizer
+    (every prompt 40 tokens): (its path, its content)."""
     import dataclasses
 
     import harness.bench
     from harness.slo_targets import SloTargets
 
-    class Tokenless:  # InProcess without the tokenizer: every prompt 40 tokens
+    class Tokenless:
         def __init__(self, config):
             pass
 
@@ -113,12 +115,17 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
             return [0] * 40
 
     monkeypatch.setattr(harness.bench, "InProcess", Tokenless)
-    rows = [{"rps": 1.0, "policy": p, "requests": 10, "slo_attainment": 1.0, "tpot_slo_attainment": 1.0, "tpot_ms_p50": 15.0}
-            for p in ("adaserve", "continuous")]
     bench = {"suite": "quick", "target": "inprocess", "slo_targets": dataclasses.asdict(SloTargets()), "duration_s": 10.0,
              "config": "model_repository/adaserve/1/engine.json", "sweep": "rps", "rows": rows}
     path = tmp_path / "quick-rps.json"
     path.write_text(json.dumps(bench))
+    return path, bench
+
+
+def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
+    rows = [{"rps": 1.0, "policy": p, "requests": 10, "slo_attainment": 1.0, "tpot_slo_attainment": 1.0, "tpot_ms_p50": 15.0}
+            for p in ("adaserve", "continuous")]
+    path, bench = tokenless_bench(tmp_path, monkeypatch, rows)
     validate.main([str(path), "--out", str(tmp_path / "v")])
     checks = json.load(open(tmp_path / "v.json"))["checks"]
     assert [c["policy"] for c in checks] == ["adaserve", "continuous"]
@@ -189,3 +196,15 @@ def test_scheduler_settings_reach_every_replica():
     assert pairs == (("overload", "best_effort"), ("slo_admission", False), ("max_num_seqs", 32), ("admission_headroom", 1.0))
     sched = Deploy("a100x4", "llama70b", None, 1.3, "relative", pairs).scenario("adaserve").replica.scheduler
     assert (sched.overload, sched.slo_admission, sched.max_num_seqs) == ("best_effort", False, 32)
+
+
+def test_validate_judges_a_repeated_bench_by_its_bands(tmp_path, monkeypatch):
+    rows = [{"rps": 1.0, "repeat": k, "policy": "continuous", "requests": 10, "slo_attainment": a, "tpot_slo_attainment": a,
+             "tpot_ms_p50": 15.0} for k, a in enumerate((0.9, 1.0, 1.0))]
+    path, _ = tokenless_bench(tmp_path, monkeypatch, rows)
+    validate.main([str(path), "--step-cost", "profile", "--out", str(tmp_path / "v")])
+    out = json.load(open(tmp_path / "v.json"))
+    assert [r["repeat"] for r in out["rows"]] == [0, 1, 2] and len(out["checks"]) == 3
+    (b,) = out["bands"]
+    assert b["measured"] == [0.9, 1.0, 1.0] and len(b["predicted"]) == 3 and b["lo"] == 0.9 and b["median"] == 1.0
+    assert {"inside", "no_worse", "rerun_error", "sim_error"} <= set(b)
