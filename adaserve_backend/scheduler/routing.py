@@ -5,13 +5,15 @@ predicted to meet both of a request's targets and sends it to the one whose firs
 soonest (`rank`), after charging each replica with the requests sent to it since it last published.
 A replica also names the blocks its prefix cache took most recently, and a request the keys of its
 prompt's blocks (`prefix_hints`): the prefix a replica holds is not prefilled again there, so its first
-token comes sooner. Pure: the Ray Serve router (ray_serve/router.py) and the simulator's (sim/router.py) both decide here."""
+token comes sooner. Pure: the Ray Serve router (ray_serve/router.py) and the simulator's
+(sim/router.py) both decide here."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 from ..kv_cache.block_pool import extend_keys
 from .deadlines import prefill_left
@@ -54,12 +56,16 @@ class ReplicaLoad:
         fields = {k: v for k, v in stats.items() if k in cls.__dataclass_fields__}
         return cls(**{**fields, "cached_blocks": tuple(fields.get("cached_blocks", ()))})
 
+    @cached_property
+    def _cached(self) -> frozenset[str]:  # ranked against every request until the next load comes
+        return frozenset(self.cached_blocks)
+
     def holds(self, job: Job) -> int:
         """Prompt tokens of `job` this replica's prefix cache holds (its leading blocks named in both)."""
         if not job.prefix_blocks or not self.cached_blocks:
             return 0
-        have, n = set(self.cached_blocks), 0
-        while n < len(job.prefix_blocks) and job.prefix_blocks[n] in have:
+        n = 0
+        while n < len(job.prefix_blocks) and job.prefix_blocks[n] in self._cached:
             n += 1
         return n * job.block_size
 
