@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Write a long story about a dragon who"
+LONG_PROMPT = " ".join(["The dragon flew over the quiet village at dawn, and nobody saw it."] * 24)
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +117,11 @@ def test_a_replica_killed_mid_stream_fails_its_streams_and_the_rest_go_on(ray_ap
     import ray
 
     async def scenario(client, frontend):
+        # Long prompts, each its own: the router charges each send's prompt to its replica, so four
+        # spread over both (four short prompts may all fit on the replica whose first token is soonest).
         streams = [[] for _ in range(4)]
-        tasks = [asyncio.create_task(stream_events(client, {"prompt": PROMPT, "max_tokens": 300, "ignore_eos": True}, s))
-                 for s in streams]
+        tasks = [asyncio.create_task(stream_events(client, {"prompt": f"{i}. {LONG_PROMPT}", "max_tokens": 300, "ignore_eos": True}, s))
+                 for i, s in enumerate(streams)]
         while sum(1 for s in streams if s) < 4:  # every stream under way
             await asyncio.sleep(0.05)
         ray.kill(replica_actors()[0], no_restart=False)
