@@ -191,15 +191,18 @@ def runtime_targets(results: dict) -> list[str]:
                         f"({ref['decode_ms_spread'][0]:.2f}-{ref['decode_ms_spread'][1]:.2f}): {ours['decode'][1] / ref['decode_ms']:.2f}x")
         lines.append(f"bf16 prefill of {PREFILL}: ours {prefill:.0f} tok/s, llama-bench {ref['prefill_tok_s']:.0f} "
                      f"+- {ref['prefill_tok_s_std']:.0f} tok/s: {prefill / ref['prefill_tok_s']:.2f}x (target >= 1)")
-    q4, tpots = results["dtypes"].get("q4_1"), results.get("one_request_tpot_ms", {})
-    if q4:
-        lines.append(f"q4_1 16-token tree / 1-token decode: {q4['tree16'] / q4['decode'][1]:.2f} (target <= 1.5)")
-    if bench and "q4_1" in bench:
-        ref = bench["q4_1"]
-        lines.append(f"llama-bench q4_1: decode {ref['decode_ms']:.2f} ms ({ref['decode_ms_spread'][0]:.2f}-{ref['decode_ms_spread'][1]:.2f}), "
-                     f"prefill {ref['prefill_tok_s']:.0f} tok/s")
-        if q4:
-            lines.append(f"q4_1 1-token decode: ours {q4['decode'][1]:.2f} ms (forward): {q4['decode'][1] / ref['decode_ms']:.2f}x llama-bench's (target <= 1)")
+    tpots = results.get("one_request_tpot_ms", {})
+    for kind in ("q4_1", "q8_0"):  # the GGUF block formats, each against llama-bench on the same format
+        q = results["dtypes"].get(kind)
+        if q:
+            lines.append(f"{kind} 16-token tree / 1-token decode: {q['tree16'] / q['decode'][1]:.2f} (target <= 1.5)")
+        if bench and kind in bench:
+            ref = bench[kind]
+            lines.append(f"llama-bench {kind}: decode {ref['decode_ms']:.2f} ms ({ref['decode_ms_spread'][0]:.2f}-"
+                         f"{ref['decode_ms_spread'][1]:.2f}), prefill {ref['prefill_tok_s']:.0f} tok/s")
+            if q:
+                lines.append(f"{kind} 1-token decode: ours {q['decode'][1]:.2f} ms (forward): "
+                             f"{q['decode'][1] / ref['decode_ms']:.2f}x llama-bench's (target <= 1)")
     ours_spec = tpots.get("ours adaserve q4_1")
     for peer, target in (("llama-server q4_1", 0.6), ("llama-server q4_1 ngram-mod", 1.0)):
         if ours_spec and peer in tpots:
