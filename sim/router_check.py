@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, first_token_s, slack
+from adaserve_backend.scheduler.routing import Job, ReplicaLoad, standing
 
 from .router import ROUTERS, make_router
 
@@ -49,12 +49,8 @@ def read(path: Path) -> list[Decision]:
 
 
 def equivalent(d: Decision, a: int, b: int) -> bool:
-    """Replicas `a` and `b` were equally good for `d` (same predicted first token and slack)."""
-    la, lb = d.loads[a], d.loads[b]
-    if la is None or lb is None:
-        return la is lb
-    return (first_token_s(d.job, la, d.sent[a]) == first_token_s(d.job, lb, d.sent[b])
-            and slack(d.job, la, d.sent[a]) == slack(d.job, lb, d.sent[b]))
+    """Replicas `a` and `b` ranked equal for `d` (routing.standing): either was a first choice."""
+    return standing(d.job, d.loads[a], d.sent[a]) == standing(d.job, d.loads[b], d.sent[b])
 
 
 def agreement(decisions: list[Decision], router: str) -> dict:

@@ -130,21 +130,27 @@ def occupancy(load: ReplicaLoad, sent: list[int] = ()) -> float:
     return (load.running + load.waiting + len(sent)) / max(load.max_running, 1)
 
 
+def standing(job: Job, load: ReplicaLoad | None, sent: list[int] = ()) -> tuple | None:
+    """Where a replica ranks for `job` (lower first; None: never, it is unhealthy): those predicted to
+    meet both targets by earliest first token (the least loaded in time: TPOT is already within target
+    there, and a prefill backlog is what turns into refusals), then those with no load published yet,
+    then those predicted to miss, least occupied first. Without a prediction, least occupied."""
+    if load is None:
+        return (1,)
+    if not load.healthy:
+        return None
+    first = first_token_s(job, load, sent)
+    if slack(job, load, sent) >= 0:
+        return (0, math.inf if first is None else first, occupancy(load, sent))
+    return (2, occupancy(load, sent))
+
+
 def rank(job: Job, loads: dict, sent: dict | None = None) -> list[list]:
-    """Replica keys, best first: those predicted to meet both targets, earliest first token first (the
-    least loaded in time: TPOT is already within target there, and a prefill backlog is what turns into
-    refusals); then those predicted to miss, least occupied first. Without a prediction, least occupied.
-    Replicas with no load published yet come after those that meet, unhealthy ones never."""
+    """Replica keys in tiers, best first, by `standing`; replicas with no load published share one
+    tier; equals keep `loads`' order."""
     sent = sent or {}
-    meet, miss, unknown = [], [], []
-    for key, load in loads.items():
-        if load is None:
-            unknown.append(key)
-        elif load.healthy:
-            queued = sent.get(key, [])
-            first = first_token_s(job, load, queued)
-            entry = (key, math.inf if first is None else first, occupancy(load, queued))
-            (meet if slack(job, load, queued) >= 0 else miss).append(entry)
-    meet.sort(key=lambda x: (x[1], x[2]))
-    miss.sort(key=lambda x: x[2])
-    return [[key] for key, *_ in meet] + ([unknown] if unknown else []) + [[key] for key, *_ in miss]
+    ranked = sorted((st, i, key) for i, (key, load) in enumerate(loads.items())
+                    if (st := standing(job, load, sent.get(key, []))) is not None)
+    unknown = [key for st, _, key in ranked if st == (1,)]
+    tiers = [[key] for st, _, key in ranked if st[0] == 0]
+    return tiers + ([unknown] if unknown else []) + [[key] for st, _, key in ranked if st[0] == 2]
