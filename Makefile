@@ -109,18 +109,16 @@ peers: setup $(PEERS_DIR)/bin/llama-server $(PEERS_DIR)/smollm2-bf16.gguf $(PEER
 $(PEERS_DIR)/bin/llama-server:
 	bash benchmarks/llamacpp/build.sh $(PEERS_DIR) $(PY)
 
-# The converter's one import the project's venv lacks goes into its own folder, not into the venv.
-$(PEERS_DIR)/smollm2-bf16.gguf: $(PEERS_DIR)/bin/llama-server
+# The converter's input: the embedded model as a Hugging Face folder, and the converter's one import
+# the project's venv lacks, in its own folder, not in the venv.
+$(PEERS_DIR)/smollm2-hf/config.json: $(PEERS_DIR)/bin/llama-server
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/gguf_to_hf.py $(PEERS_DIR)/smollm2-hf
 	$(PY) -m pip install --quiet --target $(PEERS_DIR)/pylib sentencepiece
-	PYTHONPATH=$(LLAMA_CPP)/gguf-py:$(PEERS_DIR)/pylib $(PY) $(LLAMA_CPP)/convert_hf_to_gguf.py $(PEERS_DIR)/smollm2-hf \
-		--outtype bf16 --outfile $@.tmp
-	mv $@.tmp $@
 
-# Q8_0 as llama.cpp's converter quantizes it (gguf-py's quantizer, the one `dtype: q8_0` uses).
-$(PEERS_DIR)/smollm2-q8_0.gguf: $(PEERS_DIR)/smollm2-bf16.gguf
+# bf16 and Q8_0 as llama.cpp's converter writes them (Q8_0 by gguf-py's quantizer, the one `dtype: q8_0` uses).
+$(PEERS_DIR)/smollm2-%.gguf: $(PEERS_DIR)/smollm2-hf/config.json
 	PYTHONPATH=$(LLAMA_CPP)/gguf-py:$(PEERS_DIR)/pylib $(PY) $(LLAMA_CPP)/convert_hf_to_gguf.py $(PEERS_DIR)/smollm2-hf \
-		--outtype q8_0 --outfile $@.tmp
+		--outtype $* --outfile $@.tmp
 	mv $@.tmp $@
 
 BENCH_ARGS ?=

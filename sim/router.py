@@ -16,8 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence as Seq
 
-from adaserve_backend.kv_cache.block_pool import extend_keys
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, hint, occupancy, rank
+from adaserve_backend.scheduler.routing import Job, ReplicaLoad, occupancy, prefix_hints, rank
 from adaserve_backend.sequence import Sequence
 
 from .replica import Replica
@@ -27,10 +26,7 @@ def job_of(seq: Sequence, block_size: int = 0) -> Job:
     """As RayBackend makes it; with `block_size`, the prompt's prefix hints (the sequence keeps the block
     keys, which the scheduler's prefix match then reuses)."""
     slo = seq.slo
-    hints = ()
-    if block_size:
-        keys = extend_keys(seq.block_keys.setdefault(block_size, []), seq.tokens, block_size, (len(seq.tokens) - 1) // block_size)
-        hints = tuple(hint(k) for k in keys)
+    hints = prefix_hints(seq.tokens, block_size, seq.block_keys.setdefault(block_size, [])) if block_size else ()
     return Job(seq.prefill_goal, None if slo.tpot_ms is None else slo.tpot_s, None if slo.ttft_ms is None else slo.ttft_s,
                "", hints, block_size)
 

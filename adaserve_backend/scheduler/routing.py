@@ -27,9 +27,11 @@ def hint(key: bytes) -> str:
     return key[:8].hex()
 
 
-def prefix_hints(token_ids, block_size: int) -> tuple[str, ...]:
-    """The hints of a prompt's full blocks but the one holding its last token (always prefilled)."""
-    return tuple(hint(k) for k in extend_keys([], token_ids, block_size, max(len(token_ids) - 1, 0) // block_size))
+def prefix_hints(token_ids, block_size: int, keys: list[bytes] | None = None) -> tuple[str, ...]:
+    """The hints of a prompt's full blocks but the one holding its last token (always prefilled).
+    `keys`: the block keys known so far, extended in place (as BlockManager.match takes them)."""
+    n = max(len(token_ids) - 1, 0) // block_size
+    return tuple(hint(k) for k in extend_keys(keys if keys is not None else [], token_ids, block_size, n)[:n])
 
 
 @dataclass(frozen=True)
