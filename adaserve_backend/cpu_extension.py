@@ -12,6 +12,7 @@ import functools
 import hashlib
 import logging
 import os
+import sysconfig
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,16 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 @functools.cache
 def load_extension(name: str, source: Path):
     """The compiled module of `source`, or None. Its name carries a hash of the source, the shared headers
-    and the headers beside it, so an edited kernel is rebuilt rather than read from a stale cache."""
+    and the headers beside it, so an edited kernel is rebuilt rather than read from a stale cache; and of
+    what else enters the compiler's command (the source's folder, the Python and torch it builds against),
+    so the serving stub (linked to the system's Python) and a checkout elsewhere each keep their own
+    build instead of rebuilding the other's on every start."""
     if os.environ.get("ADASERVE_NO_CPU_KERNEL"):
         return None
+    import torch
+
     digest = hashlib.sha1(source.read_bytes())
+    digest.update(f"{source.resolve()}|{sysconfig.get_paths()['include']}|{torch.__version__}|{CFLAGS}".encode())
     for header in sorted([*SHARED_HEADERS.glob("*.h"), *source.parent.glob("*.h")]):  # shared, then the kernel's own
         digest.update(header.read_bytes())
     try:

@@ -1,7 +1,8 @@
 """How long `make serve` takes to stop: start it, optionally open streams whose clients keep them open
 (reading slowly, never closing), send SIGTERM (or SIGINT), and time until every process of the server
 (tritonserver, its stubs, the frontend) has exited and every port is free again; what each stream
-received last is reported (its completion, or a final error such as "shutting down").
+received last is reported (its completion, or a final error such as "shutting down"). Each run also
+reports how long the server took from its start until the OpenAI port accepted connections (`ready_s`).
 
     python -m benchmarks.shutdown_time --runs 3 --streams 4
 """
@@ -64,6 +65,7 @@ def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None
     """`during_startup_s`: send the signal that long after the start, ready or not (no streams then)."""
     http_port, grpc_port, metrics_port, openai_port = free_ports(4)
     log = open(os.path.join(log_dir, f"serve-{http_port}.log"), "w")
+    started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "adaserve_backend.serve", "--http-port", str(http_port), "--grpc-port",
                              str(grpc_port), "--metrics-port", str(metrics_port), "--openai-port", str(openai_port),
                              "--log", os.path.join(log_dir, f"triton-{http_port}.log")],
@@ -75,6 +77,7 @@ def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"make serve did not start; see {log.name}")
         time.sleep(0.5)
+    ready_s = round(time.monotonic() - started, 1) if during_startup_s is None else None
     conns = [open_stream(openai_port) for _ in range(streams if during_startup_s is None else 0)]
     family = descendants(proc.pid) | {proc.pid}
     t0 = time.monotonic()
@@ -96,7 +99,7 @@ def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None
     orphans = [p for p in family if alive(p)]
     for p in orphans:
         os.kill(p, signal.SIGKILL)
-    return {"seconds": round(seconds, 2), "exit_code": proc.poll(), "orphans": len(orphans),
+    return {"seconds": round(seconds, 2), "ready_s": ready_s, "exit_code": proc.poll(), "orphans": len(orphans),
             "ports_held": [p for p in ports if port_open(p)], "stream_tails": last}
 
 
@@ -113,7 +116,7 @@ def main() -> None:
     for i in range(args.runs):
         r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir, args.during_startup)
         runs.append(r)
-        print(f"run {i + 1}/{args.runs}: {r['seconds']:.2f} s, exit {r['exit_code']}, orphans {r['orphans']}, "
+        print(f"run {i + 1}/{args.runs}: ready in {r['ready_s']} s, stopped in {r['seconds']:.2f} s, exit {r['exit_code']}, orphans {r['orphans']}, "
               f"ports held {r['ports_held']}", flush=True)
     s = [r["seconds"] for r in runs]
     print(json.dumps({"streams": args.streams, "signal": args.signal, "median_s": statistics.median(s), "max_s": max(s),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EMBEDDED_DEFAULT
+from .gguf_cache import converted
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -55,10 +56,18 @@ def locate(path: str) -> CheckpointLocation:
     return CheckpointLocation(path, None)
 
 
+def _source(loc: CheckpointLocation, part: str) -> tuple[str, dict]:
+    """Where to read `part` from: a GGUF's converted copy where there is one (gguf_cache), else the checkpoint."""
+    if loc.gguf_file and (folder := converted(loc.directory, loc.gguf_file, part)) is not None:
+        return folder, {}
+    return loc.directory, loc.kwargs
+
+
 def load_hf_config(loc: CheckpointLocation):
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(loc.directory, local_files_only=True, **loc.kwargs)
+    folder, kwargs = _source(loc, "config")
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, **kwargs)
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model_type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -69,12 +78,16 @@ def load_hf_config(loc: CheckpointLocation):
 def load_tokenizer(loc: CheckpointLocation):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(loc.directory, local_files_only=True, **loc.kwargs)
+    folder, kwargs = _source(loc, "tokenizer")
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
 
 
 def load_state_dict(loc: CheckpointLocation) -> dict[str, torch.Tensor]:
     """Weights with Hugging Face parameter names, in the checkpoint's dtype (float32 for GGUF)."""
-    if loc.gguf_file:
+    from safetensors.torch import load_file
+
+    folder, kwargs = _source(loc, "weights")
+    if kwargs.get("gguf_file"):
         # transformers undoes llama.cpp's Q/K row permutation and dequantises; going through the
         # model class is the one public path that does both.
         from transformers import AutoModelForCausalLM
@@ -83,8 +96,8 @@ def load_state_dict(loc: CheckpointLocation) -> dict[str, torch.Tensor]:
             loc.directory, gguf_file=loc.gguf_file, dtype=torch.float32, local_files_only=True
         )
         return dict(model.state_dict())
-    from safetensors.torch import load_file
-
+    if loc.gguf_file:
+        return load_file(os.path.join(folder, "weights.safetensors"))
     shards = sorted(glob.glob(os.path.join(loc.directory, "*.safetensors")))
     if not shards:
         raise FileNotFoundError(f"no *.safetensors weights in {loc.directory}")

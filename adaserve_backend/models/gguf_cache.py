@@ -1,0 +1,93 @@
+"""A GGUF file converted once into a Hugging Face directory (config, tokenizer, float32 weights) on local
+disk, so each later process reads safetensors and JSON instead of parsing and dequantising the GGUF.
+
+Reading the shipped GGUF through `transformers` parses its whole metadata for each of the config, the
+tokenizer and the weights, and every process does it again: the server's three Python models, the
+frontend, every engine a test builds. The converted files hold exactly what `transformers` made of the
+GGUF (float32 weights, Q/K rows already un-permuted), so loading from them gives the same tensors.
+
+The cache lives under ADASERVE_CACHE_DIR (default ~/.cache/adaserve), keyed by the file's path, size and
+modification time and by the `transformers` version that converted it. Each part is written beside its
+final name and renamed into place under a file lock, so processes starting together convert it once
+and none reads a half-written file. Where the cache cannot be written, the GGUF is read directly.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when what a part holds changes
+PARTS = ("config", "tokenizer", "weights")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ADASERVE_CACHE_DIR") or Path.home() / ".cache" / "adaserve") / "gguf"
+
+
+def entry(gguf_path: str) -> Path:
+    """The cache directory of one GGUF file as it is now."""
+    import transformers
+
+    st = os.stat(gguf_path)
+    key = f"{FORMAT}|{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return cache_root() / f"{Path(gguf_path).stem}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+
+
+@contextmanager
+def _locked(directory: Path):
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def converted(directory: str, gguf_file: str, part: str) -> str | None:
+    """A directory holding `part` of the GGUF in Hugging Face form (converting it first if needed), or
+    None where the cache cannot be written (the caller then reads the GGUF itself)."""
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r}; one of {PARTS}")
+    gguf_path = os.path.join(directory, gguf_file)
+    target = entry(gguf_path)
+    done = target / f"{part}.done"
+    if done.exists():
+        return str(target)
+    try:
+        with _locked(target):
+            if not done.exists():  # another process may have converted it while this one waited
+                _convert(directory, gguf_file, part, target)
+                done.touch()
+    except OSError as e:
+        log.warning("cannot cache the converted %s of %s (%s); reading the GGUF directly", part, gguf_path, e)
+        return None
+    return str(target)
+
+
+def _convert(directory: str, gguf_file: str, part: str, target: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting the %s of %s once into %s", part, gguf_file, target)
+    if part == "config":
+        AutoConfig.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True).save_pretrained(target)
+    elif part == "tokenizer":
+        AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True).save_pretrained(target)
+    else:
+        import torch
+        from safetensors.torch import save_file
+
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32,
+                                                     local_files_only=True)
+        # Tied tensors (the head and the embeddings) are stored once each under their own names.
+        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        partial = target / "weights.safetensors.partial"
+        save_file(state, str(partial))
+        os.replace(partial, target / "weights.safetensors")

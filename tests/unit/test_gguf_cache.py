@@ -1,0 +1,56 @@
+"""The GGUF conversion cache: the converted config and tokenizer are the GGUF's own, a part is converted
+once, a changed file gets a new entry, and an unwritable cache falls back to reading the GGUF. (The
+weights' equality is the greedy oracle's: tests/model_fixtures.hf_reference reads the GGUF directly.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from adaserve_backend.config import EMBEDDED_DEFAULT
+from adaserve_backend.models import gguf_cache
+from adaserve_backend.models.loader import load_hf_config, load_tokenizer, locate
+
+
+@pytest.mark.slow
+def test_the_converted_config_and_tokenizer_are_the_ggufs_own(tmp_path, monkeypatch):
+    from transformers import AutoConfig, AutoTokenizer
+
+    monkeypatch.setenv("ADASERVE_CACHE_DIR", str(tmp_path))
+    loc = locate(EMBEDDED_DEFAULT)
+    direct_config = AutoConfig.from_pretrained(loc.directory, local_files_only=True, **loc.kwargs)
+    direct_tokenizer = AutoTokenizer.from_pretrained(loc.directory, local_files_only=True, **loc.kwargs)
+
+    config, tokenizer = load_hf_config(loc), load_tokenizer(loc)
+    assert list(tmp_path.glob("gguf/*/config.done")) and list(tmp_path.glob("gguf/*/tokenizer.done"))
+    keep = ("transformers_version", "_name_or_path")
+    assert {k: v for k, v in config.to_dict().items() if k not in keep} == \
+        {k: v for k, v in direct_config.to_dict().items() if k not in keep}
+    text = "Héllo, wörld! def f(x):\n    return x ** 2  # 😀 <|im_start|>user"
+    assert tokenizer(text).input_ids == direct_tokenizer(text).input_ids
+    messages = [{"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == direct_tokenizer.apply_chat_template(messages, tokenize=False)
+    assert (tokenizer.eos_token_id, tokenizer.bos_token_id) == (direct_tokenizer.eos_token_id, direct_tokenizer.bos_token_id)
+
+    # Read from the cache, not converted again.
+    done = next(tmp_path.glob("gguf/*/config.done"))
+    before = done.stat().st_mtime_ns
+    load_hf_config(loc)
+    assert done.stat().st_mtime_ns == before
+
+
+def test_a_changed_file_gets_its_own_entry_and_an_unwritable_cache_reads_the_gguf(tmp_path, monkeypatch):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("ADASERVE_CACHE_DIR", str(tmp_path / "cache"))
+    first = gguf_cache.entry(str(gguf))
+    os.utime(gguf, ns=(0, 10**9))
+    assert gguf_cache.entry(str(gguf)) != first
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    monkeypatch.setenv("ADASERVE_CACHE_DIR", str(blocked))
+    assert gguf_cache.converted(str(tmp_path), "model.gguf", "config") is None
+    with pytest.raises(ValueError):
+        gguf_cache.converted(str(tmp_path), "model.gguf", "everything")
