@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -112,12 +113,31 @@ def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, 
     # The scheduler model checks whether it is still served at most every CHECK_EVERY_S; on a fast machine
     # the tiny model generated all 400 tokens within that, so the stream ended complete, not UNAVAILABLE.
     monkeypatch.setattr(serving, "CHECK_EVERY_S", 0.0)
+    # The request must still be generating when postprocessing fails. On a starved CPU the pipeline's
+    # thread reached its third postprocessing call after the engine had generated all 400 tokens, and the
+    # stream then ended complete, rightly. So the engine waits, 100 tokens before the end, until the
+    # failure's consequence is in place (the server stopped, or the pipeline's abort arrived). Every step
+    # sends its tokens at once (no coalescing) so that waiting never withholds the responses it awaits.
+    released, generated = threading.Event(), [0]
+    real_step, real_abort = loop.engine.step, loop.engine.abort
+
+    def step():
+        if generated[0] >= 300:
+            released.wait(60)
+        outputs = real_step()
+        generated[0] += sum(len(o.new_token_ids) for o in outputs)
+        return outputs
+
+    monkeypatch.setattr(loop, "max_hold_ms", 0)
+    monkeypatch.setattr(loop.engine, "step", step)
+    monkeypatch.setattr(loop.engine, "abort", lambda request_id: (released.set(), real_abort(request_id))[1])
 
     def failing(inputs, decoupled):
         calls.append(1)
         if len(calls) > 2:
             if stopping:  # as Triton stops: BLS refused, the models no longer ready
                 monkeypatch.setattr(fake_pb, "SERVER_READY", False)
+                released.set()
             return fake_pb.InferenceResponse(error=fake_pb.TritonError("Server not ready" if stopping else "detokenizer exploded"))
         return postprocessing(inputs, decoupled)
 
