@@ -6,8 +6,8 @@ tokenizer and the weights, and every process does it again: the server's three P
 frontend, every engine a test builds. The converted files hold exactly what `transformers` made of the
 GGUF (float32 weights, Q/K rows already un-permuted), so loading from them gives the same tensors.
 
-The cache lives under ADASERVE_CACHE_DIR (default ~/.cache/adaserve), keyed by the file's path, size and
-modification time and by the `transformers` version that converted it. Each part is written beside its
+The cache lives under ADASERVE_CACHE_DIR (default ~/.cache/adaserve), keyed by the file's contents and
+by the `transformers` version that converts it. Each part is written beside its
 final name and renamed into place under a file lock, so processes starting together convert it once
 and none reads a half-written file. Where the cache cannot be written, the GGUF is read directly.
 """
@@ -32,12 +32,14 @@ def cache_root() -> Path:
 
 
 def entry(gguf_path: str) -> Path:
-    """The cache directory of one GGUF file as it is now."""
+    """The cache directory of one GGUF file's contents: every checkout and venv holding the same file
+    shares it (hashing the shipped file costs a fraction of a second; converting it, tens of seconds)."""
     import transformers
 
-    st = os.stat(gguf_path)
-    key = f"{FORMAT}|{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
-    return cache_root() / f"{Path(gguf_path).stem}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    with open(gguf_path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha1")
+    digest.update(f"|{FORMAT}|{transformers.__version__}".encode())
+    return cache_root() / f"{Path(gguf_path).stem}-{digest.hexdigest()[:12]}"
 
 
 @contextmanager

@@ -1,6 +1,7 @@
 """The GGUF conversion cache: the converted config and tokenizer are the GGUF's own, a part is converted
-once, a changed file gets a new entry, and an unwritable cache falls back to reading the GGUF. (The
-weights' equality is the greedy oracle's: tests/model_fixtures.hf_reference reads the GGUF directly.)"""
+once, a file's entry follows its contents (not its path or time), and an unwritable cache falls back to
+reading the GGUF. (The weights' equality is the greedy oracle's: tests/model_fixtures.hf_reference reads
+the GGUF directly.)"""
 
 from __future__ import annotations
 
@@ -40,12 +41,17 @@ def test_the_converted_config_and_tokenizer_are_the_ggufs_own(tmp_path, monkeypa
     assert done.stat().st_mtime_ns == before
 
 
-def test_a_changed_file_gets_its_own_entry_and_an_unwritable_cache_reads_the_gguf(tmp_path, monkeypatch):
+def test_an_entry_follows_the_contents_and_an_unwritable_cache_reads_the_gguf(tmp_path, monkeypatch):
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     monkeypatch.setenv("ADASERVE_CACHE_DIR", str(tmp_path / "cache"))
     first = gguf_cache.entry(str(gguf))
     os.utime(gguf, ns=(0, 10**9))
+    copy = tmp_path / "elsewhere" / "model.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(b"GGUF")
+    assert gguf_cache.entry(str(gguf)) == gguf_cache.entry(str(copy)) == first  # the same contents anywhere
+    gguf.write_bytes(b"GGUF2")
     assert gguf_cache.entry(str(gguf)) != first
 
     blocked = tmp_path / "not-a-directory"
