@@ -186,7 +186,9 @@ def test_perf_analyzer_streams_against_the_server(triton_server):
     out = subprocess.run(
         [str(perf), "-m", "ensemble", "-i", "grpc", "-u", triton_server.grpc_url, "--streaming", "--input-data", str(data),
          "--concurrency-range", "1", "--measurement-mode", "count_windows", "--measurement-request-count", "2",
-         "--stability-percentage", "999", "--max-trials", "3"],
+         # perf_analyzer reports only once three windows agree within this (max/min); a starved CPU moved one
+         # window's first-token latency over 11x (999%), and this test is about streaming, not stability.
+         "--stability-percentage", "100000", "--max-trials", "10"],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert "Concurrency: 1, throughput" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
