@@ -116,8 +116,8 @@ def main() -> None:
     for i in range(args.runs):
         r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir, args.during_startup)
         runs.append(r)
-        print(f"run {i + 1}/{args.runs}: ready in {r['ready_s']} s, stopped in {r['seconds']:.2f} s, exit {r['exit_code']}, orphans {r['orphans']}, "
-              f"ports held {r['ports_held']}", flush=True)
+        print(f"run {i + 1}/{args.runs}: ready in {r['ready_s']} s, stopped in {r['seconds']:.2f} s, exit {r['exit_code']}, "
+              f"orphans {r['orphans']}, ports held {r['ports_held']}", flush=True)
     s = [r["seconds"] for r in runs]
     print(json.dumps({"streams": args.streams, "signal": args.signal, "median_s": statistics.median(s), "max_s": max(s),
                       "runs": runs}, indent=1))

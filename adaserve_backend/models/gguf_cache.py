@@ -7,14 +7,15 @@ frontend, every engine a test builds. The converted files hold exactly what `tra
 GGUF (float32 weights, Q/K rows already un-permuted), so loading from them gives the same tensors.
 
 The cache lives under ADASERVE_CACHE_DIR (default ~/.cache/adaserve), keyed by the file's contents and
-by the `transformers` version that converts it. Each part is written beside its
-final name and renamed into place under a file lock, so processes starting together convert it once
-and none reads a half-written file. Where the cache cannot be written, the GGUF is read directly.
+by the `transformers` version that converts it. Each part is converted under a file lock and marked done
+only once written whole, so processes starting together convert it once and none reads a half-written
+part. Where the cache cannot be written, the GGUF is read directly.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -34,12 +35,20 @@ def cache_root() -> Path:
 def entry(gguf_path: str) -> Path:
     """The cache directory of one GGUF file's contents: every checkout and venv holding the same file
     shares it (hashing the shipped file costs a fraction of a second; converting it, tens of seconds)."""
+    st = os.stat(gguf_path)
+    return cache_root() / f"{Path(gguf_path).stem}-{_key(os.path.realpath(gguf_path), st.st_size, st.st_mtime_ns)}"
+
+
+@functools.cache
+def _key(path: str, size: int, mtime_ns: int) -> str:
+    """Hashed once per process and file version: one engine asks for the config, tokenizer and weights
+    of the target and of the draft's base."""
     import transformers
 
-    with open(gguf_path, "rb") as f:
+    with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha1")
     digest.update(f"|{FORMAT}|{transformers.__version__}".encode())
-    return cache_root() / f"{Path(gguf_path).stem}-{digest.hexdigest()[:12]}"
+    return digest.hexdigest()[:12]
 
 
 @contextmanager

@@ -86,18 +86,16 @@ def load_state_dict(loc: CheckpointLocation) -> dict[str, torch.Tensor]:
     """Weights with Hugging Face parameter names, in the checkpoint's dtype (float32 for GGUF)."""
     from safetensors.torch import load_file
 
-    folder, kwargs = _source(loc, "weights")
-    if kwargs.get("gguf_file"):
+    if loc.gguf_file:
+        folder, kwargs = _source(loc, "weights")
+        if not kwargs:  # the converted copy
+            return load_file(os.path.join(folder, "weights.safetensors"))
         # transformers undoes llama.cpp's Q/K row permutation and dequantises; going through the
         # model class is the one public path that does both.
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(
-            loc.directory, gguf_file=loc.gguf_file, dtype=torch.float32, local_files_only=True
-        )
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True, **kwargs)
         return dict(model.state_dict())
-    if loc.gguf_file:
-        return load_file(os.path.join(folder, "weights.safetensors"))
     shards = sorted(glob.glob(os.path.join(loc.directory, "*.safetensors")))
     if not shards:
         raise FileNotFoundError(f"no *.safetensors weights in {loc.directory}")
