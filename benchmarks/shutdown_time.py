@@ -99,7 +99,11 @@ def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None
     orphans = [p for p in family if alive(p)]
     for p in orphans:
         os.kill(p, signal.SIGKILL)
-    return {"seconds": round(seconds, 2), "ready_s": ready_s, "exit_code": proc.poll(), "orphans": len(orphans),
+    try:  # a leader shown as a zombie can still be ending its threads, so poll() may not reap it yet
+        exit_code = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        exit_code = None
+    return {"seconds": round(seconds, 2), "ready_s": ready_s, "exit_code": exit_code, "orphans": len(orphans),
             "ports_held": [p for p in ports if port_open(p)], "stream_tails": last}
 
 
