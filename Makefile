@@ -162,6 +162,8 @@ figures: setup vllm-env
 	mkdir -p $(FIG_RUN) docs/figures
 	$(PY) -m sim.paper rps --out $(FIG_RUN)
 	cp $(FIG_RUN)/paper-rps.png docs/figures/sim-fig7-8-a100x4-llama70b-b45.png
+	$(PY) -m sim.scaleout --out $(FIG_RUN)/scaleout
+	cp $(FIG_RUN)/scaleout.png docs/figures/sim-scaleout-replicas-per-router.png
 	HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick --out $(FIG_RUN)
 	cp $(FIG_RUN)/quick-rps.png docs/figures/policies-in-process-4-16rps.png
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.speculation_pays --prompts 6 --rounds 3 --out $(FIG_RUN)/speculation_pays
