@@ -159,7 +159,13 @@ class Engine:
     def warm_up(self) -> None:
         """Serve two requests (a prompt of two prefill chunks, then speculative decoding, alone and
         side by side) through the whole step, so the first real requests pay no first-use costs; the
-        scheduler's counters are reset after."""
+        scheduler's counters are reset after.
+
+        Last, the garbage collector's debt: loading and measuring left hundreds of thousands of objects
+        that its first full collection walks, a pause of ~0.2 s that fell on the first requests' steps
+        (docs/experiments.md#first-requests). They live as long as the process, so they are collected
+        once and then frozen: later full collections walk only what serving made."""
+        import gc
         import random
 
         rng = random.Random(0)
@@ -170,6 +176,9 @@ class Engine:
         self.add_request(Request("warm-up-1", prompt[1:], max_tokens=16, ignore_eos=True))  # no shared prefix
         list(self.drain())
         self.reset_stats()
+        self.estimator.forget_yield()  # random tokens teach the times, not what real text yields
+        gc.collect()
+        gc.freeze()
 
     # ---- what readers (metrics, benchmarks, tests) look at --------------------------------------
     tokenizer = property(lambda self: self.scheduler.tokenizer)

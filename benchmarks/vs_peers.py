@@ -49,6 +49,7 @@ from harness.workload import (
     rescale_trace,
 )
 
+from .prediction_error import describe, histogram_buckets, prediction_error
 from .servers import (
     LLAMACPP_WEIGHTS,
     PEER_SERVED_NAME,
@@ -203,9 +204,15 @@ def main() -> None:
                     continue
                 bar.set_postfix_str(f"{system} @ {rps} rps")
                 server.wait_idle()
+                ours = system in TRITON_MODELS or system.startswith("adaserve:")
+                predictions = histogram_buckets(server.metrics_url) if ours else None
                 records, wall = run_system(system, server, items, args, slos)
                 row = {"system": system, "rps": rps, **score(records, wall)}
                 row["rejected"] = sum(1 for r in records if r.error and "unavailable" in r.error.lower())
+                if ours:  # the last requests' metrics are recorded once they ended in the engine
+                    server.wait_idle()
+                    row["ttft_prediction"] = prediction_error(predictions, histogram_buckets(server.metrics_url))
+                    tqdm.write(f"{system:>14} @ {rps:>4} rps: {describe(row['ttft_prediction'])}")
                 rows.append(row)
                 tqdm.write(f"{system:>14} @ {rps:>4} rps: attainment {row['slo_attainment']:.2f} (TPOT only "
                            f"{row['tpot_slo_attainment']:.2f}), goodput {row['goodput_tok_s']:.1f} tok/s, "

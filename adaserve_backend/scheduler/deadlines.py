@@ -37,16 +37,32 @@ def prefill_left(seq: Sequence) -> int:
     return seq.prefill_goal - max(seq.prefilled, seq.cached_prefix)
 
 
-def first_token_at(est: Estimator, seq: Sequence, start: float, n_decode: int, ahead: int, chunk: int) -> float:
+def first_token_at(est: Estimator, seq: Sequence, start: float, n_decode: int, ahead: int, chunk: int,
+                   behind: int = 0) -> float:
     """When `seq`'s first token comes if its prefill starts at `start` behind `ahead` prefill tokens,
-    `chunk` tokens per iteration beside `n_decode` decoding requests."""
-    return start + est.first_token_s(n_decode, ahead + prefill_left(seq), chunk)
+    `chunk` tokens per iteration beside `n_decode` decoding requests, `behind` tokens of later prompts
+    filling its last iteration."""
+    return start + est.first_token_s(n_decode, ahead + prefill_left(seq), chunk, behind)
+
+
+def running_first_token_at(est: Estimator, seq: Sequence, start: float, n_decode: int, prefilling: list[Sequence],
+                           chunk: int) -> float:
+    """`first_token_at` for `seq` prefilling among `prefilling` (itself included or not)."""
+    others = [s for s in prefilling if s is not seq]
+    return first_token_at(est, seq, start, n_decode, tokens_ahead(seq, others), chunk, tokens_behind(seq, others))
 
 
 def tokens_ahead(seq: Sequence, prefilling: Iterable[Sequence]) -> int:
     """Prefill tokens of running requests served before `seq` (EDF, see prefill_order)."""
     key = edf_key(seq)
     return sum(prefill_left(s) for s in prefilling if edf_key(s) <= key)
+
+
+def tokens_behind(seq: Sequence, prefilling: Iterable[Sequence]) -> int:
+    """Prefill tokens of running requests served after `seq`: chunks are packed in EDF order, so the
+    first of them share its last iteration."""
+    key = edf_key(seq)
+    return sum(prefill_left(s) for s in prefilling if edf_key(s) > key)
 
 
 def urgent_chunk(prefilling: list[Sequence], now: float, t_iter_s: float) -> int:

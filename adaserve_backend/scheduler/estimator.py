@@ -1,9 +1,7 @@
-"""Online estimates the scheduler and the selection predict with, learned from measured iterations:
-the iteration time (the profiled cost model times a measured correction, or without a profile an EMA
-of measured iterations), the yield at each load (tokens per request and tree tokens verified, by the
-number of decoding requests), the draft's calibration (accepted drafts per unit of draft score), and
-how deep speculation pays (how often a verification accepts at least k drafts, against what k draft
-steps and the larger verification cost).
+"""The estimator the scheduler and the selection predict with: decoding as DecodeEstimator learns it
+(decode_estimator.py: iteration times, the yield at each load, the draft's calibration, how deep
+speculation pays), and on top what prefill chunks cost and so when a request's first token comes,
+learned from the iterations that carried them.
 """
 
 from __future__ import annotations
@@ -11,288 +9,69 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..cost_model.cost_model import CostModel
-from .plan import IterationStats
+from .decode_estimator import ITERATION_EMA, DecodeEstimator, ema
 
-ITERATION_EMA = 0.3  # weight of the newest iteration in the time EMA and the cost correction
-RIDE_ALONG_EMA = 0.05  # ... in the share prefill chunks add to decode iterations (a property of the load)
-LOAD_EMA = 0.2  # weight of the newest iteration in the per-load yield table
-CALIBRATION_DECAY = 0.98  # the draft score and hit sums forget over about 50 iterations
-CALIBRATION_RANGE = (0.05, 2.0)
-# Speculation that does not pay is trimmed (policies with trims_speculation): a depth is trusted once
-# this many (decayed) verifications went that deep; while no depth pays, one decode iteration in
-# EXPLORE_EVERY speculates at the policy's depth anyway, so the acceptance keeps being measured (text
-# changes, and so does what pays at another load); speculating must beat plain decoding by SPEC_MARGIN.
-SPEC_MIN_SAMPLES = 8.0
-EXPLORE_EVERY = 16
-SPEC_MARGIN = 1.03
-# An exploration is not free: the draft first reads every token it skipped while speculation was off
-# (every request's tokens since the last one), and at high load the selection then often verifies no
-# draft at all, so under sustained load explorations cost drafting and buy nothing (evidence:
-# docs/experiments.md#vllm-lazy-draft). So each exploration that did not pay by itself, after which
-# speculation still does not pay, doubles the interval (up to EXPLORE_MAX); it restarts at
-# EXPLORE_EVERY when one pays, or once the load falls below EXPLORE_RELOAD of the load where the last
-# one failed (fewer requests: larger trees each).
-EXPLORE_MAX = 512
-EXPLORE_RELOAD = 0.75
-# The mirror image: while speculating, one decode iteration in PLAIN_EXPLORE_EVERY runs plain, so the
-# plain kind's cost correction is measured (a profile taken before the runtime got faster, or on a
-# busier machine, would otherwise keep speculation on where plain decoding is faster).
-PLAIN_EXPLORE_EVERY = 64
-# Likewise between depths: each depth's own measured/predicted time. A profile taken on another machine
-# gets the shape wrong, not only the scale (a CPU without AMX pays more for a deeper tree's extra rows
-# than an AMX profile says; evidence: docs/experiments.md#spec-pays-depths), and one correction for
-# every speculative depth keeps the deeper one; so one speculative iteration in DEPTH_EXPLORE_EVERY
-# runs a neighbouring depth (shallower, then deeper, in turn).
-DEPTH_EXPLORE_EVERY = 32
+PREFILL_CORRECTION_RANGE = (0.2, 5.0)  # one odd measurement (a stall, a page fault storm) moves it at most this far
 
 
-def ema(old: float, new: float, weight: float) -> float:
-    return (1 - weight) * old + weight * new
-
-
-class Estimator:
+class Estimator(DecodeEstimator):
     def __init__(
         self, cost: CostModel | None, budget: int, depth_width: Callable[[int], tuple[int, int]], trims: bool = False
     ) -> None:
-        self.cost = cost
-        self.budget = budget
-        self.policy_depth_width = depth_width  # the policy's (depth, width) for a number of decoding requests
-        self.trims = trims and cost is not None  # comparing depths needs a cost model
-        self.t_iter = 0.0  # EMA of measured decode iterations (s)
-        # measured decode iterations over their predicted time without the prefill chunks riding along:
-        # what the arrivals' prefills add to every running request's time per token
-        self.ride_along = 1.0
-        self.cost_correction = 1.0  # EMA of measured / predicted
-        # the same per kind of iteration (False: plain decode, True: speculative): a stale profile's
-        # shape (what drafting and a larger tree add) is corrected too, not only its scale
-        self.kind_correction: dict[bool, float] = {}
-        self.tried: list[float] = []  # [k-1]: decayed verifications whose beam went k deep
-        self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
-        self.since_speculation = 0  # decode iterations since the last speculative one
-        self.explore_every = EXPLORE_EVERY  # see EXPLORE_MAX
-        self.exploring = False  # an exploration was planned and is not recorded yet
-        self.failed_at = 0  # the load where the last exploration found speculation still not paying
-        self.since_plain = 0  # ... since the last plain one
-        self.depth_correction: dict[int, float] = {}  # measured / predicted per speculative depth
-        self.per_depth = True  # price and explore depths apart (False: one speculative correction, as before)
-        self.since_depth_explore = 0  # speculative iterations since a neighbouring depth was explored
-        self.explore_deeper = False  # which neighbour the next depth exploration runs
-        self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
-        # the same for iterations that do not draft: one token each, unless the suffix index's copies
-        # ride along (plan.copies), which under load is where most of its tokens come from
-        self.plain_by_load: dict[int, tuple[float, float]] = {}
-        self.scored = 0.0  # decaying sum of the draft scores verified (bonus tokens excluded)
-        self.hits = 0.0  # decaying sum of the drafts accepted
-        self.total_verifications = 0
-        self.total_accepted = 0
-        # depth_width(n) until the next measurement changes what it depends on: admission and first-token
-        # deadlines ask it dozens of times a step, a large share of the scheduling time (evidence:
-        # docs/experiments.md#depth-width-memo)
-        self._depth_width: dict[int, tuple[int, int]] = {}
+        super().__init__(cost, budget, depth_width, trims)
+        # measured / priced prefill chunks (record_prefill), alone (False) and riding along decodes (True);
+        # what this machine's chunks cost, so forget_yield keeps it
+        self.prefill_correction: dict[bool, float] = {}
 
-    # ---- learning ------------------------------------------------------------------------------
-    @classmethod
-    def for_policy(cls, cost: CostModel | None, budget: int, policy, spec) -> Estimator:
-        """The estimator an engine (or a simulated replica) running `policy` predicts with."""
-        return cls(cost, budget, lambda n: policy.depth_width(n, budget, spec), policy.trims_speculation)
+    def record_prefill(self, n: int, depth: int, width: int, chunk: int, latency: float) -> None:
+        """An iteration that carried `chunk` prefill tokens beside `n` decoding requests: what the chunk
+        took over what the cost model prices it at. Calibration times verification trees (many short
+        sequences over cached context), which priced one prompt's 256-token chunk at 1.6x what it took,
+        and the decode iterations' correction the chunks borrowed measures per-step overheads a chunk
+        does not multiply: together 2.4x (docs/experiments.md#ttft-prediction). Kept apart for chunks
+        alone and beside decodes: beside them the residual also carries what the decode part's price
+        missed. An iteration whose decoding requests cost more than its chunk says little about the
+        chunk and is skipped."""
+        if not self.cost or chunk <= 0:
+            return
+        raw = self._chunk_ms(n, depth, chunk) / 1e3
+        decode = self.iteration_s(n, depth, width) if n else 0.0
+        if raw <= 0 or decode > raw:
+            return
+        measured = min(max((latency - decode) / raw, PREFILL_CORRECTION_RANGE[0]), PREFILL_CORRECTION_RANGE[1])
+        old = self.prefill_correction.get(n > 0)
+        self.prefill_correction[n > 0] = measured if old is None else ema(old, measured, ITERATION_EMA)
 
-    def record(self, it: IterationStats) -> None:
-        self._depth_width.clear()
-        self.t_iter = it.latency if self.t_iter == 0 else ema(self.t_iter, it.latency, ITERATION_EMA)
-        spec = it.depth > 0
-        if self.cost:
-            predicted = self.cost.iteration_ms(it.n, it.depth, it.width, it.verified_tokens + it.prefill_tokens) / 1e3
-            measured = it.latency / predicted
-            self.cost_correction = ema(self.cost_correction, measured, ITERATION_EMA)
-            old_kind = self.kind_correction.get(spec, measured)  # the first of a kind is taken as is
-            self.kind_correction[spec] = ema(old_kind, measured, ITERATION_EMA)
-            if spec:
-                self.depth_correction[it.depth] = ema(self.depth_correction.get(it.depth, measured), measured, ITERATION_EMA)
-            self.ride_along = ema(self.ride_along, max(1.0, it.latency / self.iteration_s(it.n, it.depth, it.width)), RIDE_ALONG_EMA)
-        self.since_speculation = 0 if spec else self.since_speculation + 1
-        self.since_plain = self.since_plain + 1 if spec else 0
-        self.since_depth_explore += spec
-        if spec:
-            self.hits = CALIBRATION_DECAY * self.hits + it.accepted - it.n  # bonus tokens excluded
-            self._record_depths(it)
-        if it.n:
-            table = self.by_load if spec else self.plain_by_load
-            now = (it.accepted / it.n, float(it.verified_tokens))
-            old = table.get(it.n, now)
-            table[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
-        self.total_verifications += it.n
-        self.total_accepted += it.accepted
-        if spec and self.exploring:
-            self._explored(it)
+    def _chunk_ms(self, n: int, depth: int, chunk: int) -> float:
+        """A prefill chunk as the cost model prices it: what it adds beside `n` decoding requests, or
+        with none decoding the chunk's own forward, the draft reading it too."""
+        if n == 0:
+            return self.cost.verify_ms(chunk) + self.cost.draft_step_ms(chunk)
+        return self.cost.chunk_extra_ms(n, self.verify_tokens(n, depth), chunk)
 
-    def _explored(self, it: IterationStats) -> None:
-        """An exploration that paid by itself (more tokens per second than plain decoding's) keeps them
-        coming; one that did not, while speculation still does not pay, makes the next one wait longer."""
-        self.exploring = False
-        paid = self.cost is not None and it.accepted / it.latency > it.n * self.plain_rate(it.n)
-        if paid or self.depth_width(it.n)[0]:
-            self.explore_every, self.failed_at = EXPLORE_EVERY, 0
-        else:
-            self.explore_every, self.failed_at = min(2 * self.explore_every, EXPLORE_MAX), it.n
-
-    def _record_depths(self, it: IterationStats) -> None:
-        while len(self.tried) < it.depth:
-            self.tried.append(0.0)
-            self.reached.append(0.0)
-        for k in range(len(self.tried)):
-            self.tried[k] *= CALIBRATION_DECAY
-            self.reached[k] *= CALIBRATION_DECAY
-        for k in range(it.depth):
-            self.tried[k] += it.n
-            self.reached[k] += sum(a > k for a in it.accepted_drafts)
-
-    def record_selection(self, expected_drafts: float) -> None:
-        """The expected accepted drafts (by uncalibrated draft scores) of the trees just selected."""
-        self.scored = CALIBRATION_DECAY * self.scored + expected_drafts
-
-    def reset_totals(self) -> None:
-        self._depth_width.clear()
-        self.total_verifications = self.total_accepted = 0
-
-    # ---- predictions ---------------------------------------------------------------------------
-    def mean_accepted(self) -> float:
-        """Mean tokens produced per verification (bonus included) since the last reset."""
-        return self.total_accepted / max(self.total_verifications, 1)
-
-    def calibration(self) -> float:
-        """Accepted draft tokens per unit of draft score verified: what turns the draft's path
-        probabilities into acceptance probabilities (drafts are rarely calibrated). 1 until measured."""
-        if self.scored < 1.0:
-            return 1.0
-        lo, hi = CALIBRATION_RANGE
-        return min(max(self.hits / self.scored, lo), hi)
-
-    def at_load(self, n: int, depth: int) -> tuple[float, float]:
-        """Tokens per request per iteration and tree tokens verified with `n` decoding requests: as
-        measured at that load, else at the nearest measured load with as many tokens per request (the
-        fewer requests, the more each gets, so extrapolating the yield upwards would be optimistic and
-        admit too many), else all of B at the lifetime yield. Without drafting: as measured the same
-        way (the suffix index's copies), else one token each. The admission's time per token and the
-        prefill pacing's slack both divide by this: a yield the copies raise but the table ignored made
-        both pessimistic, holding back admissions and prefill chunks the copies had paid for."""
-        table = self.by_load if depth else self.plain_by_load
-        if n in table:
-            return table[n]
-        if not table:
-            return (max(self.mean_accepted(), 1.0), float(max(self.budget, n))) if depth else (1.0, float(n))
-        m = min(table, key=lambda k: (abs(k - n), k))
-        accepted, verified = table[m]
-        return accepted, verified * n / m
-
-    def correction(self, speculative: bool) -> float:
-        """Measured over predicted time of this kind of iteration. A prefill chunk's share is the
-        target's work, so it takes the plain kind's: with the mixed EMA, each rare speculative
-        iteration (the draft catching up, a larger tree) made every chunk look slower for a while, so
-        chunks shrank and waiting requests were turned away that a run without speculation served
-        (evidence: docs/experiments.md#vllm-lazy-draft)."""
-        return self.kind_correction.get(speculative, self.cost_correction)
-
-    def verify_tokens(self, n: int, depth: int) -> int:
-        return round(self.at_load(n, depth)[1])
-
-    def iteration_s(self, n: int, depth: int, width: int) -> float:
-        """t_spec: the cost model's prediction, corrected by measurements; without a profile, the EMA of
-        measured decode iterations."""
-        if not self.cost:
-            return self.t_iter
-        correction = self.correction(depth > 0)
-        if depth and self.per_depth:
-            correction = self.depth_correction.get(depth, correction)
-        tokens = self.verify_tokens(n, depth)
-        if depth:
-            tokens = min(tokens, n * (1 + depth * width))  # no tree outgrows its beams
-        return self.cost.iteration_ms(n, depth, width, tokens) / 1e3 * correction
-
-    # ---- how deep speculation pays -------------------------------------------------------------
-    def reach(self, depth: int) -> list[float]:
-        """P(a verification accepts at least k drafts) for k = 1..depth, as measured; a depth measured
-        too rarely continues the last measured ratio (acceptance along a path only falls)."""
-        probs, prev, prev2 = [], 1.0, 1.0
-        for k in range(depth):
-            if k < len(self.tried) and self.tried[k] >= SPEC_MIN_SAMPLES:
-                p = self.reached[k] / self.tried[k]
-            else:
-                p = prev * prev / prev2 if prev2 > 0 else 0.0
-            p = min(p, prev)
-            probs.append(p)
-            prev2, prev = prev, p
-        return probs
-
-    def plain_rate(self, n: int) -> float:
-        """Tokens per second each of `n` requests gets without drafting (copies included, at_load)."""
-        return self.at_load(n, 0)[0] / self.iteration_s(n, 0, 0)
-
-    def paying_depth(self, n: int, depth: int, width: int) -> int:
-        """The depth up to the policy's `depth` whose expected tokens per second beats every other,
-        0 (no speculation) unless some depth beats plain decoding by SPEC_MARGIN. Unmeasured: `depth`."""
-        if not self.trims or depth == 0 or not self.tried or self.tried[0] < SPEC_MIN_SAMPLES:
-            return depth
-        plain = self.plain_rate(n)
-        tokens, best, best_rate = 1.0, 0, 0.0
-        for k, p in enumerate(self.reach(depth), start=1):
-            tokens += p
-            rate = tokens / self.iteration_s(n, k, width)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best if best_rate > plain * SPEC_MARGIN else 0
-
-    def depth_width(self, n: int) -> tuple[int, int]:
-        """The (depth, width) `n` decoding requests speculate with: the policy's, trimmed to what pays."""
-        if n not in self._depth_width:
-            depth, width = self.policy_depth_width(n)
-            depth = self.paying_depth(n, depth, width)
-            self._depth_width[n] = (depth, width) if depth else (0, 0)
-        return self._depth_width[n]
-
-    def next_depth_width(self, n: int) -> tuple[int, int]:
-        """`depth_width` for the iteration about to be planned: while speculation is trimmed to none,
-        one iteration in `explore_every` (EXPLORE_EVERY, more after explorations that found nothing)
-        speculates at the policy's depth to measure it again; while speculating, every
-        PLAIN_EXPLORE_EVERY-th runs plain to measure that, and every DEPTH_EXPLORE_EVERY-th speculative
-        one a neighbouring depth."""
-        depth, width = self.depth_width(n)
-        if n < EXPLORE_RELOAD * self.failed_at:
-            self.explore_every, self.failed_at = EXPLORE_EVERY, 0
-        if self.trims and depth == 0 and self.since_speculation >= self.explore_every - 1:
-            self.exploring = True
-            return self.policy_depth_width(n)
-        if self.trims and depth > 0 and self.since_plain >= PLAIN_EXPLORE_EVERY - 1:
-            return 0, 0
-        if self.trims and self.per_depth and depth > 0 and self.since_depth_explore >= DEPTH_EXPLORE_EVERY - 1:
-            self.since_depth_explore, self.explore_deeper = 0, not self.explore_deeper
-            deeper = depth + 1 if depth < self.policy_depth_width(n)[0] else None
-            shallower = depth - 1 if depth > 1 else None
-            neighbour = (deeper or shallower) if self.explore_deeper else (shallower or deeper)
-            if neighbour:
-                return neighbour, width
-        return depth, width
-
-    def tpot_at(self, n: int) -> float:
-        """Predicted time per token of each of `n` decoding requests: an iteration over the tokens it
-        yields per request, as measured at that load."""
-        depth, width = self.depth_width(n)
-        return self.iteration_s(n, depth, width) / self.at_load(n, depth)[0]
+    def chunk_correction(self, n: int) -> float:
+        """Measured over priced prefill chunks beside `n` decoding requests (alone or riding along),
+        else the other kind's; until a chunk is measured, the plain decode kind's."""
+        own, other = self.prefill_correction.get(n > 0), self.prefill_correction.get(n == 0)
+        return own if own is not None else other if other is not None else self.correction(False)
 
     def chunk_extra_ms(self, n: int, depth: int, chunk: int) -> float:
         """What a prefill chunk adds to an iteration of `n` decoding requests (needs a cost model)."""
-        return self.cost.chunk_extra_ms(n, self.verify_tokens(n, depth), chunk) * self.correction(False)
+        return self._chunk_ms(n, depth, chunk) * self.chunk_correction(n)
 
     def prefill_iteration_s(self, n: int, chunk: int) -> float:
         """One iteration carrying a `chunk`-token prefill chunk beside `n` decoding requests (needs a cost
         model); with none decoding it is the chunk's own forward, the draft reading it too."""
         if n == 0:
-            return (self.cost.verify_ms(chunk) + self.cost.draft_step_ms(chunk)) / 1e3 * self.correction(False)
+            return self._chunk_ms(0, 0, chunk) / 1e3 * self.chunk_correction(0)
         depth, width = self.depth_width(n)
         return self.iteration_s(n, depth, width) + self.chunk_extra_ms(n, depth, chunk) / 1e3
 
-    def first_token_s(self, n: int, tokens: int, chunk: int) -> float:
+    def first_token_s(self, n: int, tokens: int, chunk: int, behind: int = 0) -> float:
         """From now to the first token of a request whose prompt ends `tokens` prefill tokens from now
         (its own and those prefilled before it), at up to `chunk` tokens per iteration beside `n`
-        decoding requests: the iterations that carry them, the last one partly full."""
+        decoding requests: the iterations that carry them, the last one partly full, or fuller by the
+        `behind` tokens of prompts after it that share it (its first token comes when it ends)."""
         full, rest = divmod(max(tokens, 1), chunk)
-        return full * self.prefill_iteration_s(n, chunk) + (self.prefill_iteration_s(n, rest) if rest else 0.0)
+        last = self.prefill_iteration_s(n, min(chunk, rest + behind)) if rest else 0.0
+        return full * self.prefill_iteration_s(n, chunk) + last

@@ -24,7 +24,7 @@ from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
 from .control import best_effort_victim, keeps_slos, prefill_chunks, split_chunks
-from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, first_token_at, missed_at, rejection_message, tokens_ahead
+from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed_at, rejection_message, running_first_token_at
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
@@ -136,6 +136,9 @@ class Scheduler:
             if p.first_token is not None:
                 p.seq.first_token_time = now
                 outputs.append(self._emit(p.seq, [p.first_token], now))
+        if plan.prefill_tokens:
+            took = result.speculation + result.selection + result.verification
+            self.estimator.record_prefill(len(plan.decode), plan.depth, plan.width, plan.prefill_tokens, took)
         if plan.decode:
             self._record(plan, result)
         for seq in plan.scheduled:  # what a reservation held past the committed tokens goes back
@@ -186,7 +189,7 @@ class Scheduler:
     def _admit(self, now: float, plan: IterationPlan) -> None:
         if self.slo_admission:
             self._give_up_unreachable(now, plan)
-        reserved, i = 0, 0
+        reserved, i, started = 0, 0, []
         while i < len(self.waiting):
             seq = self.waiting[i]
             need = self.target_blocks.blocks_for(seq.prefill_goal + 1)
@@ -205,7 +208,7 @@ class Scheduler:
                 self.running.append(seq)
                 if not self.target_blocks.has(seq.seq_id):
                     reuse_prefix(seq, self.target_blocks, self.draft_blocks, self.prefix_stats)
-                    self._predict_first_token(seq, now)
+                    started.append(seq)
                 seq.admitted_time = seq.admitted_time if seq.admitted_time is not None else now
                 reserved += need
             elif victim is not None or self.policy.preempts_for(seq, self.running):
@@ -213,16 +216,19 @@ class Scheduler:
                 i = self.waiting.index(seq)
             else:
                 break
+        self._predict_first_tokens(started, now)
         if self.slo_admission:
             self._give_up_late(now, plan)
 
-    def _predict_first_token(self, seq: Sequence, now: float) -> None:
-        """What admission expects for a starting request's first token (the predictor's error is
-        measured against it: EngineMetrics)."""
-        if self.estimator.cost is not None and seq.first_token_time is None:
-            n, prefilling = self.prefill_view()
-            ahead = tokens_ahead(seq, [s for s in prefilling if s is not seq])  # it is running already
-            seq.predicted_first_token = first_token_at(self.estimator, seq, now, n, ahead, self.prefill_cap(n))
+    def _predict_first_tokens(self, started: list[Sequence], now: float) -> None:
+        """What admission expects for starting requests' first tokens, once this step's admissions are
+        all in (those admitted after a request may share its last chunk); the predictor's error is
+        measured against it: EngineMetrics."""
+        if self.estimator.cost is None:
+            return
+        n, prefilling = self.prefill_view()
+        for seq in [s for s in started if s.first_token_time is None]:
+            seq.predicted_first_token = running_first_token_at(self.estimator, seq, now, n, prefilling, self.prefill_cap(n))
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s

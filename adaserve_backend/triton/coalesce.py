@@ -14,7 +14,7 @@ docs/experiments.md#holds).
 
 from __future__ import annotations
 
-from ..scheduler.estimator import ema
+from ..scheduler.decode_estimator import ema
 
 # weight of the newest step in the running estimate of the next step's duration
 STEP_EMA = 0.2

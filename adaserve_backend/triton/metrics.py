@@ -34,7 +34,9 @@ class Finished:
 QUEUE_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0]
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ACCEPTED_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
-RATIO_BUCKETS = [0.5, 0.67, 0.8, 0.87, 0.95, 1.05, 1.15, 1.25, 1.5, 2.0, 3.0]  # measured / predicted
+# measured / predicted: edges at 1 -+ 5, 10, 15, 20, 25 and 50%, so the share of predictions within each
+# error reads off the buckets (benchmarks/prediction_error.py), and at 1/1.15 and 1/1.5
+RATIO_BUCKETS = [0.5, 0.67, 0.75, 0.8, 0.85, 0.87, 0.9, 0.95, 1.05, 1.1, 1.15, 1.2, 1.25, 1.5, 2.0, 3.0]
 FLUSH_S = 0.5  # per-step metrics are published this often (Prometheus scrapes every few seconds)
 
 

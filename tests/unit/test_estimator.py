@@ -6,13 +6,13 @@ from __future__ import annotations
 from adaserve_backend.config import SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.scheduler.estimator import (
+from adaserve_backend.scheduler.decode_estimator import (
     DEPTH_EXPLORE_EVERY,
     EXPLORE_EVERY,
     PLAIN_EXPLORE_EVERY,
     SPEC_MIN_SAMPLES,
-    Estimator,
 )
+from adaserve_backend.scheduler.estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationStats
 from adaserve_backend.scheduler.policies import make_policy
 
@@ -61,6 +61,20 @@ def test_a_draft_that_is_never_accepted_is_trimmed_to_plain_decoding():
     feed(est, accepted_per_request=0)
     assert est.depth_width(1) == (0, 0)
     assert est.tpot_at(1) * 1e3 == COST.verify_ms(1)  # a lone request then decodes at a plain step's pace
+
+
+def test_forgetting_the_yield_restores_speculation_and_keeps_the_measured_times():
+    """What the engine's warm-up does after its random-token requests, which no draft predicts."""
+    est = estimator()
+    feed(est, accepted_per_request=0)
+    slow = IterationStats(n=1, depth=0, width=0, verified_tokens=1, prefill_tokens=0, accepted=1,
+                          latency=2 * COST.verify_ms(1) / 1e3, speculation=0.0, selection=0.0, verification=0.0)
+    est.record(slow)
+    times = (est.t_iter, dict(est.kind_correction), dict(est.depth_correction))
+    est.forget_yield()
+    assert est.depth_width(1) == est.policy_depth_width(1)  # speculating again, as unmeasured
+    assert not est.tried and not est.by_load and not est.plain_by_load and est.calibration() == 1.0
+    assert (est.t_iter, est.kind_correction, est.depth_correction) == times and est.kind_correction[False] > 1
 
 
 def test_a_draft_that_is_always_accepted_keeps_its_full_depth():

@@ -38,7 +38,7 @@ class TableEstimator:
     def prefill_iteration_s(self, n, chunk):
         return self.ITERATION_S + chunk * self.prefill_token_s
 
-    def first_token_s(self, n, tokens, chunk):
+    def first_token_s(self, n, tokens, chunk, behind=0):
         return math.ceil(tokens / chunk) * self.ITERATION_S + tokens * self.prefill_token_s
 
     def tpot_at(self, n):
@@ -51,6 +51,9 @@ class TableEstimator:
         return 0.0
 
     def record(self, stats):  # the table does not learn
+        pass
+
+    def record_prefill(self, n, depth, width, chunk, latency):
         pass
 
     def depth_width(self, n):

@@ -256,4 +256,5 @@ def test_slo_router_sends_a_prompt_to_the_replica_holding_its_prefix():
     assert reps[1].load_at(now).holds(job_of(again, sc.replica.block_size)) >= 384
     assert SloAware().route(again, reps, now).index == 1
     other = SimRequest("r2", "summary", 400, 4, 250.0, 5000.0, now, None, None).sequence(2)
-    assert SloAware().route(other, reps, now).index == 0  # nothing cached anywhere: the first of equals
+    fresh = [Replica(i, sc.replica, sc.cost, sc.acceptance, random.Random(i)) for i in range(2)]
+    assert SloAware().route(other, fresh, now).index == 0  # nothing cached, nothing learned: the first of equals

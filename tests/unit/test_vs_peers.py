@@ -3,6 +3,7 @@ the peers' command lines, the server process lifecycle (ready, idle, always stop
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -44,14 +45,16 @@ def test_llama_server_runs_as_each_system_asks_and_says_how_to_build_it(tmp_path
         llamacpp_server(1, tmp_path / "log", "q2_k", directory=tmp_path)
 
 
-def test_gauges_sum_over_labels():
-    text = '# HELP x\nbusy{model="a"} 2\nbusy{model="b"} 1\nwaiting 0\nother 7\n'
+@contextlib.contextmanager
+def metrics_endpoint(*texts: str):
+    """A /metrics URL answering with each of `texts` in turn, the last one from then on."""
+    answers = list(texts)
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(text.encode())
+            self.wfile.write((answers.pop(0) if len(answers) > 1 else answers[0]).encode())
 
         def log_message(self, *args):
             pass
@@ -59,11 +62,15 @@ def test_gauges_sum_over_labels():
     server = HTTPServer(("127.0.0.1", 0), Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
-        assert gauge_values(url, ("busy", "waiting")) == [3.0, 0.0]
-        assert gauge_values("http://127.0.0.1:1/metrics", ("busy",)) is None
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
     finally:
         server.shutdown()
+
+
+def test_gauges_sum_over_labels():
+    with metrics_endpoint('# HELP x\nbusy{model="a"} 2\nbusy{model="b"} 1\nwaiting 0\nother 7\n') as url:
+        assert gauge_values(url, ("busy", "waiting")) == [3.0, 0.0]
+    assert gauge_values("http://127.0.0.1:1/metrics", ("busy",)) is None
 
 
 def test_a_server_process_is_ready_when_healthy_and_always_stopped(tmp_path):
@@ -94,3 +101,24 @@ def test_report_table_and_plot(tmp_path):
     assert len(table) == 2 + 4 and "| adaserve | 0.5 | 0.50 | 0.75 | 12.3 | 250 ms | 2.5 s | 40 ms | - | 1/8 |" in table
     plot(rows, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_first_token_prediction_error_reads_off_the_histogram():
+    """The share within each error is exact at the bucket edges; the median error interpolates."""
+    from adaserve_backend.triton.metrics import RATIO_BUCKETS
+    from benchmarks.prediction_error import HISTOGRAM, histogram_buckets, prediction_error
+
+    def exposition(ratios):
+        lines = [f'{HISTOGRAM}_bucket{{le="{le}"}} {sum(r <= le for r in ratios)}' for le in RATIO_BUCKETS]
+        return "\n".join(lines + [f'{HISTOGRAM}_bucket{{le="+Inf"}} {len(ratios)}', f"{HISTOGRAM}_count {len(ratios)}"])
+
+    earlier = [0.3, 1.0]
+    now = earlier + [0.92, 0.97, 1.02, 1.12, 1.12, 1.3, 1.7, 2.5]  # the 8 requests between the scrapes
+    with metrics_endpoint(exposition(earlier), exposition(now)) as url:
+        err = prediction_error(histogram_buckets(url), histogram_buckets(url))
+    assert err["n"] == 8
+    assert err["within"]["5%"] == pytest.approx(2 / 8) and err["within"]["15%"] == pytest.approx(5 / 8)
+    assert err["within"]["50%"] == pytest.approx(6 / 8)
+    assert err["median_abs_error"] == pytest.approx(0.125)  # 3/8 within 10%, 5/8 within 15%
+    assert err["median_ratio"] == pytest.approx(1.125)
+    assert prediction_error(None, {}) is None and prediction_error({}, {}) is None

@@ -1,0 +1,81 @@
+"""How far admission's first-token predictions fell from what the engine then measured, read off our
+server's `adaserve_ttft_measured_over_predicted` histogram (Prometheus text on Triton's metrics port):
+the difference of two scrapes covers the requests that ended in between. The bucket edges sit at
+1 -+ each of ERRORS, so the share of predictions within each relative error is exact, and the median
+absolute error is interpolated between those shares."""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.request
+
+HISTOGRAM = "adaserve_ttft_measured_over_predicted"
+ERRORS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.5)  # |measured / predicted - 1|
+_LE = re.compile(r'le="([^"]+)"')
+
+
+def histogram_buckets(metrics_url: str, name: str = HISTOGRAM) -> dict[float, float] | None:
+    """Cumulative counts by upper edge (`le`, +Inf included), summed over labels; None if the endpoint
+    does not answer."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    counts: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket") and (m := _LE.search(line)):
+            le = float(m.group(1))
+            counts[le] = counts.get(le, 0.0) + float(line.rsplit(" ", 1)[-1])
+    return counts
+
+
+def _edge(counts: dict[float, float], x: float) -> float | None:
+    return next((counts[le] for le in counts if math.isclose(le, x, abs_tol=1e-9)), None)
+
+
+def prediction_error(before: dict[float, float] | None, after: dict[float, float] | None) -> dict | None:
+    """`n` predictions, the share within each relative error, the median absolute relative error
+    (None when fewer than half are within the largest of ERRORS) and the median of measured / predicted
+    (above 1: predictions too optimistic). None without both scrapes or without a prediction between."""
+    if before is None or after is None:
+        return None
+    counts = {le: c - before.get(le, 0.0) for le, c in after.items()}
+    n = counts.get(math.inf, 0.0)
+    if n <= 0:
+        return None
+    within = {}
+    for e in ERRORS:
+        hi, lo = _edge(counts, 1 + e), _edge(counts, 1 - e)
+        if hi is not None and lo is not None:
+            within[e] = (hi - lo) / n
+    median_error, prev_e, prev_w = None, 0.0, 0.0
+    for e, w in within.items():
+        if w >= 0.5:
+            median_error = prev_e + (0.5 - prev_w) / (w - prev_w) * (e - prev_e) if w > prev_w else e
+            break
+        prev_e, prev_w = e, w
+    return {"n": int(n), "within": {f"{e:.0%}": round(w, 3) for e, w in within.items()},
+            "median_abs_error": median_error, "median_ratio": _quantile(counts, n, 0.5)}
+
+
+def _quantile(counts: dict[float, float], n: float, q: float) -> float | None:
+    """Prometheus' histogram_quantile: linear within the bucket holding the q-th observation."""
+    edges = sorted(counts)
+    prev_le, prev_c = 0.0, 0.0
+    for le in edges:
+        if counts[le] >= q * n:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (q * n - prev_c) / (counts[le] - prev_c) * (le - prev_le) if counts[le] > prev_c else le
+        prev_le, prev_c = le, counts[le]
+    return None
+
+
+def describe(err: dict | None) -> str:
+    if not err:
+        return "no first-token predictions"
+    median = "> 50%" if err["median_abs_error"] is None else f"{err['median_abs_error']:.0%}"
+    return (f"first-token predictions: median |error| {median}, within 15% {err['within'].get('15%', 0):.0%} "
+            f"of {err['n']}, measured/predicted p50 {err['median_ratio']:.2f}")
