@@ -24,3 +24,26 @@ def test_a_decode_step_is_predicted_before_its_measurement_updates_the_estimator
     plan = IterationPlan(start=START)
     plan.decode = [seq(100)]
     assert sched._predicted_s(plan) == TableEstimator.ITERATION_S
+
+
+def test_requests_admitted_together_share_the_last_chunk_of_the_first():
+    """Chunks are packed in deadline order: with none decoding, a prompt admitted beside later ones ends
+    in an iteration they fill, and its first token comes when that iteration ends."""
+    from tests.unit.test_estimator import estimator
+
+    est = estimator()
+    assert est.first_token_s(0, 100, 256, behind=100) == est.prefill_iteration_s(0, 200)
+    assert est.first_token_s(0, 300, 256, behind=500) == est.prefill_iteration_s(0, 256) * 2
+    first_token_s = {}
+
+    class Recording(TableEstimator):
+        def first_token_s(self, n, tokens, chunk, behind=0):
+            first_token_s[tokens] = behind
+            return super().first_token_s(n, tokens, chunk, behind)
+
+    sched = scheduler(Recording({1: 0.05}))
+    a, b = seq(100, prompt=20, arrival=START - 0.2), seq(100, prompt=30, arrival=START - 0.1)
+    sched.add(a)
+    sched.add(b)
+    sched.schedule(START)
+    assert first_token_s[20] == 30 and first_token_s[50] == 0  # a before b (EDF), b with a's 20 ahead
