@@ -162,7 +162,7 @@ class Engine:
         scheduler's counters are reset after.
 
         Last, the garbage collector's debt: loading and measuring left hundreds of thousands of objects
-        that its first full collection walks, a pause of ~0.2 s that fell on the first requests' steps
+        that its first full collection walks, a pause that fell on the first requests' steps
         (docs/experiments.md#first-requests). They live as long as the process, so they are collected
         once and then frozen: later full collections walk only what serving made."""
         import gc

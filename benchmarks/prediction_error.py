@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-import urllib.request
+
+from adaserve_backend.triton.process import metrics_text
 
 HISTOGRAM = "adaserve_ttft_measured_over_predicted"
 ERRORS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.5)  # |measured / predicted - 1|
@@ -18,10 +19,7 @@ _LE = re.compile(r'le="([^"]+)"')
 def histogram_buckets(metrics_url: str, name: str = HISTOGRAM) -> dict[float, float] | None:
     """Cumulative counts by upper edge (`le`, +Inf included), summed over labels; None if the endpoint
     does not answer."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
+    if (text := metrics_text(metrics_url)) is None:
         return None
     counts: dict[float, float] = {}
     for line in text.splitlines():

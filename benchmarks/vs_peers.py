@@ -68,6 +68,11 @@ SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *LLAMACPP_SYS
 TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our systems: the model clients call
 
 
+def on_triton(system: str) -> bool:
+    """Our tritonserver, as served or as an `adaserve:NAME` variant."""
+    return system in TRITON_MODELS or system.startswith("adaserve:")
+
+
 def render_chat(items: list[WorkItem]) -> list[WorkItem]:
     """Chat items as the plain text of the model's chat template, so every server gets the same ids."""
     from adaserve_backend.chat import chat_text
@@ -128,7 +133,7 @@ def make_server(system: str, args, log_dir: Path) -> ServerProcess:
 
 
 def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:
-    if system in TRITON_MODELS or system.startswith("adaserve:"):
+    if on_triton(system):
         model = TRITON_MODELS.get(system, "ensemble")
         return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model, exact_length=True)
     if system in RAY_SYSTEMS:  # our OpenAI frontend: the targets travel as body fields
@@ -204,7 +209,7 @@ def main() -> None:
                     continue
                 bar.set_postfix_str(f"{system} @ {rps} rps")
                 server.wait_idle()
-                ours = system in TRITON_MODELS or system.startswith("adaserve:")
+                ours = on_triton(system)
                 predictions = histogram_buckets(server.metrics_url) if ours else None
                 records, wall = run_system(system, server, items, args, slos)
                 row = {"system": system, "rps": rps, **score(records, wall)}

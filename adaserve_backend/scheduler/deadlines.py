@@ -49,7 +49,7 @@ def running_first_token_at(est: Estimator, seq: Sequence, start: float, n_decode
                            chunk: int) -> float:
     """`first_token_at` for `seq` prefilling among `prefilling` (itself included or not). Later prompts
     fill its last iteration only with none decoding: beside decodes, pacing cuts chunks below `chunk`,
-    and counting them priced that iteration at up to three times what it took."""
+    and counting them overpriced that iteration (docs/experiments.md#ttft-prediction)."""
     others = [s for s in prefilling if s is not seq]
     behind = tokens_behind(seq, others) if n_decode == 0 else 0
     return first_token_at(est, seq, start, n_decode, tokens_ahead(seq, others), chunk, behind)

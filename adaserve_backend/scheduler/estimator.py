@@ -26,9 +26,9 @@ class Estimator(DecodeEstimator):
     def record_prefill(self, n: int, depth: int, width: int, chunk: int, latency: float) -> None:
         """An iteration that carried `chunk` prefill tokens beside `n` decoding requests: what the chunk
         took over what the cost model prices it at. Calibration times verification trees (many short
-        sequences over cached context), which priced one prompt's 256-token chunk at 1.6x what it took,
-        and the decode iterations' correction the chunks borrowed measures per-step overheads a chunk
-        does not multiply: together 2.4x (docs/experiments.md#ttft-prediction). Kept apart for chunks
+        sequences over cached context), which overprice one prompt's chunk, and the decode iterations'
+        correction the chunks borrowed measures per-step overheads a chunk does not multiply
+        (docs/experiments.md#ttft-prediction). Kept apart for chunks
         alone and beside decodes: beside them the residual also carries what the decode part's price
         missed. An iteration whose decoding requests cost more than its chunk says little about the
         chunk and is skipped."""

@@ -86,6 +86,10 @@ class IterationResult:
     verification: float = 0.0  # the target's forward, acceptance and commits
     draft_chain_tokens: int = 0  # what the draft's first step read: drafting chains, catching up, prefill chunks
 
+    @property
+    def latency(self) -> float:
+        return self.speculation + self.selection + self.verification
+
 
 @dataclass(frozen=True)
 class IterationStats:

@@ -137,8 +137,7 @@ class Scheduler:
                 p.seq.first_token_time = now
                 outputs.append(self._emit(p.seq, [p.first_token], now))
         if plan.prefill_tokens:
-            took = result.speculation + result.selection + result.verification
-            self.estimator.record_prefill(len(plan.decode), plan.depth, plan.width, plan.prefill_tokens, took)
+            self.estimator.record_prefill(len(plan.decode), plan.depth, plan.width, plan.prefill_tokens, result.latency)
         if plan.decode:
             self._record(plan, result)
         for seq in plan.scheduled:  # what a reservation held past the committed tokens goes back
@@ -168,7 +167,7 @@ class Scheduler:
             n=len(plan.decode), depth=plan.depth, width=plan.width,
             verified_tokens=sum(v.draft_tokens + 1 for v in result.decoded), prefill_tokens=plan.prefill_tokens,
             accepted=sum(len(v.tokens) for v in result.decoded),
-            latency=result.speculation + result.selection + result.verification,
+            latency=result.latency,
             speculation=result.speculation, selection=result.selection, verification=result.verification,
             accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
             context_tokens=plan.context_tokens, prefills=len(plan.prefill), draft_chain_tokens=result.draft_chain_tokens,

@@ -122,12 +122,18 @@ def _status(url: str) -> int | None:
         return None
 
 
-def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None:
-    """The sum over labels of each named gauge, or None if the endpoint does not answer."""
+def metrics_text(metrics_url: str) -> str | None:
+    """A Prometheus endpoint's exposition text, or None if it does not answer."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=5) as r:
-            text = r.read().decode()
+            return r.read().decode()
     except OSError:
+        return None
+
+
+def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None:
+    """The sum over labels of each named gauge, or None if the endpoint does not answer."""
+    if (text := metrics_text(metrics_url)) is None:
         return None
     sums = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
