@@ -35,6 +35,7 @@ class Sequence:
     admitted_time: float | None = None  # first left the waiting queue
     missed: str | None = None  # why admission gave up its first-token deadline (overload: best_effort)
     predicted_first_token: float | None = None  # when admission predicted it (with a cost model)
+    prefill_s: float = 0.0  # its prompt's prefill alone as last predicted while waiting (deadlines.edf_key)
 
     @classmethod
     def start(cls, req: Request, seq_id: int, slo: SLO, received: float, eos_ids: frozenset[int]) -> Sequence:

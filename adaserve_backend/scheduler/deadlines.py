@@ -22,9 +22,13 @@ NO_CAPACITY = "no_capacity_in_time"  # it could not start in time without puttin
 
 
 def edf_key(seq: Sequence) -> tuple[int, float, float]:
-    """Earliest deadline first. A request that has streamed (preempted, re-prefilling) goes before any
-    that has not: its client is mid-stream and every token of it is already due."""
-    return (0 if seq.started_stream else 1, seq.deadline, seq.arrival)
+    """Earliest deadline first, each deadline pushed back by the request's own prefill time: of two
+    requests due about together the shorter prompt goes first (its prefill delays the other less than
+    the other's delays it, and a burst's order no longer depends on which arrived a millisecond
+    first), while one due earlier by more than the difference of their prefill times still goes first.
+    A request that has streamed (preempted, re-prefilling) goes before any that has not: its client is
+    mid-stream and every token of it is already due."""
+    return (0 if seq.started_stream else 1, seq.deadline + seq.prefill_s, seq.arrival)
 
 
 def has_deadline(seq: Sequence) -> bool:

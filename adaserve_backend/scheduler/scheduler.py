@@ -24,7 +24,15 @@ from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
 from .control import best_effort_victim, keeps_slos, prefill_chunks, split_chunks
-from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed_at, rejection_message, running_first_token_at
+from .deadlines import (
+    NO_CAPACITY,
+    UNREACHABLE,
+    edf_key,
+    missed_at,
+    prefill_left,
+    rejection_message,
+    running_first_token_at,
+)
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
@@ -242,10 +250,14 @@ class Scheduler:
         return decoding, [s for s in self.running if not s.decoding]
 
     def _give_up_unreachable(self, now: float, plan: IterationPlan) -> None:
-        """EDF order; a request whose first token would be late even if it started now, behind only the
+        """EDF order (edf_key: deadlines and each prompt's own prefill time, what the caches hold for
+        it skipped); a request whose first token would be late even if it started now, behind only the
         running prefills due before it, is past saving: the overload answer applies at once."""
-        self.waiting = deque(sorted(self.waiting, key=edf_key))
         note_cached_prefixes(self.waiting, self.target_blocks, self.draft_blocks)
+        if self.estimator.cost is not None:
+            for seq in self.waiting:
+                seq.prefill_s = self.estimator.first_token_s(0, prefill_left(seq), self.prefill_cap(0))
+        self.waiting = deque(sorted(self.waiting, key=edf_key))
         n, prefilling = self.prefill_view()
         for seq, at in missed_at(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n)):
             self._overload(seq, UNREACHABLE, at, plan)

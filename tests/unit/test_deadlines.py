@@ -48,13 +48,28 @@ def test_waiting_requests_start_earliest_deadline_first_when_admission_allows():
     tight = arrive(sched, "tight", clock, ttft_ms=1000)
     clock.tick(0.01)
     tighter_later = arrive(sched, "tighter", clock, ttft_ms=500)  # due at +0.51 s, before "tight" at +1.0 s
+    assert start_order(sched, clock) == ["tighter", "tight", "loose"]
+    for s in (loose, tight, tighter_later):
+        assert s.first_token_time <= s.deadline and s.missed is None
+
+
+def start_order(sched: Scheduler, clock: Clock) -> list[str]:
     started = []
     while sched.has_work():
         step(sched, clock)
         started += [s.request.request_id for s in sched.running if s.request.request_id not in started]
-    assert started == ["tighter", "tight", "loose"]
-    for s in (loose, tight, tighter_later):
-        assert s.first_token_time <= s.deadline and s.missed is None
+    return started
+
+
+def test_of_two_prompts_due_about_together_the_shorter_prefills_first_whichever_arrived_first():
+    """10 ms per prompt token: the long prompt's prefill is 0.9 s longer, so the short one goes first
+    unless the long one is due more than 0.9 s earlier."""
+    for long_ttft_ms, expected in ((6000, ["short", "long"]), (5200, ["short", "long"]), (5000, ["long", "short"])):
+        sched, clock = deadline_scheduler(TableEstimator(ONE_AT_A_TIME, prefill_token_s=0.01), max_num_seqs=1), Clock()
+        arrive(sched, "long", clock, ttft_ms=long_ttft_ms, prompt=100)
+        clock.tick(0.001)
+        arrive(sched, "short", clock, ttft_ms=6000, prompt=10)
+        assert start_order(sched, clock) == expected, long_ttft_ms
 
 
 def test_a_request_no_schedule_can_serve_on_time_is_rejected_at_arrival_with_the_prediction():
