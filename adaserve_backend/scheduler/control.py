@@ -116,20 +116,26 @@ def split_chunks(prefill: list[Sequence], cap: int) -> dict[Sequence, int]:
     return chunks
 
 
+def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
+                   est: Estimator, full: int, spare_decodes: bool = False) -> int:
+    """SLO-aware prefill's tokens this iteration: the chunk paced by the decoding requests' slack
+    (paced_prefill) but never below what the first-token deadlines need (urgent_chunk); with
+    `spare_decodes`, that floor only as far as no decoding request is pushed past its target
+    (spared_prefill). With none decoding, `full`."""
+    if not decode:
+        return full
+    t_iter = est.prefill_iteration_s(len(decode), full)
+    urgent = min(urgent_chunk(prefill, now, t_iter), full)
+    if spare_decodes:
+        urgent = min(urgent, spared_prefill(decode, depth, width, now, est, full))
+    return max(paced_prefill(decode, depth, width, now, est, full), urgent)
+
+
 def prefill_chunks(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
                    est: Estimator, full: int, spare_decodes: bool = False) -> dict[Sequence, int]:
-    """SLO-aware prefill: first tokens in deadline order, the chunk paced by the decoding requests'
-    slack (paced_prefill) but never below what the first-token deadlines need (urgent_chunk); with
-    `spare_decodes`, that floor only as far as no decoding request is pushed past its target
-    (spared_prefill)."""
-    prefill, cap = sorted(prefill, key=edf_key), full
-    if decode:
-        t_iter = est.prefill_iteration_s(len(decode), full)
-        urgent = min(urgent_chunk(prefill, now, t_iter), full)
-        if spare_decodes:
-            urgent = min(urgent, spared_prefill(decode, depth, width, now, est, full))
-        cap = max(paced_prefill(decode, depth, width, now, est, full), urgent)
-    return split_chunks(prefill, cap)
+    """SLO-aware prefill: first tokens in deadline order, prefill_budget's tokens."""
+    budget = prefill_budget(prefill, decode, depth, width, now, est, full, spare_decodes)
+    return split_chunks(sorted(prefill, key=edf_key), budget)
 
 
 def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int,

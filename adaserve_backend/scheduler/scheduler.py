@@ -23,7 +23,7 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
-from .control import best_effort_victim, keeps_slos, prefill_chunks, split_chunks
+from .control import best_effort_victim, keeps_slos, prefill_budget, prefill_chunks, split_chunks
 from .deadlines import (
     NO_CAPACITY,
     UNREACHABLE,
@@ -229,13 +229,19 @@ class Scheduler:
 
     def _predict_first_tokens(self, started: list[Sequence], now: float) -> None:
         """What admission expects for starting requests' first tokens, once this step's admissions are
-        all in (those admitted after a request may share its last chunk); the predictor's error is
-        measured against it: EngineMetrics."""
+        all in (those admitted after a request may share its last chunk), each iteration carrying the
+        prefill tokens pacing gives now, not the cap: beside decodes a prompt's chunks are paced by
+        their slack, and pricing them at the cap put long prompts' first tokens early
+        (docs/experiments.md#ttft-prediction). The predictor's error is measured against it: EngineMetrics."""
         if self.estimator.cost is None:
             return
-        n, prefilling = self.prefill_view()
+        (n, prefilling), est = self.prefill_view(), self.estimator
+        chunk = self.prefill_cap(n)
+        if n and self.slo_admission:
+            decode = [s for s in self.running if s.decoding]
+            chunk = max(1, prefill_budget(prefilling, decode, *est.depth_width(n), now, est, chunk, self.config.spare_decodes))
         for seq in [s for s in started if s.first_token_time is None]:
-            seq.predicted_first_token = running_first_token_at(self.estimator, seq, now, n, prefilling, self.prefill_cap(n))
+            seq.predicted_first_token = running_first_token_at(est, seq, now, n, prefilling, chunk)
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s

@@ -47,3 +47,20 @@ def test_requests_admitted_together_share_the_last_chunk_of_the_first():
     sched.add(b)
     sched.schedule(START)
     assert first_token_s[20] == 30 and first_token_s[50] == 0  # a before b (EDF), b with a's 20 ahead
+
+
+def test_beside_decodes_a_first_token_is_predicted_at_the_paced_chunk_not_the_cap(monkeypatch):
+    """Pacing gives a prompt fewer tokens per iteration than the cap while others decode; its first
+    token is predicted at what pacing gives now."""
+    from adaserve_backend.scheduler import scheduler as scheduler_module
+    from tests.unit.test_deadlines import Clock, arrive, deadline_scheduler, step
+
+    est = TableEstimator({1: 0.05, 2: 0.05}, prefill_token_s=0.001)
+    sched, clock = deadline_scheduler(est), Clock()
+    arrive(sched, "decoding", clock, ttft_ms=5000, max_tokens=50)
+    step(sched, clock)
+    assert [s.decoding for s in sched.running] == [True]
+    monkeypatch.setattr(scheduler_module, "prefill_budget", lambda *a, **k: 64)
+    later = arrive(sched, "later", clock, ttft_ms=5000, prompt=300)
+    sched.schedule(clock.now)
+    assert later.predicted_first_token == clock.now + est.first_token_s(1, 300, 64)
