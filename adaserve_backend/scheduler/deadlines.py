@@ -31,6 +31,12 @@ def edf_key(seq: Sequence) -> tuple[int, float, float]:
     return (0 if seq.started_stream else 1, seq.deadline + seq.prefill_s, seq.arrival)
 
 
+def note_prefill_times(waiting: Iterable[Sequence], est: Estimator, chunk: int) -> None:
+    """Each waiting request's own prefill alone, what the caches hold for it skipped (edf_key)."""
+    for seq in waiting:
+        seq.prefill_s = est.first_token_s(0, prefill_left(seq), chunk)
+
+
 def has_deadline(seq: Sequence) -> bool:
     """Whether its first-token deadline still governs it: not yet streaming, not already given up."""
     return not seq.started_stream and not seq.slo_missed and math.isfinite(seq.deadline)

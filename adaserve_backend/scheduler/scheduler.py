@@ -23,16 +23,8 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
-from .control import best_effort_victim, keeps_slos, prefill_budget, prefill_chunks, split_chunks
-from .deadlines import (
-    NO_CAPACITY,
-    UNREACHABLE,
-    edf_key,
-    missed_at,
-    prefill_left,
-    rejection_message,
-    running_first_token_at,
-)
+from .control import best_effort_victim, keeps_slos, predict_first_tokens, prefill_chunks, split_chunks
+from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed_at, note_prefill_times, rejection_message
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
@@ -229,19 +221,11 @@ class Scheduler:
 
     def _predict_first_tokens(self, started: list[Sequence], now: float) -> None:
         """What admission expects for starting requests' first tokens, once this step's admissions are
-        all in (those admitted after a request may share its last chunk), each iteration carrying the
-        prefill tokens pacing gives now, not the cap: beside decodes a prompt's chunks are paced by
-        their slack, and pricing them at the cap put long prompts' first tokens early
-        (docs/experiments.md#ttft-prediction). The predictor's error is measured against it: EngineMetrics."""
-        if self.estimator.cost is None:
-            return
-        (n, prefilling), est = self.prefill_view(), self.estimator
-        chunk = self.prefill_cap(n)
-        if n and self.slo_admission:
-            decode = [s for s in self.running if s.decoding]
-            chunk = max(1, prefill_budget(prefilling, decode, *est.depth_width(n), now, est, chunk, self.config.spare_decodes))
-        for seq in [s for s in started if s.first_token_time is None]:
-            seq.predicted_first_token = running_first_token_at(est, seq, now, n, prefilling, chunk)
+        all in (control.predict_first_tokens); the predictor's error is measured against it: EngineMetrics."""
+        if self.estimator.cost is not None:
+            n, prefilling = self.prefill_view()
+            predict_first_tokens(started, [s for s in self.running if s.decoding], prefilling, now, self.estimator,
+                                 self.prefill_cap(n), self.config.spare_decodes if self.slo_admission else None)
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s
@@ -261,8 +245,7 @@ class Scheduler:
         running prefills due before it, is past saving: the overload answer applies at once."""
         note_cached_prefixes(self.waiting, self.target_blocks, self.draft_blocks)
         if self.estimator.cost is not None:
-            for seq in self.waiting:
-                seq.prefill_s = self.estimator.first_token_s(0, prefill_left(seq), self.prefill_cap(0))
+            note_prefill_times(self.waiting, self.estimator, self.prefill_cap(0))
         self.waiting = deque(sorted(self.waiting, key=edf_key))
         n, prefilling = self.prefill_view()
         for seq, at in missed_at(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n)):
