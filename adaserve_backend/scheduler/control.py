@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .deadlines import edf_key, running_first_token_at, urgent_chunk
+from .deadlines import running_first_token_at, urgent_chunk
 
 if TYPE_CHECKING:  # config builds a default SchedulerConfig at import, which loads the policies, which use this
     from ..config import SchedulerConfig, SpeculationConfig
@@ -121,7 +121,7 @@ def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, 
     """SLO-aware prefill's tokens this iteration: the chunk paced by the decoding requests' slack
     (paced_prefill) but never below what the first-token deadlines need (urgent_chunk); with
     `spare_decodes`, that floor only as far as no decoding request is pushed past its target
-    (spared_prefill). With none decoding, `full`."""
+    (spared_prefill). With none decoding, `full`. First tokens take it in deadline order (edf_key)."""
     if not decode:
         return full
     t_iter = est.prefill_iteration_s(len(decode), full)
@@ -131,25 +131,14 @@ def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, 
     return max(paced_prefill(decode, depth, width, now, est, full), urgent)
 
 
-def prefill_chunks(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
-                   est: Estimator, full: int, spare_decodes: bool = False) -> dict[Sequence, int]:
-    """SLO-aware prefill: first tokens in deadline order, prefill_budget's tokens."""
-    budget = prefill_budget(prefill, decode, depth, width, now, est, full, spare_decodes)
-    return split_chunks(sorted(prefill, key=edf_key), budget)
-
-
-def predict_first_tokens(started: list[Sequence], decode: list[Sequence], prefilling: list[Sequence], now: float,
-                         est: Estimator, cap: int, spare_decodes: bool | None) -> None:
-    """Each starting request's first token as expected now (Sequence.predicted_first_token), the step's
-    admissions all in (those admitted after a request may share its last chunk), each iteration
-    carrying the prefill tokens pacing gives now, not the cap: beside decodes a prompt's chunks are
-    paced by their slack, and pricing them at the cap put long prompts' first tokens early
-    (docs/experiments.md#ttft-prediction). `spare_decodes` None: no SLO-aware pacing, the cap."""
-    chunk = cap
-    if decode and spare_decodes is not None:
-        chunk = max(1, prefill_budget(prefilling, decode, *est.depth_width(len(decode)), now, est, cap, spare_decodes))
+def predict_first_tokens(started: list[Sequence], n_decode: int, prefilling: list[Sequence], now: float,
+                         est: Estimator, chunk: int) -> None:
+    """Each starting request's first token as expected now (Sequence.predicted_first_token), those
+    admitted after it in the same step sharing its last chunk, every iteration carrying `chunk` prefill
+    tokens: the step's budget, not the cap, since beside decodes pacing gives a prompt fewer and pricing
+    them at the cap put long prompts' first tokens early (docs/experiments.md#ttft-prediction)."""
     for seq in [s for s in started if s.first_token_time is None]:
-        seq.predicted_first_token = running_first_token_at(est, seq, now, len(decode), prefilling, chunk)
+        seq.predicted_first_token = running_first_token_at(est, seq, now, n_decode, prefilling, chunk)
 
 
 def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int,

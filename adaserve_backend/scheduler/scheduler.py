@@ -23,7 +23,7 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
-from .control import best_effort_victim, keeps_slos, predict_first_tokens, prefill_chunks, split_chunks
+from .control import best_effort_victim, keeps_slos, predict_first_tokens, prefill_budget, split_chunks
 from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed_at, note_prefill_times, rejection_message
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
@@ -221,11 +221,14 @@ class Scheduler:
 
     def _predict_first_tokens(self, started: list[Sequence], now: float) -> None:
         """What admission expects for starting requests' first tokens, once this step's admissions are
-        all in (control.predict_first_tokens); the predictor's error is measured against it: EngineMetrics."""
-        if self.estimator.cost is not None:
+        all in, at this step's prefill budget (control.predict_first_tokens); the predictor's error is
+        measured against it: EngineMetrics."""
+        est = self.estimator
+        if est.cost is not None:
             n, prefilling = self.prefill_view()
-            predict_first_tokens(started, [s for s in self.running if s.decoding], prefilling, now, self.estimator,
-                                 self.prefill_cap(n), self.config.spare_decodes if self.slo_admission else None)
+            decode = [s for s in self.running if s.decoding]
+            chunk = max(1, self._prefill_budget(prefilling, decode, *(est.depth_width(n) if n else (0, 0)), now))
+            predict_first_tokens(started, n, prefilling, now, est, chunk)
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s
@@ -277,11 +280,17 @@ class Scheduler:
         """Prefill tokens an iteration beside `num_decode` decoding requests may carry."""
         return self.policy.prefill_cap(self.config, num_decode)
 
-    def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
+    def _prefill_budget(self, prefill, decode, depth, width, now) -> int:
+        """Prefill tokens this iteration carries: SLO-aware pacing with admission, else the cap."""
         cap = self.prefill_cap(len(decode))
         if self.slo_admission and prefill:
-            return prefill_chunks(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes)
-        return split_chunks(prefill, cap)
+            return prefill_budget(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes)
+        return cap
+
+    def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
+        """SLO-aware prefill takes first tokens in deadline order; the rest in the running queue's."""
+        order = sorted(prefill, key=edf_key) if self.slo_admission else prefill
+        return split_chunks(order, self._prefill_budget(prefill, decode, depth, width, now))
 
     # ---- KV capacity ---------------------------------------------------------------------------
     def _ensure_capacity(self, decode, chunks, depth, width, plan: IterationPlan):
