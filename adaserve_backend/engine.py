@@ -112,7 +112,7 @@ class Engine:
         if drafting:
             cands = self.draft.propose(plan, self.max_model_len)
         else:  # model-free proposals need no draft step
-            cands = self.draft.copies(plan, self.max_model_len) if self.draft is not None and plan.copies else []
+            cands = self.draft.copies.alone(plan, self.max_model_len) if self.draft is not None and plan.copies else []
         t_spec = time.monotonic()
         trees = choose_trees(plan, cands, self.policy, self.estimator, self.config.speculation)
         t_select = time.monotonic()

@@ -24,7 +24,7 @@ from adaserve_backend.scheduler.routing import ReplicaLoad, measure_load
 from adaserve_backend.scheduler.scheduler import Scheduler
 from adaserve_backend.sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from adaserve_backend.speculation import tree_choice
-from adaserve_backend.speculation.draft_worker import truncate_depth
+from adaserve_backend.speculation.token_tree import truncate_depth
 from adaserve_backend.speculation.verify import ends_prompt
 
 from . import drafts

@@ -19,11 +19,9 @@ from ..models import LlamaModel, load_model
 from ..scheduler.plan import IterationPlan
 from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from .beam import BeamRequest, beam_search
-from .copy_rates import CopyRates
+from .copies import Copies
 from .draft_fit import check_draft_fits
-from .lookup import NgramIndex, graft
-from .suffix_index import SuffixIndex, prior
-from .token_tree import CandidateTree, TokenTree, depths
+from .token_tree import CandidateTree, TokenTree
 
 
 class DraftWorker:
@@ -38,10 +36,7 @@ class DraftWorker:
         # has not read yet; the draft's token i reads the feature of position i-1.
         self._features: dict[int, tuple[torch.Tensor, int]] = {}
         self.chain_tokens = 0  # tokens the last propose() read in its first draft step (IterationStats)
-        self.lookup = lookup
-        self._lookup: dict[int, NgramIndex] = {}
-        self.suffix = SuffixIndex(lookup.suffix_max_tokens) if lookup.suffix_tokens else None
-        self.rates = CopyRates()  # what verification measured of each model-free source
+        self.copies = Copies(lookup)  # prompt lookup's and the suffix index's proposals
 
     @classmethod
     def for_target(cls, target: ModelRunner, config: EngineConfig, draft: LlamaModel | None = None,
@@ -80,45 +75,11 @@ class DraftWorker:
         cands = [next(trees) if s.seq_id in drafting else CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
         if plan.copies:
             for seq, cand in zip(plan.decode, cands):
-                self._graft_copies(seq, cand, max_model_len, seq.seq_id in drafting)
+                self.copies.graft(seq, cand, max_model_len, seq.seq_id in drafting)
         return cands
 
-    def copies(self, plan: IterationPlan, max_model_len: int) -> list[CandidateTree]:
-        """An iteration that does not draft: trees of the suffix index's proposals alone (no draft
-        forward), or none if no request got any (then each decodes its next token, as without
-        speculation)."""
-        cands = [CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
-        for seq, cand in zip(plan.decode, cands):
-            self._graft_copies(seq, cand, max_model_len, drafting=False)
-        return cands if any(len(c) > 1 for c in cands) else []
-
-    def _graft_copies(self, seq: Sequence, cand: CandidateTree, max_model_len: int, drafting: bool) -> None:
-        """Prompt lookup's copies from the request's own context beside the draft's beams (weighed like
-        them: by measured priors, times the draft's calibration), then the suffix index's continuations
-        from every request in its scope, weighed by their buckets' learnt rates (copy_rates.py)."""
-        lookup = self.lookup
-        if lookup.ngram and drafting:
-            index = self._lookup.setdefault(seq.seq_id, NgramIndex(lookup.ngram, lookup.copies))
-            for copied, conditional in index.propose(seq.tokens, lookup.tokens):
-                graft(cand, copied, conditional)
-        scope = self._scope(seq)
-        if scope is not None:
-            self.suffix.extend(seq.seq_id, scope, seq.tokens)
-            p = self.suffix.propose(scope, seq.tokens, lookup.suffix_tokens, lambda k: self.rates.rate(k, prior(k)))
-            graft(cand, p.tokens, p.conditional, p.parents, p.keys)
-        # no tree may outgrow max_tokens or the context
-        room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
-        truncate_depth(cand, max(room, 0))
-
-    def _scope(self, seq: Sequence):
-        """Which requests' tokens this one matches and feeds (None: the suffix index is not for it)."""
-        if self.suffix is None:
-            return None
-        return "" if self.lookup.suffix_scope == "shared" else seq.request.tenant
-
     def learn(self, cand: CandidateTree, tree: TokenTree, path: list[int]) -> None:
-        """What verification accepted of the copied nodes (`path`: accepted nodes of `tree`)."""
-        self.rates.observe(cand, tree, path)
+        self.copies.learn(cand, tree, path)
 
     def commit(self, seq: Sequence, cand: CandidateTree) -> None:
         """Keep the chain the draft read this iteration; its beams go (accepted tokens are re-read). A
@@ -172,10 +133,7 @@ class DraftWorker:
         """Drop the per-request state of requests whose KV blocks the scheduler freed."""
         for seq in released:
             self._features.pop(seq.seq_id, None)
-            self._lookup.pop(seq.seq_id, None)
-            if (scope := self._scope(seq)) is not None:  # its last tokens too, then evictable
-                self.suffix.extend(seq.seq_id, scope, seq.tokens)
-                self.suffix.finish(seq.seq_id)
+        self.copies.forget(released)
 
     def _chain_features(self, seq: Sequence, n: int) -> torch.Tensor | None:
         """The features of the draft's next `n` tokens: token i reads position i-1 (zeros for i = 0)."""
@@ -190,18 +148,3 @@ class DraftWorker:
             have = have[start - 1 - first :]
         assert have.shape[0] >= n, "the draft cannot run ahead of the target's features"
         return have[:n]
-
-
-def truncate_depth(cand: CandidateTree, max_depth: int) -> None:
-    """Drop nodes deeper than `max_depth` (a grafted chain may sit after deeper beam levels, so nodes
-    are filtered, not cut at the first deep one; parents come first, so indices remap in one pass)."""
-    depth = depths(cand.parents)
-    if max(depth) <= max_depth:
-        return
-    keep = [i for i, d in enumerate(depth) if d <= max_depth]
-    where = {old: new for new, old in enumerate(keep)}
-    cand.tokens[:] = [cand.tokens[i] for i in keep]
-    cand.parents[:] = [-1 if cand.parents[i] < 0 else where[cand.parents[i]] for i in keep]
-    cand.scores[:] = [cand.scores[i] for i in keep]
-    cand.draft_region[:] = [cand.draft_region[i] for i in keep]
-    cand.origin[:] = [cand.origin[i] for i in keep]

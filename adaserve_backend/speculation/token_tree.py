@@ -77,3 +77,18 @@ class TokenTree:
             if p >= 0:
                 kids[p].append(i)
         return kids
+
+
+def truncate_depth(cand: CandidateTree, max_depth: int) -> None:
+    """Drop nodes deeper than `max_depth` (a grafted chain may sit after deeper beam levels, so nodes
+    are filtered, not cut at the first deep one; parents come first, so indices remap in one pass)."""
+    depth = depths(cand.parents)
+    if max(depth) <= max_depth:
+        return
+    keep = [i for i, d in enumerate(depth) if d <= max_depth]
+    where = {old: new for new, old in enumerate(keep)}
+    cand.tokens[:] = [cand.tokens[i] for i in keep]
+    cand.parents[:] = [-1 if cand.parents[i] < 0 else where[cand.parents[i]] for i in keep]
+    cand.scores[:] = [cand.scores[i] for i in keep]
+    cand.draft_region[:] = [cand.draft_region[i] for i in keep]
+    cand.origin[:] = [cand.origin[i] for i in keep]

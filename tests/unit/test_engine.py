@@ -184,11 +184,11 @@ def test_prompt_lookup_grafts_copies_and_greedy_stays_exact(lookup_ngram, suffix
     """Prompts that repeat a phrase, an unrelated draft: copies from the context (prompt lookup) and
     from every request's (the suffix index) join the trees (the draft's own guesses almost never
     hold) and the outputs still equal the oracle's."""
-    import adaserve_backend.speculation.draft_worker as draft_worker
+    import adaserve_backend.speculation.copies as copies
 
     grafted = []
-    real_graft = draft_worker.graft
-    monkeypatch.setattr(draft_worker, "graft", lambda tree, tokens, *a, **k: (grafted.append(len(tokens)), real_graft(tree, tokens, *a, **k)))
+    real_graft = copies.graft
+    monkeypatch.setattr(copies, "graft", lambda tree, tokens, *a, **k: (grafted.append(len(tokens)), real_graft(tree, tokens, *a, **k)))
     target = tiny_checkpoint("llama")
     engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=lookup_ngram, suffix_tokens=suffix_tokens)
     reqs = [Request(f"r{i}", [7 + i, 40, 41, 42, 43, 44] * 3 + [7 + i, 40], max_tokens=12, slo=SLO(tpot_ms=20.0)) for i in range(4)]

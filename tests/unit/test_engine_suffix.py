@@ -50,6 +50,6 @@ def test_the_index_learns_what_verification_accepts():
     engine = make_engine(tiny_checkpoint("llama"), tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=0)
     prompt = [9, 8, 7, 6, 5, 4, 3, 2]
     served_one_by_one(engine, [ask(f"r{i}", prompt) for i in range(3)])
-    measured = engine.draft.rates.table()
+    measured = engine.draft.copies.rates.table()
     assert measured and all(key[0] == "suffix" for key in measured)
     assert max(rate for rate, _ in measured.values()) > 0.9  # verbatim repeats: every copied token held

@@ -3,9 +3,8 @@
 import pytest
 
 from adaserve_backend.config import SpeculationConfig
-from adaserve_backend.speculation.draft_worker import truncate_depth
 from adaserve_backend.speculation.lookup import HIT_RATE, SECOND_RATE, NgramIndex, graft
-from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree
+from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree, truncate_depth
 
 
 def test_longest_suffix_wins_and_its_latest_occurrence():

@@ -1,0 +1,74 @@
+"""Model-free proposals grafted onto a request's candidate tree: prompt lookup's copies from its own
+context (lookup.py) and the suffix index's continuations from every request in its scope
+(suffix_index.py), weighed by what verification measured of each source (copy_rates.py).
+
+One object per engine, holding the per-request n-gram indexes and the shared suffix index; the
+DraftWorker grafts with it, and the simulator's replica (sim/replica.py) runs the same one on the
+requests' true tokens, so what copies yield under load is the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..config import Lookup
+from ..scheduler.plan import IterationPlan
+from ..sequence import Sequence
+from .copy_rates import CopyRates
+from .lookup import NgramIndex, graft
+from .suffix_index import SuffixIndex, prior
+from .token_tree import CandidateTree, TokenTree, truncate_depth
+
+
+class Copies:
+    def __init__(self, lookup: Lookup = Lookup()) -> None:
+        self.lookup = lookup
+        self._ngrams: dict[int, NgramIndex] = {}
+        self.suffix = SuffixIndex(lookup.suffix_max_tokens) if lookup.suffix_tokens else None
+        self.rates = CopyRates()  # what verification measured of each model-free source
+
+    def alone(self, plan: IterationPlan, max_model_len: int) -> list[CandidateTree]:
+        """An iteration that does not draft: trees of the suffix index's proposals alone (no draft
+        forward), or none if no request got any (then each decodes its next token, as without
+        speculation)."""
+        cands = [CandidateTree.root_only(s.tokens[-1]) for s in plan.decode]
+        for seq, cand in zip(plan.decode, cands):
+            self.graft(seq, cand, max_model_len, drafting=False)
+        return cands if any(len(c) > 1 for c in cands) else []
+
+    def graft(self, seq: Sequence, cand: CandidateTree, max_model_len: int, drafting: bool) -> None:
+        """Prompt lookup's copies from the request's own context beside the draft's beams (weighed like
+        them: by measured priors, times the draft's calibration), then the suffix index's continuations
+        from every request in its scope, weighed by their buckets' learnt rates (copy_rates.py)."""
+        lookup = self.lookup
+        if lookup.ngram and drafting:
+            index = self._ngrams.setdefault(seq.seq_id, NgramIndex(lookup.ngram, lookup.copies))
+            for copied, conditional in index.propose(seq.tokens, lookup.tokens):
+                graft(cand, copied, conditional)
+        scope = self._scope(seq)
+        if scope is not None:
+            self.suffix.extend(seq.seq_id, scope, seq.tokens)
+            p = self.suffix.propose(scope, seq.tokens, lookup.suffix_tokens, lambda k: self.rates.rate(k, prior(k)))
+            graft(cand, p.tokens, p.conditional, p.parents, p.keys)
+        # no tree may outgrow max_tokens or the context
+        room = min(seq.request.max_tokens - len(seq.output), max_model_len - len(seq.tokens)) - 1
+        truncate_depth(cand, max(room, 0))
+
+    def learn(self, cand: CandidateTree, tree: TokenTree, path: list[int]) -> None:
+        """What verification accepted of the copied nodes (`path`: accepted nodes of `tree`)."""
+        self.rates.observe(cand, tree, path)
+
+    def forget(self, released: Iterable[Sequence]) -> None:
+        """Drop the released requests' n-gram indexes; their last tokens join the suffix index, then
+        become evictable."""
+        for seq in released:
+            self._ngrams.pop(seq.seq_id, None)
+            if (scope := self._scope(seq)) is not None:
+                self.suffix.extend(seq.seq_id, scope, seq.tokens)
+                self.suffix.finish(seq.seq_id)
+
+    def _scope(self, seq: Sequence):
+        """Which requests' tokens this one matches and feeds (None: the suffix index is not for it)."""
+        if self.suffix is None:
+            return None
+        return "" if self.lookup.suffix_scope == "shared" else seq.request.tenant
