@@ -80,12 +80,17 @@ sim-scaleout: setup
 	$(PY) -m sim.scaleout $(SIM_SCALEOUT_ARGS)
 SIM_REPEATS ?= 3
 # Each of `make bench`'s levels measured SIM_REPEATS times, interleaved, then the simulator judged by the
-# band of those runs (sim/bands.py); BENCH_JSON=runs/.../quick-rps.json judges a run made before.
+# band of those runs (sim/bands.py), priced at each run's speed read off its own steps (the protocol's),
+# then at its speed probes (beside, for comparison; docs/simulator.md says why both);
+# BENCH_JSON=runs/.../quick-rps.json judges a run made before.
 sim-validate: setup
-	@if [ -n "$(BENCH_JSON)" ]; then $(PY) -m sim.validate $(BENCH_JSON); else \
+	@set -e; bench="$(BENCH_JSON)"; if [ -z "$$bench" ]; then \
 	  out=runs/$$(date +%Y-%m-%d-%H%M)-sim-validate-bench; \
-	  HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick --policies adaserve continuous --repeats $(SIM_REPEATS) --out $$out && \
-	  $(PY) -m sim.validate $$out/quick-rps.json; fi
+	  HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick --policies adaserve continuous --repeats $(SIM_REPEATS) --out $$out; \
+	  bench=$$out/quick-rps.json; fi; \
+	stem=runs/$$(date +%Y-%m-%d)-sim-validate/validate-$$(basename $$(dirname $$bench)); \
+	HF_HUB_OFFLINE=1 $(PY) -m sim.validate $$bench --speed steps --out $$stem-steps; \
+	HF_HUB_OFFLINE=1 $(PY) -m sim.validate $$bench --speed probe --out $$stem-probe
 
 clean:
 	rm -rf $(VENV) .pytest_cache

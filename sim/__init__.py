@@ -6,7 +6,8 @@ on a virtual clock (issue 17). `python -m sim --help`.
   gpu_cost.py     first-principles TP forward latency, calibrated to published points
   cost.py         iteration duration (CPU profile or GPU model) and the profile the scheduler sees
   acceptance.py   per-depth acceptance models (presets, the engine's table)
-  drafts.py       synthetic candidate trees and their verification
+  drafts.py       synthetic candidate trees and their verification (copies walked on true tokens)
+  continuations.py the served target's greedy output per prompt (validate: the copies' truth)
   replica.py      one engine: real Scheduler + Estimator + choose_trees, simulated model runner
   router.py       round robin, least loaded, SLO-aware routing over replicas (the Ray Serve router's rank)
   router_check.py the simulated routers replayed on a real deployment's recorded routing decisions

@@ -6,20 +6,33 @@ best children, then per level the w best extensions of the previous level by pat
 draft's conditional probabilities drawn from the acceptance model; it also draws, for every expanded
 node, which of its candidate children the target will pick (or none). `accept` walks a selected
 `TokenTree` from the root along those picks: the accepted path, then the bonus token, as
-`speculation/acceptance.py` does with real logits.
+`speculation/acceptance.py` does with real logits. Drafted nodes carry negative token ids that name
+them (drafted_id), so they stay themselves when copies are grafted beside them or a tree is cut (the
+real copied tokens are never negative, so a graft never merges into a drafted node).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree
 
 from .acceptance import AcceptanceModel
 
-TOKEN = 1  # every simulated token id but the end of sequence
+TOKEN = 1  # a simulated output token where the request's true tokens are not known
 EOS = 2  # a request's last token where its workload says it stops (SimRequest.stop_after)
+
+
+def drafted_token(node: int) -> int:
+    """The token id of the proposal's drafted node `node` (>= 1): negative, unique in the proposal."""
+    return -node
+
+
+def drafted_node(token: int) -> int | None:
+    """The proposal's node index a tree token names, None for a copied token or the root."""
+    return -token if token < 0 else None
 
 
 @dataclass
@@ -30,6 +43,10 @@ class Proposal:
     tree: CandidateTree
     pick: list[int] = field(default_factory=list)
     child: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    @property
+    def drafted(self) -> bool:
+        return len(self.pick) > 1
 
 
 def root_only() -> Proposal:
@@ -74,7 +91,7 @@ def propose(rng: random.Random, model: AcceptanceModel, depth: int, width: int, 
         level = []
         for neg, _, j, k in ext[:width]:
             idx = len(p.tree.tokens)
-            p.tree.tokens.append(TOKEN)
+            p.tree.tokens.append(drafted_token(idx))
             p.tree.parents.append(j)
             p.tree.scores.append(-neg)
             p.tree.draft_region.append(-1)
@@ -85,24 +102,35 @@ def propose(rng: random.Random, model: AcceptanceModel, depth: int, width: int, 
     return p
 
 
-def accept(p: Proposal, selected: TokenTree) -> int:
-    """Accepted draft tokens of `selected` (a tree chosen from p.tree): the walk from the root stops at
-    the first node whose picked child was not drafted, was cut, or was not selected."""
-    chosen = set(selected.source)
-    node, accepted = 0, 0
-    while True:
-        nxt = p.child.get((node, p.pick[node])) if node < len(p.pick) and p.pick[node] >= 0 else None
-        if nxt is None or nxt >= len(p.tree) or nxt not in chosen:
-            return accepted
-        node, accepted = nxt, accepted + 1
-
-
-def accepted_path(selected: TokenTree, p: Proposal, accepted: int) -> list[int]:
-    """Indices in `selected` of the root and its first `accepted` accepted descendants (what the
-    target commits to its KV cache)."""
+def accepted_path(selected: TokenTree, cand: CandidateTree | None, p: Proposal | None, truth: Sequence[int]) -> list[int]:
+    """Indices in `selected` (chosen from `cand`) of the root and the nodes the target accepts after it:
+    the longest path from the root whose every node it takes. A drafted node is taken where the
+    proposal's hidden pick says; a copied one (prompt lookup's, the suffix index's) where its token is
+    the target's true token at its depth (`truth`: the request's next true tokens)."""
+    if cand is None:
+        return [0]
     where = {c: i for i, c in enumerate(selected.source)}
-    path, node = [0], 0
-    for _ in range(accepted):
-        node = p.child[(node, p.pick[node])]
-        path.append(where[node])
-    return path
+    children: dict[int, list[int]] = {}
+    for c in selected.source[1:]:
+        children.setdefault(cand.parents[c], []).append(c)
+
+    def taken(c: int, depth: int) -> bool:
+        node = drafted_node(cand.tokens[c])
+        if node is None:
+            return depth <= len(truth) and cand.tokens[c] == truth[depth - 1]
+        parent = drafted_node(cand.tokens[cand.parents[c]]) if cand.parents[c] else 0
+        return p is not None and parent is not None and p.pick[parent] >= 0 and p.child.get((parent, p.pick[parent])) == node
+
+    best: list[int] = [0]
+    stack = [[0]]
+    while stack:
+        path = stack.pop()
+        if len(path) > len(best):
+            best = path
+        stack += [path + [c] for c in children.get(path[-1], ()) if taken(c, len(path))]
+    return [where[c] for c in best]
+
+
+def accept(p: Proposal, selected: TokenTree) -> int:
+    """Accepted draft tokens of `selected`, a tree chosen from the proposal's own (no copies)."""
+    return len(accepted_path(selected, p.tree, p, ())) - 1

@@ -24,6 +24,7 @@ from adaserve_backend.scheduler.routing import ReplicaLoad, measure_load
 from adaserve_backend.scheduler.scheduler import Scheduler
 from adaserve_backend.sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from adaserve_backend.speculation import tree_choice
+from adaserve_backend.speculation.copies import Copies
 from adaserve_backend.speculation.token_tree import truncate_depth
 from adaserve_backend.speculation.verify import ends_prompt
 
@@ -41,6 +42,9 @@ class ReplicaConfig:
     block_size: int = 16
     max_model_len: int = 32768
     prefix_caching: bool = False  # both caches share full committed blocks by their token prefix, as the engine's
+    # Graft prompt lookup's and the suffix index's copies as the engine does (speculation/copies.py): only
+    # where every request's true output tokens are known (SimRequest.continuation), which they match
+    copies: bool = False
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Replica:
     in_flight: InFlight | None = None
     # seq_id -> its end-of-sequence output token (1-based); kept past release, which preemption calls too
     stops: dict[int, int] = field(default_factory=dict)
+    truths: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq_id -> its true output tokens
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -74,6 +79,7 @@ class Replica:
         self.target_blocks = BlockManager(cfg.kv_blocks, cfg.block_size, cfg.prefix_caching)
         self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size, cfg.prefix_caching) if self.policy.speculative else None
         self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator, self.target_blocks, self.draft_blocks)
+        self.copies = Copies(self.scheduler.lookup) if cfg.copies and self.scheduler.lookup.reserved else None
         self.iterations = 0
 
     # ---- what routers read -------------------------------------------------------------------------
@@ -91,10 +97,12 @@ class Replica:
         return bool(self.inbox) or self.scheduler.has_work()
 
     # ---- the loop ----------------------------------------------------------------------------------
-    def add(self, seq: Sequence, stop_after: int | None = None) -> None:
+    def add(self, seq: Sequence, stop_after: int | None = None, truth: tuple[int, ...] | None = None) -> None:
         self.inbox.append(seq)  # the engine's inbox: taken at the next step's start
         if stop_after is not None:
             self.stops[seq.seq_id] = stop_after
+        if truth is not None:
+            self.truths[seq.seq_id] = truth
 
     def begin(self, now: float) -> list[RequestOutput]:
         """Start an iteration at `now`. Returns outputs that need no model (rejections, failures);
@@ -103,6 +111,8 @@ class Replica:
             self.scheduler.add(seq)
         self.inbox.clear()
         plan = self.scheduler.schedule(now)
+        if self.copies is not None:
+            self.copies.forget(plan.released)
         if plan.empty:
             return self.scheduler.update(plan, IterationResult(now))
         self.in_flight = self._run(plan)
@@ -119,15 +129,24 @@ class Replica:
         drafting = self.draft_blocks is not None and plan.runs_draft
         props, chain_tokens, draft_ctx = self._propose(plan) if drafting else ([], 0, 0)
         cands = [p.tree for p in props]
+        if self.copies is not None and plan.copies:  # as DraftWorker.propose / copies.alone
+            if drafting:
+                for seq, p in zip(plan.decode, props):
+                    self.copies.graft(seq, p.tree, self.config.max_model_len, p.drafted)
+            else:
+                cands = self.copies.alone(plan, self.config.max_model_len)
         trees = tree_choice.choose_trees(plan, cands, self.policy, self.estimator, spec)
         decoded, attended = [], 0
         for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
             ctx = self.target_blocks.num_committed(seq.seq_id)
             attended += len(tree.tokens) * (ctx + len(tree.tokens))
-            accepted = drafts.accept(props[i], tree) if props else 0
-            path = drafts.accepted_path(tree, props[i], accepted) if props else [0]
+            cand = cands[i] if cands else None
+            path = drafts.accepted_path(tree, cand, props[i] if props else None, self._truth(seq, max(tree.depths())))
             self.target_blocks.append(seq.seq_id, tree.parents)  # ModelRunner.forward, then commit
             self.target_blocks.commit(seq.seq_id, path)
+            if self.copies is not None and cand is not None:
+                self.copies.learn(cand, tree, path)
+            accepted = len(path) - 1
             decoded.append(Verified(seq, self._tokens(seq, accepted + 1), len(tree.tokens) - 1, accepted))
         prefilled = []
         for seq, n in plan.prefill.items():
@@ -173,10 +192,17 @@ class Replica:
             props.append(p)
         return props, chain_tokens, ctx
 
+    def _truth(self, seq: Sequence, n: int) -> tuple[int, ...]:
+        """The request's next `n` true output tokens (fewer past the known ones, none unknown)."""
+        at = len(seq.output)
+        return self.truths.get(seq.seq_id, ())[at : at + n]
+
     def _tokens(self, seq: Sequence, n: int) -> list[int]:
-        """The next `n` output tokens: the end of sequence where the request stops (the output processor
-        then drops what follows, as it does a real verification's)."""
-        out = [drafts.TOKEN] * n
+        """The next `n` output tokens: the true ones where known (an end of sequence among them made
+        TOKEN: the request stops where its workload says), and the end of sequence where the request
+        stops (the output processor then drops what follows, as it does a real verification's)."""
+        truth = self._truth(seq, n)
+        out = [t if t != drafts.EOS else drafts.TOKEN for t in truth] + [drafts.TOKEN] * (n - len(truth))
         at = self.stops.get(seq.seq_id, 0) - 1 - len(seq.output)
         if 0 <= at < n:
             out[at] = drafts.EOS

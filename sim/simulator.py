@@ -85,7 +85,7 @@ def simulate(cfg: SimConfig, requests: Sequence[SimRequest], progress: Callable[
             seq = r.sequence(i)
             rep = router.route(seq, replicas, q.now)
             routed[rep.index] += 1
-            rep.add(seq, r.stop_after)
+            rep.add(seq, r.stop_after, r.continuation)
             wake(rep, q.now)
         elif ev.kind == Kind.END:
             rep = ev.payload

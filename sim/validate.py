@@ -56,6 +56,7 @@ from .calibration import (
     with_step,
 )
 from .checks import ATTAINMENT_TOLERANCE, TPOT_TOLERANCE, Check, as_dict, print_checks
+from .continuations import with_continuations
 from .plots import plot_panels
 from .report import save
 from .runs import RunSpec, run_all
@@ -157,6 +158,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeat", default="", metavar="BENCH_JSON",
                     help="another run of the same bench, judged by the same bar as a prediction of this one: how close "
                          "the measured system comes to itself from run to run (the bar's noise floor on this machine)")
+    ap.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
+                    help="simulate the engine's copies (prompt lookup, the suffix index) on each prompt's greedy output, "
+                         "generated once with the served target (sim/continuations.py)")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default runs/<date>-sim-validate/validate-<bench name>)")
     return ap.parse_args(argv)
@@ -184,6 +188,8 @@ def main(argv=None) -> None:
     if stops:
         print(f"{len(stops)} prompts end where the measured runs stopped them; the others run to max_tokens")
     workloads = {key: sim_requests(its, encode, stops) for key, its in items.items()}
+    if args.copies:
+        workloads = with_continuations(config, workloads)
 
     def spec_of(row: dict) -> RunSpec:  # the simulated run of a bench row: its policy on its level's workload
         repeat = {"repeat": row["repeat"]} if "repeat" in row else {}
@@ -220,7 +226,8 @@ def main(argv=None) -> None:
         for spec, speed, step in runs:  # one run each: each is priced for its own speed
             def deploy(policy, speed=speed, step=step):
                 sc = scenario("cpu", policy=policy, engine_json=config_path, cpu_speed=speed)
-                return dataclasses.replace(sc, cost=with_step(sc.cost, step), acceptance=acceptance)
+                return dataclasses.replace(sc, cost=with_step(sc.cost, step), acceptance=acceptance,
+                                           replica=dataclasses.replace(sc.replica, copies=args.copies))
             (row,) = run_all([spec], deploy, args.seed, desc, drain_s=drain_s, leave=False)
             rows.append({**row, "machine_speed": speed})
         return rows

@@ -65,6 +65,10 @@ class SimRequest:
     # The prompt's token ids where they are known (validate.py encodes the measured run's prompts), so
     # the prefix cache hits where requests share a prefix; None: a prompt shared with no other request.
     prompt_ids: tuple[int, ...] | None = None
+    # The model's greedy output for the prompt, where known (validate.py: sim/continuations.py), so
+    # copies from the request's context and from other requests (speculation/copies.py) are right or
+    # wrong as the engine's are; None: output tokens are placeholders and copies are not simulated.
+    continuation: tuple[int, ...] | None = None
 
     def sequence(self, seq_id: int) -> Sequence:
         """The engine's own request state (Sequence.start, as Engine._take_inbox makes it); the category

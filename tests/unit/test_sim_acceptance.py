@@ -69,7 +69,7 @@ def test_a_node_is_accepted_only_after_its_parent():
         keep = [j for j in nodes if all_ancestors_in(p.tree.parents, j, set(nodes))]
         sel = TokenTree.from_selection(p.tree, keep)
         acc = drafts.accept(p, sel)
-        path = drafts.accepted_path(sel, p, acc)
+        path = drafts.accepted_path(sel, p.tree, p, ())
         assert len(path) == acc + 1 and path[0] == 0
         for a, b in zip(path, path[1:]):
             assert sel.parents[b] == a  # every accepted node's parent was accepted
@@ -90,3 +90,21 @@ def test_a_scaled_table_keeps_its_shape_and_caps_at_one():
     assert half.rates == pytest.approx(tuple(r / 2 for r in model.rates))
     assert max(double.rates) == 1.0 and all(r <= 1.0 for rs in double.by_category.values() for r in rs)
     assert mean_accepted(half, 4, 1) < mean_accepted(model, 4, 1) < mean_accepted(double, 4, 1)
+
+
+def test_a_copied_branch_is_accepted_where_its_tokens_are_the_true_ones():
+    """Copies grafted beside the drafted nodes (speculation/lookup.graft): the walk takes the longest
+    branch the target accepts, a copied node where its token is the true one at its depth."""
+    from adaserve_backend.speculation.lookup import graft
+
+    rng = random.Random(0)
+    for _ in range(50):
+        p = drafts.propose(rng, PRESETS["llama70b-1b"], 2, 2, None)
+        drafted = drafts.accept(p, TokenTree.from_selection(p.tree, list(range(len(p.tree)))))
+        graft(p.tree, [5, 6, 7], [0.9, 0.9, 0.9])
+        everything = TokenTree.from_selection(p.tree, list(range(len(p.tree))))
+        for truth, copied in (((5, 6, 7), 3), ((5, 6, 8), 2), ((4,), 0), ((), 0)):
+            path = drafts.accepted_path(everything, p.tree, p, truth)
+            assert len(path) - 1 == max(drafted, copied)
+            for a, b in zip(path, path[1:]):
+                assert everything.parents[b] == a

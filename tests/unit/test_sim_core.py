@@ -258,3 +258,44 @@ def test_slo_router_sends_a_prompt_to_the_replica_holding_its_prefix():
     other = SimRequest("r2", "summary", 400, 4, 250.0, 5000.0, now, None, None).sequence(2)
     fresh = [Replica(i, sc.replica, sc.cost, sc.acceptance, random.Random(i)) for i in range(2)]
     assert SloAware().route(other, fresh, now).index == 0  # nothing cached, nothing learned: the first of equals
+
+
+def test_a_repeated_prompt_is_copied_from_the_suffix_index_and_outputs_are_the_true_tokens():
+    """As the engine's (speculation/copies.py): the second request with a prompt the first answered
+    before gets the first's output as copies, accepted where they are its true tokens; without true
+    tokens (or with copies off) nothing is copied."""
+    import dataclasses
+
+    sc = scenario("cpu", policy="adaserve")
+    ids, truth = tuple(range(3, 103)), tuple(range(500, 540))
+
+    def run_two(copies: bool, continuation):
+        reqs = [SimRequest(f"r{i}", "summary", 100, 40, 150.0, 5000.0, 5.0 * i, None, ids, continuation) for i in range(2)]
+        replica = dataclasses.replace(sc.replica, copies=copies)
+        res = simulate(SimConfig(replica, sc.cost, sc.acceptance, drain_s=30.0), reqs)
+        return res.mean_accepted, res.iterations
+
+    copied, copied_iterations = run_two(True, truth)
+    plain, plain_iterations = run_two(False, truth)
+    assert copied > plain + 0.3 and copied_iterations < plain_iterations
+    assert run_two(True, None)[0] == pytest.approx(plain, abs=0.3)
+
+
+def test_the_replica_emits_the_true_tokens_and_stops_where_the_workload_says():
+    import random
+
+    sc = scenario("cpu", policy="adaserve")
+    import dataclasses
+
+    rep = Replica(0, dataclasses.replace(sc.replica, copies=True), sc.cost, sc.acceptance, random.Random(0))
+    truth = (7, 2, 9, 11, 13)  # 2 is the simulated end of sequence: not where this request stops
+    seq = SimRequest("r", "chat", 4, 5, 80.0, 2000.0, 0.0, 4, (3, 4, 5, 6), truth).sequence(0)
+    rep.add(seq, 4, truth)
+    out, now = [], 0.0
+    while rep.has_work():
+        out += rep.begin(now)
+        if rep.in_flight:
+            now = rep.in_flight.end
+            out += rep.finish()
+    tokens = [t for o in out for t in o.new_token_ids]
+    assert tokens[:3] == [7, 1, 9] and len(tokens) == 4

@@ -126,7 +126,7 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     rows = [{"rps": 1.0, "policy": p, "requests": 10, "slo_attainment": 1.0, "tpot_slo_attainment": 1.0, "tpot_ms_p50": 15.0}
             for p in ("adaserve", "continuous")]
     path, bench = tokenless_bench(tmp_path, monkeypatch, rows)
-    validate.main([str(path), "--out", str(tmp_path / "v")])
+    validate.main([str(path), "--no-copies", "--out", str(tmp_path / "v")])
     checks = json.load(open(tmp_path / "v.json"))["checks"]
     assert [c["policy"] for c in checks] == ["adaserve", "continuous"]
     assert all(c["predicted_joint"] is not None and c["predicted_tpot_p50_ms"] > 0 for c in checks)
@@ -135,7 +135,7 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     for r in rows:
         r["speed_probe_ms"] = {str(n): 2 * profile.verify_ms(n) for n in (1, 16)}
     path.write_text(json.dumps({**bench, "rows": rows}))
-    validate.main([str(path), "--out", str(tmp_path / "slow")])
+    validate.main([str(path), "--no-copies", "--out", str(tmp_path / "slow")])
     slow = json.load(open(tmp_path / "slow.json"))
     assert [r["machine_speed"] for r in slow["rows"]] == pytest.approx([2.0, 2.0])
     for fast_check, slow_check in zip(checks, slow["checks"]):
@@ -146,7 +146,7 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
         r["iterations"] = [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0, "context": 60 * n,
                             "chain": 0, "spec_ms": 0.0, "step_ms": 100.0} for n in range(1, 11)]
     path.write_text(json.dumps({**bench, "rows": rows}))
-    validate.main([str(path), "--out", str(tmp_path / "in-run")])
+    validate.main([str(path), "--no-copies", "--out", str(tmp_path / "in-run")])
     in_run = json.load(open(tmp_path / "in-run.json"))
     assert in_run["meta"]["step_cost"] == "in-run"
     for fast_check, slow_check in zip(checks, in_run["checks"]):  # 100 ms steps, of 1.8 tokens where speculating
@@ -156,7 +156,7 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     calibration = tmp_path / "calibration.json"
     calibration.write_text(json.dumps({**bench, "rows": [{**r, "iterations": [{**it, "step_ms": 50.0} for it in r["iterations"]]}
                                                           for r in rows]}))
-    validate.main([str(path), "--fit-from", str(calibration), "--repeat", str(path), "--out", str(tmp_path / "cal")])
+    validate.main([str(path), "--fit-from", str(calibration), "--repeat", str(path), "--no-copies", "--out", str(tmp_path / "cal")])
     cal = json.load(open(tmp_path / "cal.json"))
     assert cal["meta"]["step_cost"] == "calibration"
     for in_run_check, cal_check in zip(in_run["checks"], cal["checks"]):
@@ -164,7 +164,7 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     assert [c["within"] for c in cal["repeat_checks"]] == [True, True]
     # the runs' speed read off their own steps (100 ms where the calibration's fit prices 50): twice the
     # fit's, priced as the calibration-only run above read at twice the speed; and at +-10% beside it
-    validate.main([str(path), "--fit-from", str(calibration), "--speed", "steps", "--speed-band", "0.1", "--out", str(tmp_path / "steps")])
+    validate.main([str(path), "--fit-from", str(calibration), "--speed", "steps", "--speed-band", "0.1", "--no-copies", "--out", str(tmp_path / "steps")])
     steps = json.load(open(tmp_path / "steps.json"))
     assert [r["machine_speed"] for r in steps["rows"]] == pytest.approx([2.0, 2.0], rel=0.02)
     assert steps["meta"]["speed"] == "steps" and steps["meta"]["acceptance_factor"] is None  # nothing speculated
@@ -176,7 +176,7 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
         rows_ = json.load(open(calibration))["rows"]
         calibration.write_text(json.dumps({**bench, "rows": [{**r, "mean_accepted_per_verify": accepted if r["policy"] == "adaserve" else 1.0}
                                                               for r in rows_]}))
-        validate.main([str(path), "--fit-from", str(calibration), "--out", str(tmp_path / f"acc{accepted}")])
+        validate.main([str(path), "--fit-from", str(calibration), "--no-copies", "--out", str(tmp_path / f"acc{accepted}")])
     low, high = (json.load(open(tmp_path / f"acc{a}.json")) for a in (1.3, 2.5))
     assert 0.25 < low["meta"]["acceptance_factor"] < high["meta"]["acceptance_factor"] < 2.0
     assert [r["mean_accepted_per_verify"] for r in low["rows"]][0] < [r["mean_accepted_per_verify"] for r in high["rows"]][0]
@@ -202,7 +202,7 @@ def test_validate_judges_a_repeated_bench_by_its_bands(tmp_path, monkeypatch):
     rows = [{"rps": 1.0, "repeat": k, "policy": "continuous", "requests": 10, "slo_attainment": a, "tpot_slo_attainment": a,
              "tpot_ms_p50": 15.0} for k, a in enumerate((0.9, 1.0, 1.0))]
     path, _ = tokenless_bench(tmp_path, monkeypatch, rows)
-    validate.main([str(path), "--step-cost", "profile", "--out", str(tmp_path / "v")])
+    validate.main([str(path), "--step-cost", "profile", "--no-copies", "--out", str(tmp_path / "v")])
     out = json.load(open(tmp_path / "v.json"))
     assert [r["repeat"] for r in out["rows"]] == [0, 1, 2] and len(out["checks"]) == 3
     (b,) = out["bands"]
