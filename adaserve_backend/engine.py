@@ -186,6 +186,7 @@ class Engine:
     waiting = property(lambda self: self.scheduler.waiting)
     num_preemptions = property(lambda self: self.scheduler.num_preemptions)
     iteration_stats = property(lambda self: self.scheduler.iteration_stats)
+    prefill_stats = property(lambda self: self.scheduler.prefill_stats)
     decode_iterations = property(lambda self: self.scheduler.decode_iterations)
 
     def mean_accepted(self) -> float:
@@ -194,4 +195,5 @@ class Engine:
 
     def reset_stats(self) -> None:
         self.iteration_stats.clear()
+        self.prefill_stats.clear()
         self.estimator.reset_totals()

@@ -90,7 +90,8 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
         row["mean_accepted_per_verify"] = engine.mean_accepted()
         total = sum(it.latency for it in its) or 1.0
         row["latency_breakdown"] = {k: sum(getattr(it, k) for it in its) / total for k in ("speculation", "selection", "verification")}
-        row["iterations"] = [iteration_record(it) for it in its]  # what sim.validate fits its step cost to
+        # what sim.validate fits its step cost to: prefill-only steps too (prefill-first policies run many)
+        row["iterations"] = [iteration_record(it) for it in its + list(engine.prefill_stats)]
     return row
 
 

@@ -113,3 +113,16 @@ class IterationStats:
     # results (Engine.step stamps it once the step is over; 0 where nothing did).
     step: float = 0.0
     predicted: float = 0.0  # the iteration's time as the estimator predicted it before it ran (0: no prediction)
+
+    @classmethod
+    def of(cls, plan: IterationPlan, result: IterationResult, predicted: float = 0.0) -> IterationStats:
+        """A decode iteration's record, from its plan and what the model made of it."""
+        return cls(
+            n=len(plan.decode), depth=plan.depth, width=plan.width,
+            verified_tokens=sum(v.draft_tokens + 1 for v in result.decoded), prefill_tokens=plan.prefill_tokens,
+            accepted=sum(len(v.tokens) for v in result.decoded), latency=result.latency,
+            speculation=result.speculation, selection=result.selection, verification=result.verification,
+            accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
+            context_tokens=plan.context_tokens, prefills=len(plan.prefill), draft_chain_tokens=result.draft_chain_tokens,
+            predicted=predicted,
+        )

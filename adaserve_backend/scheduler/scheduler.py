@@ -58,6 +58,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.overloads: dict[str, int] = {}  # first-token deadlines given up, by reason (rejected or best_effort)
         self.iteration_stats: deque[IterationStats] = deque(maxlen=10_000)  # recent decode iterations
+        self.prefill_stats: deque[IterationStats] = deque(maxlen=10_000)  # ... and prefill-only ones (n = 0)
         self.decode_iterations = 0
         self.prefix_stats = PrefixStats()
 
@@ -140,6 +141,8 @@ class Scheduler:
             self.estimator.record_prefill(len(plan.decode), plan.depth, plan.width, plan.prefill_tokens, result.latency)
         if plan.decode:
             self._record(plan, result)
+        elif plan.prefill:
+            self.prefill_stats.append(IterationStats.of(plan, result))
         for seq in plan.scheduled:  # what a reservation held past the committed tokens goes back
             for blocks in (self.target_blocks, self.draft_blocks):
                 if blocks is not None:
@@ -158,21 +161,13 @@ class Scheduler:
         return make_output(seq, new, now, reason)
 
     def stamp_step(self, plan: IterationPlan, seconds: float) -> None:
-        """The whole step's time, known once update() is over, onto its record (if it decoded)."""
-        if plan.decode and self.iteration_stats:
-            self.iteration_stats[-1] = dataclasses.replace(self.iteration_stats[-1], step=seconds)
+        """The whole step's time, known once update() is over, onto its record."""
+        stats = self.iteration_stats if plan.decode else self.prefill_stats if plan.prefill else None
+        if stats:
+            stats[-1] = dataclasses.replace(stats[-1], step=seconds)
 
     def _record(self, plan: IterationPlan, result: IterationResult) -> None:
-        stats = IterationStats(
-            n=len(plan.decode), depth=plan.depth, width=plan.width,
-            verified_tokens=sum(v.draft_tokens + 1 for v in result.decoded), prefill_tokens=plan.prefill_tokens,
-            accepted=sum(len(v.tokens) for v in result.decoded),
-            latency=result.latency,
-            speculation=result.speculation, selection=result.selection, verification=result.verification,
-            accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
-            context_tokens=plan.context_tokens, prefills=len(plan.prefill), draft_chain_tokens=result.draft_chain_tokens,
-            predicted=self._predicted_s(plan),
-        )
+        stats = IterationStats.of(plan, result, self._predicted_s(plan))
         self.estimator.record(stats)
         self.iteration_stats.append(stats)
         self.decode_iterations += 1

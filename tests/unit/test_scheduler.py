@@ -280,8 +280,12 @@ def test_a_request_is_chunked_prefilled_decoded_and_finished_by_update():
         chunks.append(n)
         last = s.prefilled + n == s.prefill_goal
         outs = sched.update(plan, IterationResult(clock.tick(), prefilled=[Prefilled(s, n, 9 if last else None)]))
+        sched.stamp_step(plan, 0.05)
         assert [o.new_token_ids for o in outs] == ([[9]] if last else [])
     assert chunks == [256, 256, 88] and s.first_token_time == clock.now and s.decoding
+    # prefill-only steps are recorded apart from the decode iterations (a step fit needs both)
+    assert not sched.iteration_stats and [(it.n, it.prefill_tokens, it.prefills, it.step) for it in sched.prefill_stats] == [
+        (0, 256, 1, 0.05), (0, 256, 1, 0.05), (0, 88, 1, 0.05)]
 
     plan = sched.schedule(clock.now)
     assert plan.decode == [s] and not plan.prefill
