@@ -12,6 +12,8 @@ and SLO-scale sweeps' mixes and targets), and each prompt is encoded with the se
 harness.bench.InProcess does, so prompt lengths are the measured run's; a prompt ends where the measured
 runs saw the model stop it (their `outputs`), else at max_tokens. The bench JSON does not record
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
+Each request carries its prompt's greedy output from the served target (sim/continuations.py), so the
+engine's copies (prompt lookup, the suffix index) hit where they would; `--no-copies` leaves them out.
 Target steps are priced by a fit to other runs' recorded iterations: `--fit-from` benches (a calibration
 run on the same machine; none of the validated bench's own measurements then price it), else every run of
 this bench but the one predicted (`--step-cost in-run`, the default when every run recorded its
