@@ -18,7 +18,9 @@ from typing import Protocol
 
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.cost_model.cost_model import CostModel
+from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
 from adaserve_backend.cost_model.step_cost import EngineStepCost
+from adaserve_backend.profiler import CALIBRATION_TOKENS
 
 from .gpu_cost import GpuCost
 from .hardware import Deployment, Gpu
@@ -60,12 +62,25 @@ class CpuIterationCost:
     step: EngineStepCost | None = None  # None (a profile without the fit): the target's roofline alone
     name: str = "cpu"
     # The machine's speed during the run simulated, as a factor on every duration (a measured run's
-    # speed probe over the profile's same forwards: adaserve_backend.profiler.probe_ms, sim.validate). The
-    # scheduler's rooflines stay the profile's, as the engine's do; its estimator learns the rest.
+    # speed probe over the profile's same forwards: adaserve_backend.profiler.probe_ms, sim.validate).
     speed: float = 1.0
+    # As the engine with `speculation.calibrate`: the scheduler's rooflines measured at start on the
+    # machine it runs on (here the simulated one, calibrated_profile) instead of read from the profile
+    # file. Off by default although the served engine.json calibrates: on, the simulated iterations
+    # under load matched the served ones better and the attainment predicted worse (evidence:
+    # docs/experiments.md#sim-calibrated-rooflines), so something else still compensates.
+    calibrate: bool = False
 
     def profile(self) -> CostModel:
-        return self.profile_model
+        return calibrated_profile(self) if self.calibrate else self.profile_model
+
+    def verify_forward_ms(self, tokens: int, per_seq: int = 8, context: int = 128) -> float:
+        """A verification forward of `tokens` tree tokens over ceil(tokens / per_seq) requests of
+        `context` cached tokens each (what profiler.measure_forward times), on the simulated machine."""
+        if not self.step:
+            return self.profile_model.verify_ms(tokens) * self.speed
+        k = -(-tokens // per_seq)
+        return self.step.ms(k, k * context, tokens, k) * self.speed
 
     def durations(self, s: IterationShape) -> tuple[float, float]:
         c = self.profile_model
@@ -79,6 +94,19 @@ class CpuIterationCost:
             trees = s.num_decode if s.depth else 0
             spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth), self.step.ms(s.num_decode, s.target_context, new_tokens, trees, s.num_prefill)
         return spec_ms * self.speed / 1e3, verify_ms * self.speed / 1e3
+
+
+def calibrated_profile(cost: CpuIterationCost) -> CostModel:
+    """What profiler.calibrate would measure on the simulated machine: verification forwards and draft
+    steps at its CALIBRATION_TOKENS priced as the simulator prices them, their rooflines and B at the
+    target's knee. On this project's CPUs the measured shape differs from a profile taken elsewhere (a
+    steeper price per verified token), and selection and B follow the shape (evidence:
+    docs/experiments.md#sim-calibrated-rooflines)."""
+    sizes = list(CALIBRATION_TOKENS)
+    verify = {n: cost.verify_forward_ms(n) for n in sizes}
+    steps = {n: cost.profile_model.draft_step_ms(n) * cost.speed for n in sizes}
+    line = fit_roofline(sizes, list(verify.values()))
+    return CostModel(line, fit_roofline(sizes, list(steps.values())), pick_budget(line), tuple(verify.items()), tuple(steps.items()))
 
 
 def cpu_cost(engine_json: str = ENGINE_JSON, speed: float = 1.0) -> tuple[CpuIterationCost, EngineConfig]:

@@ -163,6 +163,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
                     help="simulate the engine's copies (prompt lookup, the suffix index) on each prompt's greedy output, "
                          "generated once with the served target (sim/continuations.py)")
+    ap.add_argument("--calibrated-rooflines", action="store_true",
+                    help="the scheduler's rooflines measured on the simulated machine at start, as the engine's "
+                         "startup calibration does (sim.cost.calibrated_profile), instead of the profile file's")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default runs/<date>-sim-validate/validate-<bench name>)")
     return ap.parse_args(argv)
@@ -228,7 +231,8 @@ def main(argv=None) -> None:
         for spec, speed, step in runs:  # one run each: each is priced for its own speed
             def deploy(policy, speed=speed, step=step):
                 sc = scenario("cpu", policy=policy, engine_json=config_path, cpu_speed=speed)
-                return dataclasses.replace(sc, cost=with_step(sc.cost, step), acceptance=acceptance,
+                cost = dataclasses.replace(with_step(sc.cost, step), calibrate=args.calibrated_rooflines)
+                return dataclasses.replace(sc, cost=cost, acceptance=acceptance,
                                            replica=dataclasses.replace(sc.replica, copies=args.copies))
             (row,) = run_all([spec], deploy, args.seed, desc, drain_s=drain_s, leave=False)
             rows.append({**row, "machine_speed": speed})

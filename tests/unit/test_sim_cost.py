@@ -65,11 +65,23 @@ def test_cpu_cost_is_the_engine_configs_profile():
     assert [x * 1e3 for x in no_fit.durations(shape)] == pytest.approx([p.draft_step_ms(2) + 2 * p.draft_step_ms(4), p.verify_ms(15)])
 
 
-def test_a_measured_runs_speed_scales_every_cpu_duration_but_not_the_schedulers_profile():
-    (cost, _), (slow, _) = cpu_cost(), cpu_cost(speed=1.25)
+def test_a_measured_runs_speed_scales_every_cpu_duration_and_the_calibrated_profile():
+    """Calibrated as the engine calibrates at start, the simulated scheduler's rooflines are measured on
+    the simulated machine (slower machine, slower rooflines, the same B); without calibration (the
+    default) they stay the profile file's whatever the speed."""
+    import dataclasses
+
+    (cost, _), (slow, _) = (cpu_cost(speed=s) for s in (1.0, 1.25))
+    cost, slow = (dataclasses.replace(c, calibrate=True) for c in (cost, slow))
     shape = IterationShape(4, 2, 2, 4, 8, 20, 16, 1200, 300, 0)
     assert slow.durations(shape) == pytest.approx([1.25 * x for x in cost.durations(shape)])
-    assert slow.profile() == cost.profile()
+    fast_p, slow_p = cost.profile(), slow.profile()
+    assert slow_p.budget == fast_p.budget and slow_p.verify_ms(32) == pytest.approx(1.25 * fast_p.verify_ms(32))
+    # the calibration prices the forwards tools.profile times: a 32-token tree batch is 4 requests of 8
+    assert fast_p.verify_ms(32) == pytest.approx(cost.step.ms(4, 4 * 128, 32, 4), rel=0.05)
+    assert fast_p.draft_step_ms(16) == pytest.approx(cost.profile_model.draft_step_ms(16), rel=0.05)
+    plain = [dataclasses.replace(c, calibrate=False) for c in (cost, slow)]
+    assert plain[0].profile() == plain[1].profile() == cost.profile_model
 
 
 def test_a_prefilling_request_costs_its_own_share_beside_its_tokens():
