@@ -74,7 +74,10 @@ def target_pick(rng: random.Random, alpha: float, probs: list[float]) -> int:
     return -1
 
 
-def propose(rng: random.Random, model: AcceptanceModel, depth: int, width: int, category: str | None) -> Proposal:
+def propose(rng: random.Random, model: AcceptanceModel, depth: int, width: int, category: str | None,
+            truth: Sequence[int] = ()) -> Proposal:
+    """`truth`: the request's next true tokens where known; the drafted nodes the target will take get
+    them, so a copy that agrees with the draft merges into its node as in the engine (lookup.graft)."""
     if depth <= 0:
         return root_only()
     p = Proposal(CandidateTree([TOKEN], [-1], [1.0], [0]), [-1])
@@ -99,14 +102,21 @@ def propose(rng: random.Random, model: AcceptanceModel, depth: int, width: int, 
             p.pick.append(-1)
             p.child[(j, k)] = idx
             level.append(idx)
+    node = 0
+    for token in truth:  # down the picks from the root: the path the target takes
+        node = p.child.get((node, p.pick[node])) if p.pick[node] >= 0 else None
+        if node is None:
+            break
+        p.tree.tokens[node] = token
     return p
 
 
 def accepted_path(selected: TokenTree, cand: CandidateTree | None, p: Proposal | None, truth: Sequence[int]) -> list[int]:
     """Indices in `selected` (chosen from `cand`) of the root and the nodes the target accepts after it:
     the longest path from the root whose every node it takes. A drafted node is taken where the
-    proposal's hidden pick says; a copied one (prompt lookup's, the suffix index's) where its token is
-    the target's true token at its depth (`truth`: the request's next true tokens)."""
+    proposal's hidden pick says; a copied one (prompt lookup's, the suffix index's), or a drafted one
+    given its true token (propose), where its token is the target's true token at its depth (`truth`:
+    the request's next true tokens)."""
     if cand is None:
         return [0]
     where = {c: i for i, c in enumerate(selected.source)}

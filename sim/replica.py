@@ -180,7 +180,8 @@ class Replica:
         for seq in plan.decode:
             n = chains[seq.seq_id]
             drafting = drafts_now(n, True, plan.depth)
-            p = drafts.propose(self.rng, self.acceptance, plan.depth if drafting else 0, plan.width, seq.slo.slo_class)
+            p = drafts.propose(self.rng, self.acceptance, plan.depth if drafting else 0, plan.width, seq.slo.slo_class,
+                               self._truth(seq, plan.depth) if self.copies is not None else ())
             if drafting:  # beam_search: the chain, then d-1 levels of w beams, then only the chain stays
                 ctx += blocks.num_committed(seq.seq_id) + n
                 blocks.append(seq.seq_id, chain_parents(0, n) + [n - 1] * (plan.depth - 1) * plan.width)
@@ -194,15 +195,15 @@ class Replica:
 
     def _truth(self, seq: Sequence, n: int) -> tuple[int, ...]:
         """The request's next `n` true output tokens (fewer past the known ones, none unknown)."""
-        at = len(seq.output)
-        return self.truths.get(seq.seq_id, ())[at : at + n]
+        at = len(seq.output)  # an end of sequence before the stop is emitted as TOKEN (_tokens): so here
+        return tuple(t if t != drafts.EOS else drafts.TOKEN for t in self.truths.get(seq.seq_id, ())[at : at + n])
 
     def _tokens(self, seq: Sequence, n: int) -> list[int]:
         """The next `n` output tokens: the true ones where known (an end of sequence among them made
         TOKEN: the request stops where its workload says), and the end of sequence where the request
         stops (the output processor then drops what follows, as it does a real verification's)."""
         truth = self._truth(seq, n)
-        out = [t if t != drafts.EOS else drafts.TOKEN for t in truth] + [drafts.TOKEN] * (n - len(truth))
+        out = list(truth) + [drafts.TOKEN] * (n - len(truth))
         at = self.stops.get(seq.seq_id, 0) - 1 - len(seq.output)
         if 0 <= at < n:
             out[at] = drafts.EOS

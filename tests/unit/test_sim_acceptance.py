@@ -108,3 +108,20 @@ def test_a_copied_branch_is_accepted_where_its_tokens_are_the_true_ones():
             assert len(path) - 1 == max(drafted, copied)
             for a, b in zip(path, path[1:]):
                 assert everything.parents[b] == a
+
+
+def test_a_copy_that_agrees_with_the_draft_merges_into_its_nodes():
+    """Given the true tokens, the drafted nodes the target takes carry them: a copy of the same tokens
+    follows those nodes (lookup.graft) instead of verifying them twice, as in the engine."""
+    from adaserve_backend.speculation.lookup import graft
+
+    rng = random.Random(1)
+    for _ in range(50):
+        truth = (5, 6, 7)
+        p = drafts.propose(rng, PRESETS["llama70b-1b"], 2, 2, None, truth)
+        before = len(p.tree)
+        accepted = len(drafts.accepted_path(TokenTree.from_selection(p.tree, list(range(before))), p.tree, p, truth)) - 1
+        graft(p.tree, list(truth), [0.9] * 3)
+        assert len(p.tree) - before == 3 - accepted
+        everything = TokenTree.from_selection(p.tree, list(range(len(p.tree))))
+        assert len(drafts.accepted_path(everything, p.tree, p, truth)) - 1 == 3
