@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tqdm import tqdm
 
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.models import locate
+from adaserve_backend.models.gguf_cache import adaserve_cache
 from adaserve_backend.request import Request
 
 from .workload import SimRequest
@@ -35,8 +35,7 @@ def cache_file(config: EngineConfig) -> Path:
     files = [Path(where.directory, where.gguf_file)] if where.gguf_file else sorted(Path(where.directory).rglob("*"))
     stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
     key = hashlib.sha1(json.dumps([FORMAT, config.target.path, config.target.dtype, stamp]).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("ADASERVE_CACHE_DIR") or Path.home() / ".cache" / "adaserve")
-    return root / "sim-continuations" / f"{key}.json"
+    return adaserve_cache() / "sim-continuations" / f"{key}.json"
 
 
 def prompt_key(ids: Iterable[int]) -> str:

@@ -4,11 +4,12 @@ verification produce, without a model.
 `propose` builds a `CandidateTree` the way `speculation/beam.py` does (depth d, width w: the root's w
 best children, then per level the w best extensions of the previous level by path score), with the
 draft's conditional probabilities drawn from the acceptance model; it also draws, for every expanded
-node, which of its candidate children the target will pick (or none). `accept` walks a selected
-`TokenTree` from the root along those picks: the accepted path, then the bonus token, as
-`speculation/acceptance.py` does with real logits. Drafted nodes carry negative token ids that name
-them (drafted_id), so they stay themselves when copies are grafted beside them or a tree is cut (the
-real copied tokens are never negative, so a graft never merges into a drafted node).
+node, which of its candidate children the target will pick (or none). `accepted_path` walks a selected
+`TokenTree` from the root along those picks (and along copies whose tokens are the true ones): the
+accepted path, then the bonus token, as `speculation/acceptance.py` does with real logits. Drafted
+nodes carry negative token ids that name them (drafted_token), so they stay themselves when a tree is
+cut; where the true tokens are known, those the target will take carry them instead, so a copy of the
+same tokens merges into them (lookup.graft) as in the engine, and no copy merges into any other.
 """
 
 from __future__ import annotations

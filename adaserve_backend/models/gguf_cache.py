@@ -28,8 +28,13 @@ FORMAT = 1  # bump when what a part holds changes
 PARTS = ("config", "tokenizer", "weights")
 
 
+def adaserve_cache() -> Path:
+    """Where the project keeps what it derives once per machine: ADASERVE_CACHE_DIR, default ~/.cache/adaserve."""
+    return Path(os.environ.get("ADASERVE_CACHE_DIR") or Path.home() / ".cache" / "adaserve")
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("ADASERVE_CACHE_DIR") or Path.home() / ".cache" / "adaserve") / "gguf"
+    return adaserve_cache() / "gguf"
 
 
 def entry(gguf_path: str) -> Path:
