@@ -67,3 +67,68 @@ def plot(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def paired(runs: list[list[dict]], reference: str) -> dict[tuple[str, float], list[float]]:
+    """Repeated runs (each a vs_peers result's rows, the same systems on other requests): per (system,
+    level) each run's joint attainment less `reference`'s in that run, where both ran it."""
+    out: dict[tuple[str, float], list[float]] = {}
+    for rows in runs:
+        ref = {r["rps"]: r["slo_attainment"] for r in rows if r["system"] == reference}
+        for r in rows:
+            if r["system"] != reference and r["rps"] in ref:
+                out.setdefault((r["system"], r["rps"]), []).append(r["slo_attainment"] - ref[r["rps"]])
+    return out
+
+
+def plot_repeats(runs: list[list[dict]], path: str, title: str) -> None:
+    """Joint attainment against RPS over repeated runs: each run's points, each system's mean as a line."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    systems = list(dict.fromkeys(r["system"] for rows in runs for r in rows))
+    for k, system in enumerate(systems):
+        color = f"C{k}"
+        by_level: dict[float, list[float]] = {}
+        for rows in runs:
+            pts = sorted((r["rps"], r["slo_attainment"]) for r in rows if r["system"] == system)
+            for x, y in pts:
+                by_level.setdefault(x, []).append(y)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], ".", color=color, alpha=0.5)
+        xs = sorted(by_level)
+        ax.plot(xs, [sum(by_level[x]) / len(by_level[x]) for x in xs], "-", color=color, label=f"{system} (mean; dots: runs)")
+    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("requests per second")
+    ax.set_ylabel("SLO attainment (TTFT and TPOT)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    """python -m benchmarks.vs_peers_report RUN.json ... --against SYSTEM --out FIG.png: repeated
+    vs_peers runs (other seeds) side by side, each system's attainment less SYSTEM's per level."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.vs_peers_report", description=main.__doc__)
+    ap.add_argument("runs", nargs="+", help="vs_peers results (<out>/vs-peers.json)")
+    ap.add_argument("--against", required=True, help="the reference system")
+    ap.add_argument("--systems", nargs="+", help="only these systems (default: every one)")
+    ap.add_argument("--out", required=True, help="the figure's path (.png)")
+    args = ap.parse_args(argv)
+    results = [json.load(open(p)) for p in args.runs]
+    runs = [[r for r in res["rows"] if not args.systems or r["system"] in args.systems] for res in results]
+    seeds = ", ".join(f"seed {res.get('seed')}" for res in results)
+    print(f"joint attainment less {args.against}'s, per run ({seeds}):")
+    for (system, rps), diffs in sorted(paired(runs, args.against).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        print(f"  {system:>14} @ {rps:g} rps: " + " ".join(f"{d:+.2f}" for d in diffs)
+              + f"  (mean {sum(diffs) / len(diffs):+.3f}, min {min(diffs):+.2f})")
+    plot_repeats(runs, args.out, f"{len(runs)} runs of the same systems on other requests ({seeds})")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.servers import ServerProcess, gauge_values, llamacpp_server
 from benchmarks.vs_peers import LLAMACPP_SYSTEMS, SYSTEMS, arrivals_for, priorities
-from benchmarks.vs_peers_report import markdown_table, plot
+from benchmarks.vs_peers_report import markdown_table, paired, plot, plot_repeats
 from harness.slo_targets import SloTargets
 from tests.integration.conftest import free_ports
 
@@ -101,6 +101,17 @@ def test_report_table_and_plot(tmp_path):
     assert len(table) == 2 + 4 and "| adaserve | 0.5 | 0.50 | 0.75 | 12.3 | 250 ms | 2.5 s | 40 ms | - | 1/8 |" in table
     plot(rows, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_repeated_runs_are_compared_run_by_run(tmp_path):
+    def run(ours: float, theirs: float, levels=(6.0, 8.0)):
+        return [{"system": s, "rps": r, "slo_attainment": v} for r in levels for s, v in (("ours", ours), ("pow2", theirs))]
+    runs = [run(0.9, 0.8), run(0.7, 0.75), run(1.0, 1.0, levels=(4.0,))]
+    diffs = paired(runs, "pow2")
+    assert set(diffs) == {("ours", 6.0), ("ours", 8.0), ("ours", 4.0)}
+    assert diffs[("ours", 8.0)] == pytest.approx([0.1, -0.05]) and diffs[("ours", 4.0)] == [0.0]
+    plot_repeats(runs, str(tmp_path / "r.png"), "three runs")
+    assert (tmp_path / "r.png").stat().st_size > 10_000
 
 
 def test_first_token_prediction_error_reads_off_the_histogram():
