@@ -122,7 +122,9 @@ def non_negative_least_squares(rows: list[list[float]], y: list[float]) -> list[
 
 
 def iteration_record(stats) -> dict:
-    """One served iteration (scheduler.plan.IterationStats) as from_iterations reads it, times in ms."""
+    """One served iteration (scheduler.plan.IterationStats) as from_iterations reads it, times in ms, with
+    what it produced (tokens, bonus included; drafts accepted) for comparing the simulator's yield."""
     return {"n": stats.n, "depth": stats.depth, "width": stats.width, "verified": stats.verified_tokens,
             "prefill": stats.prefill_tokens, "prefills": stats.prefills, "context": stats.context_tokens,
-            "chain": stats.draft_chain_tokens, "spec_ms": 1e3 * (stats.speculation + stats.selection), "step_ms": 1e3 * stats.step}
+            "chain": stats.draft_chain_tokens, "spec_ms": 1e3 * (stats.speculation + stats.selection), "step_ms": 1e3 * stats.step,
+            "accepted": stats.accepted, "drafts": sum(stats.accepted_drafts)}

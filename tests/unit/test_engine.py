@@ -10,6 +10,7 @@ import pytest
 from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
+from adaserve_backend.cost_model.step_cost import iteration_record
 from adaserve_backend.request import FinishReason, Request
 from adaserve_backend.slo import SLO
 from tests.engines import POLICIES, assert_all_blocks_free, make_engine, reference, run_staggered, workload
@@ -177,6 +178,9 @@ def test_iteration_records_carry_context_prefills_and_the_whole_step(policy):
     # the draft's first step reads at least each drafting request's root; plain steps run no draft
     assert all(s.draft_chain_tokens >= s.n if s.depth else s.draft_chain_tokens == 0 for s in stats)
     assert any(s.depth for s in stats) == (policy == "adaserve")
+    records = [iteration_record(s) for s in stats]  # what a bench row keeps of them, yield included
+    assert [(r["accepted"], r["drafts"]) for r in records] == [(s.accepted, sum(s.accepted_drafts)) for s in stats]
+    assert all(r["drafts"] == r["accepted"] - r["n"] for r in records)  # one bonus token per verification
 
 
 @pytest.mark.parametrize("lookup_ngram, suffix_tokens", [(0, 0), (3, 0), (0, 16), (3, 16)])
