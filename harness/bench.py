@@ -92,6 +92,8 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
         row["latency_breakdown"] = {k: sum(getattr(it, k) for it in its) / total for k in ("speculation", "selection", "verification")}
         # what sim.validate fits its step cost to: prefill-only steps too (prefill-first policies run many)
         row["iterations"] = [iteration_record(it) for it in its + list(engine.prefill_stats)]
+        if engine.cost is not None:  # the rooflines its scheduler planned with (calibrated at its start)
+            row["cost_model"] = engine.cost.to_dict()
     return row
 
 

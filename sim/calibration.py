@@ -37,12 +37,12 @@ def speed_moved(row: dict) -> bool:
 
 def step_fit(runs: list[dict], speeds: list[float], profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
     """The step cost fitted to `runs`' recorded iterations (each run's times divided by its machine
-    speed); the draft's forwards keep the profile's roofline (EngineStepCost.from_iterations)."""
+    speed), the draft's forwards included where they speculated (EngineStepCost.from_iterations)."""
     records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s} for row, s in zip(runs, speeds) for r in row.get("iterations", [])]
     if not records:
         raise SystemExit("in-run step pricing needs bench runs that recorded their iterations (a harness.bench row's "
                          "`iterations`) in more than one run; pass --step-cost profile for older results")
-    return EngineStepCost.from_iterations(records, profile.draft_step_ms, fallback)
+    return EngineStepCost.from_iterations(records, fallback)
 
 
 def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:

@@ -70,8 +70,13 @@ class CpuIterationCost:
     # under load matched the served ones better and the attainment predicted worse (evidence:
     # docs/experiments.md#sim-calibrated-rooflines), so something else still compensates.
     calibrate: bool = False
+    # The rooflines the served engine planned with, as a bench run recorded them (its calibration at
+    # start): the simulated scheduler is given them as they were; before `calibrate` and the file's.
+    planned: CostModel | None = None
 
     def profile(self) -> CostModel:
+        if self.planned is not None:
+            return self.planned
         return calibrated_profile(self) if self.calibrate else self.profile_model
 
     def verify_forward_ms(self, tokens: int, per_seq: int = 8, context: int = 128) -> float:
@@ -92,7 +97,8 @@ class CpuIterationCost:
             spec_ms, verify_ms = spec, c.verify_ms(new_tokens)
         else:
             trees = s.num_decode if s.depth else 0
-            spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth), self.step.ms(s.num_decode, s.target_context, new_tokens, trees, s.num_prefill)
+            drafted = s.chain_tokens + max(s.depth - 1, 0) * s.beam_tokens
+            spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth, drafted), self.step.ms(s.num_decode, s.target_context, new_tokens, trees, s.num_prefill)
         return spec_ms * self.speed / 1e3, verify_ms * self.speed / 1e3
 
 
@@ -104,7 +110,8 @@ def calibrated_profile(cost: CpuIterationCost) -> CostModel:
     docs/experiments.md#sim-calibrated-rooflines)."""
     sizes = list(CALIBRATION_TOKENS)
     verify = {n: cost.verify_forward_ms(n) for n in sizes}
-    steps = {n: cost.profile_model.draft_step_ms(n) * cost.speed for n in sizes}
+    fitted = cost.step.draft_step_ms if cost.step else (lambda n: None)
+    steps = {n: (fitted(n) or cost.profile_model.draft_step_ms(n)) * cost.speed for n in sizes}
     line = fit_roofline(sizes, list(verify.values()))
     return CostModel(line, fit_roofline(sizes, list(steps.values())), pick_budget(line), tuple(verify.items()), tuple(steps.items()))
 

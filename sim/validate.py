@@ -163,9 +163,10 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
                     help="simulate the engine's copies (prompt lookup, the suffix index) on each prompt's greedy output, "
                          "generated once with the served target (sim/continuations.py)")
-    ap.add_argument("--calibrated-rooflines", action="store_true",
-                    help="the scheduler's rooflines measured on the simulated machine at start, as the engine's "
-                         "startup calibration does (sim.cost.calibrated_profile), instead of the profile file's")
+    ap.add_argument("--rooflines", choices=["recorded", "calibrated", "profile"], default="recorded",
+                    help="the simulated scheduler's rooflines: those the served engine planned with where the run "
+                         "recorded them (its startup calibration; else the profile file's), measured on the simulated "
+                         "machine at start as that calibration does (sim.cost.calibrated_profile), or the profile file's")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default runs/<date>-sim-validate/validate-<bench name>)")
     return ap.parse_args(argv)
@@ -226,12 +227,18 @@ def main(argv=None) -> None:
           f"{SPEED_MOVED - 1:.0%}):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))
     drain_s = max(0.0, args.time_limit - bench["duration_s"])
 
-    def simulate_runs(runs: list[tuple[RunSpec, float, object]], acceptance, desc: str) -> list[dict]:
+    def planned(row: dict) -> CostModel | None:
+        return CostModel.from_dict(row["cost_model"]) if args.rooflines == "recorded" and row.get("cost_model") else None
+    if args.rooflines == "recorded":
+        print(f"scheduler rooflines: as the served engine planned with in {sum(bool(r.get('cost_model')) for r in measured)} "
+              f"of {len(measured)} runs, the profile file's in the others")
+
+    def simulate_runs(runs: list[tuple[RunSpec, float, object, CostModel | None]], acceptance, desc: str) -> list[dict]:
         rows = []
-        for spec, speed, step in runs:  # one run each: each is priced for its own speed
-            def deploy(policy, speed=speed, step=step):
+        for spec, speed, step, rooflines in runs:  # one run each: each is priced for its own speed
+            def deploy(policy, speed=speed, step=step, rooflines=rooflines):
                 sc = scenario("cpu", policy=policy, engine_json=config_path, cpu_speed=speed)
-                cost = dataclasses.replace(with_step(sc.cost, step), calibrate=args.calibrated_rooflines)
+                cost = dataclasses.replace(with_step(sc.cost, step), calibrate=args.rooflines == "calibrated", planned=rooflines)
                 return dataclasses.replace(sc, cost=cost, acceptance=acceptance,
                                            replica=dataclasses.replace(sc.replica, copies=args.copies))
             (row,) = run_all([spec], deploy, args.seed, desc, drain_s=drain_s, leave=False)
@@ -241,13 +248,14 @@ def main(argv=None) -> None:
     acceptance, factor = acceptance_model(args.acceptance), None
     speculated = [r for r in speculating_runs(cal_rows) if level_key(level_of(r)) in workloads]
     if calibration and args.calibrate_acceptance and speculated:
-        cal_runs = [(spec_of(r), speed_of(r, calibration), calibration) for r in speculated]
+        cal_runs = [(spec_of(r), speed_of(r, calibration), calibration, planned(r)) for r in speculated]
         acceptance, factor = calibrated_acceptance(
             acceptance, speculated, lambda model: [r["mean_accepted_per_verify"] for r in simulate_runs(cal_runs, model, "acceptance")])
         print(f"acceptance: {args.acceptance} x{factor:.2f}, the calibration runs' "
               f"{sum(r['mean_accepted_per_verify'] for r in speculated) / len(speculated):.2f} tokens per verification")
-    predicted = simulate_runs(list(zip(specs, speeds, steps)), acceptance, "cpu vs bench")
-    band = {f: simulate_runs([(sp, v * f, st) for sp, v, st in zip(specs, speeds, steps)], acceptance, f"speed x{f:g}")
+    rooflines = [planned(r) for r in measured]
+    predicted = simulate_runs(list(zip(specs, speeds, steps, rooflines)), acceptance, "cpu vs bench")
+    band = {f: simulate_runs([(sp, v * f, st, rl) for sp, v, st, rl in zip(specs, speeds, steps, rooflines)], acceptance, f"speed x{f:g}")
             for f in ((1 - args.speed_band, 1 + args.speed_band) if args.speed_band else ())}
     checks = compare(measured, predicted)
     found = bands(measured, predicted, level_of)

@@ -51,22 +51,28 @@ class CostModel:
         ratios = [ms / self.verify_ms(int(n)) for n, ms in probe_ms.items()]
         return math.prod(ratios) ** (1 / len(ratios)) if ratios else 1.0
 
-    def save(self, path: str, extra: dict | None = None) -> None:
-        data = {"target": self.target.to_dict(), "draft": self.draft.to_dict(), "budget": self.budget, **(extra or {})}
+    def to_dict(self) -> dict:
+        data = {"target": self.target.to_dict(), "draft": self.draft.to_dict(), "budget": self.budget}
         if self.verify_points:
             data["measured"] = {"tokens": [n for n, _ in self.verify_points], "verify_ms": [ms for _, ms in self.verify_points],
                                 "draft_ms": [ms for _, ms in self.draft_points]}
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2)
+        return data
 
     @classmethod
-    def load(cls, path: str) -> "CostModel":
-        with open(path) as f:
-            data = json.load(f)
+    def from_dict(cls, data: dict) -> "CostModel":
         measured = data.get("measured", {})
         tokens = measured.get("tokens", [])
         return cls(Roofline(**data["target"]), Roofline(**data["draft"]), int(data["budget"]),
                    tuple(zip(tokens, measured.get("verify_ms", []))), tuple(zip(tokens, measured.get("draft_ms", []))))
+
+    def save(self, path: str, extra: dict | None = None) -> None:
+        with open(path, "w") as f:
+            json.dump({**self.to_dict(), **(extra or {})}, f, indent=2)
+
+    @classmethod
+    def load(cls, path: str) -> "CostModel":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
 
 
 def load_cost_model(path: str | None) -> CostModel | None:

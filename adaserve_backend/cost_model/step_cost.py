@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 PROFILE_KEY = "engine_step"
@@ -34,6 +33,12 @@ class EngineStepCost:
     spec_base_ms: float = 0.0  # a speculating step's own work
     spec_per_level_ms: float = 0.0  # each draft level (beam bookkeeping, the next level's inputs)
     tree_per_request_ms: float = 0.0  # verifying a request's tree rather than one token
+    # Fitted from served iterations (from_iterations, draft_fitted): the draft's forwards priced here,
+    # a step of t tokens at spec_per_level_ms + t * draft_per_token_ms, instead of by the draft's
+    # roofline from a profile taken elsewhere: the draft's small forwards move apart from the target's
+    # between machines (evidence: docs/experiments.md#sim-draft-fit).
+    draft_per_token_ms: float = 0.0
+    draft_fitted: bool = False
 
     def ms(self, num_decode: int, context_tokens: int, new_tokens: int, trees: int = 0, prefills: int = 0) -> float:
         """The step without its speculation; `trees`: decoding requests whose drafts are verified;
@@ -42,8 +47,19 @@ class EngineStepCost:
                 + self.per_extra_token_ms * max(new_tokens - num_decode, 0) + self.tree_per_request_ms * trees
                 + self.per_prefill_ms * prefills)
 
-    def speculation_ms(self, draft_forward_ms: float, depth: int) -> float:
+    def speculation_ms(self, draft_forward_ms: float, depth: int, draft_tokens: int = 0) -> float:
+        """A step's speculation: `draft_forward_ms` (the draft's forwards as its roofline prices them)
+        or, where this fit prices the draft itself, its steps over `draft_tokens` (the tokens they
+        read: the chains, then each later level's beams); plus a speculating step's own work."""
+        if self.draft_fitted:
+            steps = max(depth, 1 if draft_tokens else 0)
+            draft_forward_ms = self.spec_per_level_ms * steps + self.draft_per_token_ms * draft_tokens
+            return draft_forward_ms + (self.spec_base_ms if depth else 0.0)
         return draft_forward_ms + (self.spec_base_ms + self.spec_per_level_ms * depth if depth else 0.0)
+
+    def draft_step_ms(self, tokens: int) -> float | None:
+        """One draft step over `tokens`, where this fit prices the draft (else None: its roofline does)."""
+        return self.spec_per_level_ms + self.draft_per_token_ms * tokens if self.draft_fitted else None
 
     @classmethod
     def fit(cls, points: list[dict]) -> EngineStepCost:
@@ -64,26 +80,27 @@ class EngineStepCost:
         return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=tree)
 
     @classmethod
-    def from_iterations(cls, records: list[dict], draft_step_ms: Callable[[int], float],
-                        fallback: EngineStepCost | None = None, min_speculative: int = 20) -> EngineStepCost:
+    def from_iterations(cls, records: list[dict], fallback: EngineStepCost | None = None, min_speculative: int = 20) -> EngineStepCost:
         """The fit from a served run's own iterations (`iteration_record`s, each step's time divided by the
         run's speed if known) instead of tools.profile's synthetic sweep: under a benchmark's load, steps
         take longer than the sweep's fit at the same machine speed (mixed contexts, churned pages, SLO
         bookkeeping), and on another machine the cost's shape moves, not only its scale, even where the
         speed probe matches the profile (evidence: docs/experiments.md#sim-speed,
         docs/experiments.md#sim-inrun). The speculative terms come from the speculating steps when there
-        are at least `min_speculative`, else from `fallback` (the profile's); their draft forwards are
-        priced as the simulator prices them (sim/cost.py): `draft_step_ms` (the draft's roofline) over the
-        tokens the first step read, then over the beams of each later level."""
+        are at least `min_speculative`, the draft's forwards included (draft_per_token_ms: a step per
+        level, over the tokens the first step read, then over each later level's beams); else from
+        `fallback` (the profile's, the draft then priced by its roofline)."""
         timed = [r for r in records if r["step_ms"] > 0]
         fit = cls.fit([{"n": r["n"], "context": r["context"], "new_tokens": r["verified"] + r["prefill"],
                         "prefills": r["prefills"], "ms": r["step_ms"]} for r in timed if not r["depth"]])
         speculative = [r for r in timed if r["depth"]]
         if len(speculative) >= min_speculative:
+            base, per_level, per_token = non_negative_least_squares(
+                [[1.0, r["depth"], drafted_tokens(r)] for r in speculative], [r["spec_ms"] for r in speculative])
             # the step beyond the draft's part, so both fits price whole steps
-            points = [{**r, "verify_ms": r["step_ms"] - r["spec_ms"],
-                       "draft_ms": draft_step_ms(r["chain"]) + (r["depth"] - 1) * draft_step_ms(r["n"] * r["width"])} for r in speculative]
-            return fit.with_speculation(points)
+            points = [{**r, "verify_ms": r["step_ms"] - r["spec_ms"], "draft_ms": r["spec_ms"]} for r in speculative]
+            return dataclasses.replace(fit.with_speculation(points), spec_base_ms=base, spec_per_level_ms=per_level,
+                                       draft_per_token_ms=per_token, draft_fitted=True)
         keep = ("spec_base_ms", "spec_per_level_ms", "tree_per_request_ms")
         return dataclasses.replace(fit, **{k: getattr(fallback, k) for k in keep}) if fallback else fit
 
@@ -119,6 +136,11 @@ def non_negative_least_squares(rows: list[list[float]], y: list[float]) -> list[
         if not negative:
             return [float(c) for c in coef]
         free.remove(negative[0])
+
+
+def drafted_tokens(record: dict) -> int:
+    """The tokens an iteration's draft steps read: its chains, then w beams per request a level."""
+    return record["chain"] + max(record["depth"] - 1, 0) * record["n"] * record["width"]
 
 
 def iteration_record(stats) -> dict:

@@ -127,27 +127,30 @@ def test_speculative_terms_are_what_the_draft_roofline_and_the_step_fit_leave_ov
 
 def test_a_served_runs_iterations_give_the_step_fit_whole_steps_included():
     """EngineStepCost.from_iterations (sim.validate's in-run pricing): plain steps give the base fit, the
-    speculating ones what the draft and the tree add to a whole step; too few speculating steps keep the
-    fallback's speculative terms."""
-    truth = EngineStepCost(15.0, 0.5, 2.0, 0.15, 5.0, spec_base_ms=2.0, spec_per_level_ms=1.5, tree_per_request_ms=0.4)
-    draft_step = lambda tokens: 1.0 + 0.1 * tokens  # noqa: E731  the draft's roofline
+    speculating ones what the draft's steps (a step per level over the tokens it reads) and the tree add
+    to a whole step; too few speculating steps keep the fallback's speculative terms, the draft then
+    priced by its roofline."""
+    truth = EngineStepCost(15.0, 0.5, 2.0, 0.15, 5.0, spec_base_ms=2.0, spec_per_level_ms=0.5, tree_per_request_ms=0.4,
+                           draft_per_token_ms=0.04, draft_fitted=True)
     records = []
     for n in (1, 4, 8, 16, 24):
         for c in (128, 512):
             for p, k in ((0, 0), (16, 1), (128, 1), (256, 2)):
-                for d in (0, 1, 2, 3):
+                for d, w in ((0, 0), (1, 4), (2, 2), (3, 4)):
                     chain = 2 * n + p  # caught-up chains and the prefill chunk ride along the first step
-                    spec = truth.speculation_ms(draft_step(chain) + (d - 1) * draft_step(n), d) if d else 0.0
+                    spec = truth.speculation_ms(0.0, d, chain + max(d - 1, 0) * n * w) if d else 0.0
                     verify = truth.ms(n, n * c, n * (d + 1) + p, trees=n if d else 0, prefills=k)
-                    records.append({"n": n, "depth": d, "width": 1, "verified": n * (d + 1), "prefill": p, "prefills": k,
+                    records.append({"n": n, "depth": d, "width": w, "verified": n * (d + 1), "prefill": p, "prefills": k,
                                     "context": n * c, "chain": chain, "spec_ms": spec, "step_ms": spec + verify})
-    fit = EngineStepCost.from_iterations(records, draft_step)
+    fit = EngineStepCost.from_iterations(records)
     for got, want in zip(fit.to_dict().values(), truth.to_dict().values()):
         assert got == pytest.approx(want, abs=1e-6)
+    assert fit.draft_step_ms(10) == pytest.approx(0.9) and fit.speculation_ms(0.0, 0, 10) == pytest.approx(0.9)  # a chain read alone
     fallback = EngineStepCost(0, 0, 0, 0, spec_base_ms=9.0, spec_per_level_ms=8.0, tree_per_request_ms=7.0)
-    plain = EngineStepCost.from_iterations([r for r in records if not r["depth"]] + records[1:3], draft_step, fallback)
+    plain = EngineStepCost.from_iterations([r for r in records if not r["depth"]] + records[1:3], fallback)
     assert (plain.base_ms, plain.spec_base_ms, plain.tree_per_request_ms) == pytest.approx((15.0, 9.0, 7.0))
-    assert EngineStepCost.from_iterations([{**r, "step_ms": 0.0} for r in records[:5]] + records, draft_step) == fit  # untimed: skipped
+    assert plain.draft_step_ms(10) is None and plain.speculation_ms(3.0, 2, 50) == pytest.approx(3.0 + 9.0 + 16.0)
+    assert EngineStepCost.from_iterations([{**r, "step_ms": 0.0} for r in records[:5]] + records) == fit  # untimed: skipped
 
 
 def test_validation_never_prices_a_run_with_its_own_iterations():
@@ -163,3 +166,17 @@ def test_validation_never_prices_a_run_with_its_own_iterations():
     assert held_out_step(runs, [1.0, 1.0, 1.0], 0, profile, None).base_ms > 100  # run 2 priced run 0
     # each run's times are taken at the profile's speed before fitting
     assert held_out_step([row(20.0), row(10.0)], [2.0, 1.0], 1, profile, None).base_ms == pytest.approx(10.0)
+
+
+def test_the_simulated_scheduler_plans_with_the_rooflines_a_run_recorded():
+    """A bench row keeps the rooflines its engine planned with (CostModel.to_dict, after the startup
+    calibration); sim.validate hands them to the simulated scheduler as they were, before any other."""
+    import dataclasses
+
+    from adaserve_backend.cost_model.cost_model import CostModel
+
+    cost, _ = cpu_cost()
+    recorded = dataclasses.replace(cost.profile_model, budget=7)
+    assert CostModel.from_dict(recorded.to_dict()) == recorded
+    assert dataclasses.replace(cost, planned=recorded, calibrate=True).profile() == recorded
+    assert cost.profile() == cost.profile_model
