@@ -53,15 +53,18 @@ def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: Co
 
 
 def steps_speed(row: dict, step: EngineStepCost) -> float:
-    """The run's speed over `step`'s (a fit from other runs): the median over its timed iterations of
-    the target's part of the step (the step less its speculation) over the fit's price of the same
-    step. The draft's forwards are assumed to move with the target's."""
-    ratios = [(r["step_ms"] - r["spec_ms"]) / step.ms(r["n"], r["context"], r["verified"] + r["prefill"], r["n"] if r["depth"] else 0,
-                                                       r.get("prefills", 0))
-              for r in row.get("iterations", []) if r["step_ms"] > 0]
-    if not ratios:
+    """The run's speed over `step`'s (a fit from other runs): the target's part of its timed steps (each
+    step less its speculation) summed, over the fit's price of the same steps summed. A sum, not a
+    typical step: a step's time over its price spreads to the slow side (a tenth of them 10-20% over
+    the median), and queues and attainment follow the total busy time, which a median priced 2-4% short
+    (evidence: docs/experiments.md#sim-total-speed). The draft's forwards are assumed to move with the
+    target's."""
+    timed = [r for r in row.get("iterations", []) if r["step_ms"] > 0]
+    if not timed:
         raise SystemExit(f"--speed steps: the {row['policy']} run at {row['rps']:g} rps recorded no iterations")
-    return statistics.median(ratios)
+    measured = sum(r["step_ms"] - r["spec_ms"] for r in timed)
+    return measured / sum(step.ms(r["n"], r["context"], r["verified"] + r["prefill"], r["n"] if r["depth"] else 0, r.get("prefills", 0))
+                          for r in timed)
 
 
 def calibrated_acceptance(model: AcceptanceModel, runs: Sequence[dict], predict: Callable[[AcceptanceModel], list[float]],

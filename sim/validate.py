@@ -23,7 +23,9 @@ probe` (default) its `speed_probe_ms`, the profile's own forwards timed either s
 (adaserve_backend.profiler.probe_ms in harness.bench); `steps` its own steps over the fit that prices them
 (sim.calibration); `none` the profile's. `--speed-band D` simulates each run at its speed x (1 -+ D)
 too. Acceptance from `--acceptance` (default: the engine's recorded table), scaled with `--fit-from` to
-the calibration runs' tokens per verification. The issue's bar: attainment within 0.05 and TPOT p50
+the calibration runs' tokens per verification. The simulated scheduler plans with the profile file's
+rooflines, or with those the served engine planned with where the run recorded them (`--rooflines
+recorded`). The issue's bar: attainment within 0.05 and TPOT p50
 within 10% at every level. `--repeat` judges another measured run of the same bench by the same bar, as if it were
 the prediction: what the bar means on a machine whose runs differ from each other. A bench whose levels
 were repeated (`harness.bench --repeats N`, what `make sim-validate` measures) is also judged by each
@@ -163,10 +165,12 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
                     help="simulate the engine's copies (prompt lookup, the suffix index) on each prompt's greedy output, "
                          "generated once with the served target (sim/continuations.py)")
-    ap.add_argument("--rooflines", choices=["recorded", "calibrated", "profile"], default="recorded",
-                    help="the simulated scheduler's rooflines: those the served engine planned with where the run "
-                         "recorded them (its startup calibration; else the profile file's), measured on the simulated "
-                         "machine at start as that calibration does (sim.cost.calibrated_profile), or the profile file's")
+    ap.add_argument("--rooflines", choices=["profile", "recorded", "calibrated"], default="profile",
+                    help="the simulated scheduler's rooflines: the profile file's; those the served engine planned with "
+                         "where the run recorded them (its startup calibration; else the file's); or measured on the "
+                         "simulated machine at start as that calibration does (sim.cost.calibrated_profile). Recorded "
+                         "ones reproduce the served iterations, yet predict attainment worse so far "
+                         "(docs/experiments.md#sim-recorded-rooflines)")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default runs/<date>-sim-validate/validate-<bench name>)")
     return ap.parse_args(argv)

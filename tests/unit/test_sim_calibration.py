@@ -23,6 +23,9 @@ def test_a_runs_speed_is_its_steps_over_the_fits_price_of_the_same_steps():
     its = [record(n, 100 * n, n) for n in range(1, 9)] + [record(n, 100 * n, 4 * n, depth=2, spec_ms=7.0) for n in range(1, 5)]
     assert steps_speed({"iterations": [{**r, "step_ms": 1.3 * (r["step_ms"] - r["spec_ms"]) + r["spec_ms"]} for r in its]}, STEP) == pytest.approx(1.3)
     assert steps_speed({"iterations": its}, STEP) == pytest.approx(1.0)
+    # a slow tail counts by its time: one step in four twice as long is 1.25x the time, not the median's 1x
+    tail = [{**r, "step_ms": 2 * r["step_ms"]} if i % 4 == 0 else r for i, r in enumerate(record(8, 800, 8) for _ in range(8))]
+    assert steps_speed({"iterations": tail}, STEP) == pytest.approx(1.25)
     with pytest.raises(SystemExit, match="recorded no iterations"):
         steps_speed({"policy": "adaserve", "rps": 4.0, "iterations": []}, STEP)
 
