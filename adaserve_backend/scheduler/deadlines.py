@@ -107,3 +107,17 @@ def missed_at(waiting: Iterable[Sequence], est: Estimator, start: float, n_decod
         if at > seq.deadline:
             late.append((seq, at))
     return late
+
+
+
+def missed(waiting: Iterable[Sequence], est: Estimator, now: float, n_decode: int, prefilling: list[Sequence], chunk: int,
+           after_next: bool = False) -> list[tuple[Sequence, float]]:
+    """missed_at for requests that start now, or (`after_next`) no sooner than after the next
+    iteration: one carrying a chunk of the running prefills if any (`chunk` of their tokens done by
+    then), else a decode iteration."""
+    start, done = now, 0
+    if after_next and prefilling:
+        start, done = now + est.prefill_iteration_s(n_decode, chunk), chunk
+    elif after_next and n_decode:
+        start = now + est.iteration_s(n_decode, *est.depth_width(n_decode))
+    return missed_at(waiting, est, start, n_decode, prefilling, chunk, done)

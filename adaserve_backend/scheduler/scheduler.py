@@ -24,7 +24,7 @@ from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .capacity import fits, iteration_needs, reserve
 from .control import best_effort_victim, keeps_slos, predict_first_tokens, prefill_budget, split_chunks
-from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed_at, note_prefill_times, rejection_message
+from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed, note_prefill_times, rejection_message
 from .estimator import Estimator
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
@@ -246,20 +246,15 @@ class Scheduler:
             note_prefill_times(self.waiting, self.estimator, self.prefill_cap(0))
         self.waiting = deque(sorted(self.waiting, key=edf_key))
         n, prefilling = self.prefill_view()
-        for seq, at in missed_at(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n)):
+        for seq, at in missed(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n)):
             self._overload(seq, UNREACHABLE, at, plan)
 
     def _give_up_late(self, now: float, plan: IterationPlan) -> None:
         """A request not admitted now waits at least one more iteration; if that already makes its first
         token late, no admissible schedule meets its deadline: the overload answer applies, so no request
         waits past its deadline unanswered."""
-        est, (n, prefilling) = self.estimator, self.prefill_view()
-        chunk = self.prefill_cap(n)
-        if prefilling:  # the next iteration carries a chunk of the running prefills
-            t_next, done = est.prefill_iteration_s(n, chunk), chunk
-        else:
-            t_next, done = (est.iteration_s(n, *est.depth_width(n)) if n else 0.0), 0
-        for seq, at in missed_at(self.waiting, est, now + t_next, n, prefilling, chunk, done):
+        n, prefilling = self.prefill_view()
+        for seq, at in missed(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n), after_next=True):
             self._overload(seq, NO_CAPACITY, at, plan)
 
     def _overload(self, seq: Sequence, reason: str, first_token: float, plan: IterationPlan) -> None:
