@@ -19,7 +19,7 @@ from typing import Protocol
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
-from adaserve_backend.cost_model.step_cost import EngineStepCost
+from adaserve_backend.cost_model.step_cost import EngineStepCost, drafted_tokens
 from adaserve_backend.profiler import CALIBRATION_TOKENS
 
 from .gpu_cost import GpuCost
@@ -97,7 +97,7 @@ class CpuIterationCost:
             spec_ms, verify_ms = spec, c.verify_ms(new_tokens)
         else:
             trees = s.num_decode if s.depth else 0
-            drafted = s.chain_tokens + max(s.depth - 1, 0) * s.beam_tokens
+            drafted = drafted_tokens(s.chain_tokens, s.depth, s.beam_tokens)
             spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth, drafted), self.step.ms(s.num_decode, s.target_context, new_tokens, trees, s.num_prefill)
         return spec_ms * self.speed / 1e3, verify_ms * self.speed / 1e3
 
@@ -110,8 +110,10 @@ def calibrated_profile(cost: CpuIterationCost) -> CostModel:
     docs/experiments.md#sim-calibrated-rooflines)."""
     sizes = list(CALIBRATION_TOKENS)
     verify = {n: cost.verify_forward_ms(n) for n in sizes}
-    fitted = cost.step.draft_step_ms if cost.step else (lambda n: None)
-    steps = {n: (fitted(n) or cost.profile_model.draft_step_ms(n)) * cost.speed for n in sizes}
+    def draft_step_ms(n: int) -> float:  # the step fit's where it prices the draft, else the profile's roofline
+        fitted = cost.step.draft_step_ms(n) if cost.step else None
+        return cost.profile_model.draft_step_ms(n) if fitted is None else fitted
+    steps = {n: draft_step_ms(n) * cost.speed for n in sizes}
     line = fit_roofline(sizes, list(verify.values()))
     return CostModel(line, fit_roofline(sizes, list(steps.values())), pick_budget(line), tuple(verify.items()), tuple(steps.items()))
 

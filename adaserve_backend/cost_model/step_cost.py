@@ -73,11 +73,16 @@ class EngineStepCost:
         what speculation took beyond `draft_ms` (its draft forwards as the draft's roofline prices them),
         and what verification took beyond this fit's price of the same tokens."""
         base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points], [p["spec_ms"] - p["draft_ms"] for p in points])
+        return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=self._tree_term(points))
+
+    def _tree_term(self, points: list[dict]) -> float:
+        """What verifying a request's tree took beyond this fit's price of the same tokens, per request,
+        from speculating points {n, verified, prefill, context, verify_ms}."""
         (tree,) = non_negative_least_squares([[p["n"]] for p in points],
                                              [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"],
                                                                        prefills=p.get("prefills", int(p["prefill"] > 0)))
                                               for p in points])
-        return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=tree)
+        return tree
 
     @classmethod
     def from_iterations(cls, records: list[dict], fallback: EngineStepCost | None = None, min_speculative: int = 20) -> EngineStepCost:
@@ -96,10 +101,11 @@ class EngineStepCost:
         speculative = [r for r in timed if r["depth"]]
         if len(speculative) >= min_speculative:
             base, per_level, per_token = non_negative_least_squares(
-                [[1.0, r["depth"], drafted_tokens(r)] for r in speculative], [r["spec_ms"] for r in speculative])
+                [[1.0, r["depth"], drafted_tokens(r["chain"], r["depth"], r["n"] * r["width"])] for r in speculative],
+                [r["spec_ms"] for r in speculative])
             # the step beyond the draft's part, so both fits price whole steps
-            points = [{**r, "verify_ms": r["step_ms"] - r["spec_ms"], "draft_ms": r["spec_ms"]} for r in speculative]
-            return dataclasses.replace(fit.with_speculation(points), spec_base_ms=base, spec_per_level_ms=per_level,
+            tree = fit._tree_term([{**r, "verify_ms": r["step_ms"] - r["spec_ms"]} for r in speculative])
+            return dataclasses.replace(fit, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=tree,
                                        draft_per_token_ms=per_token, draft_fitted=True)
         keep = ("spec_base_ms", "spec_per_level_ms", "tree_per_request_ms")
         return dataclasses.replace(fit, **{k: getattr(fallback, k) for k in keep}) if fallback else fit
@@ -138,9 +144,10 @@ def non_negative_least_squares(rows: list[list[float]], y: list[float]) -> list[
         free.remove(negative[0])
 
 
-def drafted_tokens(record: dict) -> int:
-    """The tokens an iteration's draft steps read: its chains, then w beams per request a level."""
-    return record["chain"] + max(record["depth"] - 1, 0) * record["n"] * record["width"]
+def drafted_tokens(chain: int, depth: int, beams: int) -> int:
+    """The tokens an iteration's draft steps read: its `chain` tokens in the first, then each later
+    level's `beams` (w per drafting request)."""
+    return chain + max(depth - 1, 0) * beams
 
 
 def iteration_record(stats) -> dict:
