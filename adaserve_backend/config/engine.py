@@ -42,7 +42,10 @@ class ModelConfig:
       projections read as shipped (5 bits a weight) and computed as bfloat16 computes them
       (models/quantized.py; CPU with AVX512-BF16), or q8_0: every projection and the LM head
       quantized at load to ggml's Q8_0 (8.5 bits a weight, as llama.cpp's Q8_0 files hold them), from
-      any Llama-family checkpoint; the model then computes with those values at every row count.
+      any Llama-family checkpoint; the model then computes with those values at every row count; or
+      q4_1_int8: the same Q4_1 blocks (and the head's Q8_0) multiplied by int8 activations (32 values a
+      scale, as llama.cpp multiplies them) in integer dot products (AVX512-VNNI): faster decode, trees
+      and prefill, its own numbers.
     max_model_len: longest sequence (prompt + output) served; capped by the model's own limit.
     head_rows: for this project's draft only: propose from the first `head_rows` tokens of its reduced
       vocabulary (most frequent first) instead of all 8,192. None: all. Every draft step reads its head
@@ -58,8 +61,8 @@ class ModelConfig:
     head_rows: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16", "q4_1", "q8_0"):
-            raise ValueError(f"dtype must be float32, bfloat16, float16, q4_1 or q8_0, got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "q4_1", "q4_1_int8", "q8_0"):
+            raise ValueError(f"dtype must be float32, bfloat16, float16, q4_1, q4_1_int8 or q8_0, got {self.dtype!r}")
         if self.max_model_len <= 0:
             raise ValueError("max_model_len must be positive")
         if self.head_rows is not None and self.head_rows < 1:

@@ -18,7 +18,7 @@ def load_model(config: ModelConfig, checkpoint=None) -> LlamaModel:
     """Build our decoder on `config.device` in `config.dtype`; `checkpoint` (from read_checkpoint)
     saves reading the files again."""
     if is_trained_draft(config.path):
-        if config.dtype in ("q4_1", "q8_0"):
+        if config.dtype in ("q4_1", "q4_1_int8", "q8_0"):
             raise ValueError(f"dtype {config.dtype} is for the target; the draft runs in bfloat16")
         return load_draft(config.path, config)
     if config.head_rows is not None:
@@ -29,11 +29,11 @@ def load_model(config: ModelConfig, checkpoint=None) -> LlamaModel:
     model = LlamaModel(spec, hf_config, state_dict, max_len=min(limits))
     q8_0 = quantize_to_q8_0(model) if config.dtype == "q8_0" else None  # from the checkpoint's own precision
     model = model.place(config.device, TORCH_DTYPES[config.dtype]).eval()
-    if config.dtype == "q4_1":
+    if config.dtype in ("q4_1", "q4_1_int8"):
         loc = locate(config.path)
         if not loc.gguf_file:
-            raise ValueError(f"dtype q4_1 reads a GGUF's Q4_1 blocks; {config.path} is not a GGUF file")
-        serve_q4_1(model, f"{loc.directory}/{loc.gguf_file}")
+            raise ValueError(f"dtype {config.dtype} reads a GGUF's Q4_1 blocks; {config.path} is not a GGUF file")
+        serve_q4_1(model, f"{loc.directory}/{loc.gguf_file}", integer=config.dtype == "q4_1_int8")
     elif q8_0 is not None:
         serve_q8_0(q8_0)
     return model

@@ -105,9 +105,9 @@ def load_state_dict(loc: CheckpointLocation) -> dict[str, torch.Tensor]:
     return state
 
 
-# q4_1: the activations, norms, embeddings and KV cache in bfloat16, the projections' weights in Q4_1.
+# q4_1, q4_1_int8: the activations, norms, embeddings and KV cache in bfloat16, the projections' weights in Q4_1.
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "q4_1": torch.bfloat16,
-                "q8_0": torch.bfloat16}
+                "q4_1_int8": torch.bfloat16, "q8_0": torch.bfloat16}
 
 
 def read_checkpoint(path: str):

@@ -56,13 +56,15 @@ def q4_1_rows(tensors: dict, spec, gguf_path: str) -> list[dict[str, np.ndarray]
     return layers
 
 
-def head_blocks(tensors: dict, spec) -> torch.Tensor | None:
-    """The LM head's blocks in the kernel's layout (the embedding's where the head is tied to it), or
-    None where the GGUF stores it in a format the kernel does not read."""
+def head_blocks(tensors: dict, spec, integer: bool = False) -> torch.Tensor | None:
+    """The LM head's blocks in the kernel's layout (the embedding's where the head is tied to it; the
+    integer-dot kernel's where `integer`), or None where the GGUF stores it in a format the kernel does
+    not read."""
     from gguf import GGMLQuantizationType
 
     t = tensors.get("token_embd.weight" if spec.tie_word_embeddings else "output.weight")
-    packers = {GGMLQuantizationType.Q4_1: pack_q4_1, GGMLQuantizationType.Q8_0: pack_q8_0}
+    packers = {GGMLQuantizationType.Q4_1: pack_q4_1_int8 if integer else pack_q4_1,
+               GGMLQuantizationType.Q8_0: pack_q8_0_int8 if integer else pack_q8_0}
     if t is None or t.tensor_type not in packers or spec.vocab_size % 16:
         return None
     return packers[t.tensor_type](np.asarray(t.data, dtype=np.uint8))
@@ -98,6 +100,32 @@ def pack_q4_1(rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([block_scales(blocks, 0), block_scales(blocks, 2), nibbles], axis=-1))
 
 
+def pack_q4_1_int8(rows: np.ndarray) -> torch.Tensor:
+    """Q4_1 rows [out, in / 32 * 20] -> the integer-dot kernel's layout [out / 16, in / 32, 320] (int8:
+    the dtype tells the kernels it apart): 16 d, 16 m, then four 64-byte chunks, chunk c's byte 4 i + t
+    holding column i's weights k = 4 c + t (low nibble) and 16 + 4 c + t (high nibble)."""
+    blocks = column_blocks(rows, Q4_1_BYTES)
+    out, nb = blocks.shape[:2]
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out // 16, 16, nb, 2, 4, 4)
+    q = q.transpose(0, 2, 3, 4, 1, 5)  # [out / 16, nb, half, c, column, t]
+    nibbles = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(out // 16, nb, 256)
+    packed = np.concatenate([block_scales(blocks, 0), block_scales(blocks, 2), nibbles], axis=-1)
+    return torch.from_numpy(np.ascontiguousarray(packed).view(np.int8))
+
+
+def pack_q8_0_int8(rows: np.ndarray) -> torch.Tensor:
+    """Q8_0 rows [out, in / 32 * 34] -> the integer-dot kernel's layout [out / 16, in / 32, 608] (int8):
+    16 d, 16 int32 128 sum(q) (the activations' offset to take back), then eight 64-byte chunks, chunk
+    j's byte 4 i + t holding column i's weight k = 4 j + t."""
+    blocks = column_blocks(rows, Q8_0_BYTES)
+    out, nb = blocks.shape[:2]
+    q = blocks[..., 2:].view(np.int8).reshape(out // 16, 16, nb, 8, 4).transpose(0, 2, 3, 1, 4)  # [., nb, j, column, t]
+    offset = np.ascontiguousarray(128 * q.astype(np.int32).sum(axis=(2, 4)), dtype="<i4")  # [out / 16, nb, column]
+    packed = np.concatenate([block_scales(blocks, 0), offset.view(np.uint8), q.reshape(out // 16, nb, 512).view(np.uint8)], axis=-1)
+    return torch.from_numpy(np.ascontiguousarray(packed).view(np.int8))
+
+
 def pack_q8_0(rows: np.ndarray) -> torch.Tensor:
     """Q8_0 rows [out, in / 32 * 34] -> the kernel's layout [out / 16, in / 32, 544] (uint8)."""
     blocks = column_blocks(rows, Q8_0_BYTES)
@@ -106,25 +134,29 @@ def pack_q8_0(rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([block_scales(blocks, 0), pairs], axis=-1))
 
 
-def serve_q4_1(model, gguf_path: str) -> None:
+def serve_q4_1(model, gguf_path: str, integer: bool = False) -> None:
     """Give every decoder projection of a placed bfloat16 `model` its Q4_1 blocks (Linear._blocks), and
     the LM head its blocks where the GGUF's are Q8_0 or Q4_1, read from the GGUF it was loaded from,
     for the products of few rows (decode). The bfloat16 packings stay for more rows (trees, prefill),
     where dequantizing costs more than the bytes it saves: they hold the same values, so every row
-    count computes what `bfloat16` computes."""
+    count computes what `bfloat16` computes. `integer` (dtype q4_1_int8): the projections' and the
+    head's blocks in the integer-dot layouts instead, which serve every row count (csrc/int8_gemm.h).
+    Where the head's format is neither, it stays bfloat16 at every row count."""
     from gguf import GGUFReader
 
     from . import linear
 
     ops = linear.kernels()
-    if ops is None or not ops.pair_gemm:
-        raise ValueError("dtype q4_1 needs the C++ kernels on a CPU with AVX512-BF16")
+    if ops is None or not ops.pair_gemm or (integer and not ops.int8_gemm):
+        needs = "AVX512-VNNI and AVX512-BF16" if integer else "AVX512-BF16"
+        raise ValueError(f"dtype {'q4_1_int8' if integer else 'q4_1'} needs the C++ kernels on a CPU with {needs}")
+    pack = pack_q4_1_int8 if integer else pack_q4_1
     tensors = {t.name: t for t in GGUFReader(gguf_path).tensors}
     for layer, rows in zip(model.layers, q4_1_rows(tensors, model.spec, gguf_path)):
         for proj, data in rows.items():
-            getattr(layer, proj)._blocks = pack_q4_1(data)
+            getattr(layer, proj)._blocks = pack(data)
     if model.lm_head.weight.shape[0] == model.spec.vocab_size:  # the whole vocabulary, in the GGUF's order
-        model.lm_head._blocks = head_blocks(tensors, model.spec)
+        model.lm_head._blocks = head_blocks(tensors, model.spec, integer)
     linear.pack_generation += 1  # caches over the packings (fused_layer.fused_stack) gather them anew
 
 

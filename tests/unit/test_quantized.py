@@ -1,6 +1,8 @@
 """GGUF weights served as shipped (models/quantized.py, csrc/block_gemm.h): the kernel computes from Q4_1
 and Q8_0 blocks exactly what the bfloat16 path computes from their dequantized copy (gguf-py's, as the
-loader's), and the embedded model in `dtype: q4_1` gives the bfloat16 model's logits bit for bit."""
+loader's), and the embedded model in `dtype: q4_1` gives the bfloat16 model's logits bit for bit. The
+integer-dot kernel (`dtype: q4_1_int8`, csrc/int8_gemm.h) computes its own formula, the same for a row
+whatever the rows beside it."""
 
 from __future__ import annotations
 
@@ -9,7 +11,14 @@ import pytest
 import torch
 
 from adaserve_backend.models import linear
-from adaserve_backend.models.quantized import Q4_1_BYTES, Q8_0_BYTES, pack_q4_1, pack_q8_0
+from adaserve_backend.models.quantized import (
+    Q4_1_BYTES,
+    Q8_0_BYTES,
+    pack_q4_1,
+    pack_q4_1_int8,
+    pack_q8_0,
+    pack_q8_0_int8,
+)
 
 ops = linear.kernels()
 pytestmark = pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the Q4_1 kernel needs AVX512-BF16")
@@ -47,8 +56,43 @@ def test_block_kernel_equals_the_bfloat16_pair_kernel_on_the_dequantized_weight(
         assert torch.equal(ops.block_linear(x, packed, bias), ops.pair_linear(x, pairs, bias))
 
 
+def int8_formula(kind: str, rows: np.ndarray, x: torch.Tensor) -> np.ndarray:
+    """float64: per 32-weight block, d_w d_x sum(q_w q_x) (+ m_w sum(x) for Q4_1), x's 32 values quantized
+    to int8 on one scale (max |x| / 127, nearest even), as csrc/int8_gemm.h defines the product."""
+    out, nb = rows.shape[0], x.shape[1] // 32
+    blocks = rows.reshape(out, nb, -1)
+    d_w = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    if kind == "q4_1":
+        m_w = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        q_w = np.concatenate([blocks[..., 4:] & 0x0F, blocks[..., 4:] >> 4], axis=-1).astype(np.float64)
+    else:
+        m_w, q_w = np.zeros_like(d_w), blocks[..., 2:].view(np.int8).astype(np.float64)
+    xf = x.float().reshape(x.shape[0], nb, 32)
+    amax = xf.abs().amax(-1, keepdim=True)
+    q_x = torch.round(xf * torch.where(amax > 0, 127 / amax, 0)).double().numpy()
+    d_x = (amax / 127).double().numpy()[..., 0]
+    return np.einsum("rbk,nbk,nb,rb->rn", q_x, q_w, d_w, d_x) + np.einsum("nb,rb->rn", m_w, xf.double().sum(-1).numpy())
+
+
+@pytest.mark.skipif(ops is None or not ops.int8_gemm, reason="the integer-dot kernel needs AVX512-VNNI")
+@pytest.mark.parametrize("kind,pack", [("q4_1", pack_q4_1_int8), ("q8_0", pack_q8_0_int8)])
+@pytest.mark.parametrize("out,inp", [(16, 32), (80, 96), (960, 576), (576, 1536)])
+def test_int8_kernel_computes_its_formula_and_a_row_alike_in_any_batch(kind, pack, out, inp):
+    rows = random_blocks(kind, out, inp, seed=out)
+    packed = pack(rows)
+    bias = torch.randn(out).bfloat16()
+    x = torch.randn(37, inp).bfloat16()
+    x[3] = 0  # a block of zeros has no scale
+    whole = ops.int8_linear(x, packed, bias)
+    expect = int8_formula(kind, rows, x) + bias.double().numpy()
+    assert np.abs(whole.double().numpy() - expect).max() <= 2**-8 * np.abs(expect).max()  # bfloat16's rounding
+    for m in (0, 1, 2, 5, 8, 9, 16, 17):  # the tile sizes and their remainders
+        assert torch.equal(ops.int8_linear(x[:m], packed, bias), whole[:m])
+    assert torch.equal(torch.cat([ops.int8_linear(x[r : r + 1], packed, bias) for r in range(37)]), whole)
+
+
 def test_packing_refuses_partial_column_blocks():
-    for kind, pack in (("q4_1", pack_q4_1), ("q8_0", pack_q8_0)):
+    for kind, pack in (("q4_1", pack_q4_1), ("q4_1", pack_q4_1_int8), ("q8_0", pack_q8_0), ("q8_0", pack_q8_0_int8)):
         with pytest.raises(ValueError, match="blocks of 16"):
             pack(random_blocks(kind, 24, 32))
 
@@ -93,7 +137,7 @@ def test_q4_1_is_for_gguf_targets_only():
     from adaserve_backend.config import EMBEDDED_DRAFT, ModelConfig
     from adaserve_backend.models import load_model
 
-    for dtype in ("q4_1", "q8_0"):
+    for dtype in ("q4_1", "q4_1_int8", "q8_0"):
         with pytest.raises(ValueError, match="draft runs in bfloat16"):
             load_model(ModelConfig(path=EMBEDDED_DRAFT, dtype=dtype))
     with pytest.raises(ValueError, match="dtype must be"):

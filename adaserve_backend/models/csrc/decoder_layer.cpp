@@ -17,6 +17,7 @@
 #include "cpu_math.h"
 #include "pair_gemm.h"
 #include "block_gemm.h"
+#include "int8_gemm.h"
 
 #include <cmath>
 #include <limits>
@@ -50,6 +51,8 @@ constexpr int64_t kBlockRows = 2;
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& pairs,
                          const std::optional<at::Tensor>& blocks, const std::optional<at::Tensor>& bias) {
   const int64_t rows = x.dim() == 2 ? x.size(0) : std::numeric_limits<int64_t>::max();
+  // Integer-dot blocks (int8) serve every row count: their numbers are not the bfloat16 packings'.
+  if (blocks && blocks->scalar_type() == at::kChar) return int8_linear(x, *blocks, bias);
   if (blocks && rows <= kBlockRows) return block_linear(x, *blocks, bias);
   if (pairs && rows <= kPairRows) return pair_linear(x, *pairs, bias);
   static const auto op =
@@ -232,8 +235,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pair_linear", &pair_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias for few rows, W from pack_pairs (AVX512-BF16)");
   m.def("block_linear", &block_linear, py::call_guard<py::gil_scoped_release>(),
         "x W^T + bias, W from models/quantized.py's pack_q4_1 or pack_q8_0 (AVX512-BF16)");
+  m.def("int8_linear", &int8_linear, py::call_guard<py::gil_scoped_release>(),
+        "x W^T + bias in integer dot products, W from models/quantized.py's pack_q4_1_int8 (AVX512-VNNI)");
   m.def("packed_linear", &packed_linear, py::call_guard<py::gil_scoped_release>(),
         "x W^T + bias through the cheapest packing for x's rows: GGUF blocks, pairs or oneDNN's (CPU bf16)");
   m.attr("pair_gemm") = py::bool_(kPairGemmCompiled);
   m.attr("pair_rows") = py::int_(kPairRows);
+  m.attr("int8_gemm") = py::bool_(kInt8GemmCompiled);
 }
