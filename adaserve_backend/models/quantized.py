@@ -91,11 +91,17 @@ def block_scales(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(halves.transpose(0, 2, 1)).view(np.uint8)
 
 
+def q4_1_values(blocks: np.ndarray) -> np.ndarray:
+    """Q4_1 blocks [out, nb, 20] -> each weight's 4-bit value q [out, nb, 32], in k order (byte i holds
+    q_i in its low nibble, q_{i+16} in its high one)."""
+    qs = blocks[..., 4:]
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
 def pack_q4_1(rows: np.ndarray) -> torch.Tensor:
     """Q4_1 rows [out, in / 32 * 20] -> the kernel's layout [out / 16, in / 32, 320] (uint8)."""
     blocks = column_blocks(rows, Q4_1_BYTES)
-    qs = blocks[..., 4:]
-    low, high = lane_halves(np.concatenate([qs & 0x0F, qs >> 4], axis=-1))
+    low, high = lane_halves(q4_1_values(blocks))
     nibbles = (low | (high << 4)).reshape(*low.shape[:2], 256)
     return torch.from_numpy(np.concatenate([block_scales(blocks, 0), block_scales(blocks, 2), nibbles], axis=-1))
 
@@ -106,8 +112,7 @@ def pack_q4_1_int8(rows: np.ndarray) -> torch.Tensor:
     holding column i's weights k = 4 c + t (low nibble) and 16 + 4 c + t (high nibble)."""
     blocks = column_blocks(rows, Q4_1_BYTES)
     out, nb = blocks.shape[:2]
-    qs = blocks[..., 4:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out // 16, 16, nb, 2, 4, 4)
+    q = q4_1_values(blocks).reshape(out // 16, 16, nb, 2, 4, 4)
     q = q.transpose(0, 2, 3, 4, 1, 5)  # [out / 16, nb, half, c, column, t]
     nibbles = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(out // 16, nb, 256)
     packed = np.concatenate([block_scales(blocks, 0), block_scales(blocks, 2), nibbles], axis=-1)

@@ -239,8 +239,8 @@ def test_rejects_bad_inputs_before_touching_state():
 @pytest.mark.skipif(not (ops := __import__("adaserve_backend.models.linear", fromlist=["kernels"]).kernels()) or not ops.pair_gemm,
                     reason="bfloat16 products of any row count take one kernel only with AVX512-BF16")
 @pytest.mark.parametrize("dtype", ["bfloat16", "q4_1_int8"])
-def test_bfloat16_logits_do_not_depend_on_how_a_context_was_computed(dtype):
-    """The same token after the same context gets the same bfloat16 logits, bit for bit, whether it is
+def test_logits_do_not_depend_on_how_a_context_was_computed(dtype):
+    """The same token after the same context gets the same logits, bit for bit, whether it is
     decoded alone, verified in a chain or in a tree beside hidden siblings, or prefilled in one chunk or
     several (chunks within the pair kernel's rows where AMX takes larger products): else a repeated
     greedy request could change its answer with the load or a prefix-cache hit, and speculation would
