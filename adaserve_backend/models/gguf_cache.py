@@ -10,6 +10,10 @@ The cache lives under ADASERVE_CACHE_DIR (default ~/.cache/adaserve), keyed by t
 by the `transformers` version that converts it. Each part is converted under a file lock and marked done
 only once written whole, so processes starting together convert it once and none reads a half-written
 part. Where the cache cannot be written, the GGUF is read directly.
+
+Each use stamps its entry; a conversion removes the entries no process has used for UNUSED_DAYS (a GGUF
+replaced or a `transformers` upgraded leaves its old entry behind, some hundreds of MB each), so the
+cache holds what is in use and nothing an idle checkout still reads is taken from under it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,6 +32,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when what a part holds changes
 PARTS = ("config", "tokenizer", "weights")
+UNUSED_DAYS = 30
+USED = ".used"  # its modification time: the entry's last use
 
 
 def adaserve_cache() -> Path:
@@ -75,17 +83,37 @@ def converted(directory: str, gguf_file: str, part: str) -> str | None:
     gguf_path = os.path.join(directory, gguf_file)
     target = entry(gguf_path)
     done = target / f"{part}.done"
-    if done.exists():
-        return str(target)
     try:
-        with _locked(target):
-            if not done.exists():  # another process may have converted it while this one waited
-                _convert(directory, gguf_file, part, target)
-                done.touch()
+        if not done.exists():
+            with _locked(target):
+                if not done.exists():  # another process may have converted it while this one waited
+                    _convert(directory, gguf_file, part, target)
+                    done.touch()
+            prune(keep=target)
+        (target / USED).touch()
     except OSError as e:
         log.warning("cannot cache the converted %s of %s (%s); reading the GGUF directly", part, gguf_path, e)
         return None
     return str(target)
+
+
+def prune(keep: Path, unused_days: float = UNUSED_DAYS) -> list[Path]:
+    """Remove the entries other than `keep` whose last use is more than `unused_days` old (an entry
+    never stamped counts from when its directory last changed); returns those removed."""
+    cutoff, removed = time.time() - unused_days * 86400, []
+    for other in cache_root().iterdir():
+        if other == keep or not other.is_dir():
+            continue
+        stamp = other / USED
+        try:
+            last = (stamp if stamp.exists() else other).stat().st_mtime
+        except OSError:
+            continue  # removed meanwhile by another process
+        if last < cutoff:
+            log.info("removing %s, unused for %.0f days", other, (time.time() - last) / 86400)
+            shutil.rmtree(other, ignore_errors=True)
+            removed.append(other)
+    return removed
 
 
 def _convert(directory: str, gguf_file: str, part: str, target: Path) -> None:

@@ -1,11 +1,12 @@
 """The GGUF conversion cache: the converted config and tokenizer are the GGUF's own, a part is converted
-once, a file's entry follows its contents (not its path or time), and an unwritable cache falls back to
-reading the GGUF. (The weights' equality is the greedy oracle's: tests/model_fixtures.hf_reference reads
-the GGUF directly.)"""
+once, a file's entry follows its contents (not its path or time), entries unused for a month go, and an
+unwritable cache falls back to reading the GGUF. (The weights' equality is the greedy oracle's:
+tests/model_fixtures.hf_reference reads the GGUF directly.)"""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -39,6 +40,7 @@ def test_the_converted_config_and_tokenizer_are_the_ggufs_own(tmp_path, monkeypa
     before = done.stat().st_mtime_ns
     load_hf_config(loc)
     assert done.stat().st_mtime_ns == before
+    assert (done.parent / gguf_cache.USED).exists()  # each use stamps the entry (what pruning reads)
 
 
 def test_an_entry_follows_the_contents_and_an_unwritable_cache_reads_the_gguf(tmp_path, monkeypatch):
@@ -60,3 +62,23 @@ def test_an_entry_follows_the_contents_and_an_unwritable_cache_reads_the_gguf(tm
     assert gguf_cache.converted(str(tmp_path), "model.gguf", "config") is None
     with pytest.raises(ValueError):
         gguf_cache.converted(str(tmp_path), "model.gguf", "everything")
+
+
+def test_a_conversion_removes_entries_unused_for_a_month(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADASERVE_CACHE_DIR", str(tmp_path))
+    root = gguf_cache.cache_root()
+    month = time.time() - (gguf_cache.UNUSED_DAYS + 1) * 86400
+    entries = {name: root / name for name in ("new", "used-lately", "stale", "stale-never-stamped")}
+    for name, entry in entries.items():
+        entry.mkdir(parents=True)
+        (entry / "weights.safetensors").write_bytes(b"w")
+    os.utime(entries["used-lately"], (month, month))  # written long ago, used yesterday
+    (entries["used-lately"] / gguf_cache.USED).touch()
+    (entries["stale"] / gguf_cache.USED).touch()
+    os.utime(entries["stale"] / gguf_cache.USED, (month, month))
+    os.utime(entries["stale-never-stamped"], (month, month))
+    os.utime(entries["new"], (month, month))  # kept whatever its age: the entry just converted
+
+    removed = gguf_cache.prune(keep=entries["new"])
+    assert sorted(p.name for p in removed) == ["stale", "stale-never-stamped"]
+    assert sorted(p.name for p in root.iterdir()) == ["new", "used-lately"]
