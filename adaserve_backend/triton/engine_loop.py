@@ -1,5 +1,5 @@
 """The decoupled `adaserve` model's runtime: one engine-loop thread owns the models; `submit` (called
-from Triton's execute) only validates and enqueues; a response thread does the sends, so the loop
+from Triton's execute) only validates and enqueues; a response thread (responses.py) does the sends, so the loop
 never blocks on a client.
 
 Every accepted request ends with exactly one FINAL response: its last data response, an error, or
@@ -11,7 +11,6 @@ pipeline (accept_ack) are not polled: the pipeline watches its client and aborts
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -24,17 +23,9 @@ from .cancellation import CancellationWatcher
 from .coalesce import must_send, next_step_estimate
 from .detokenize import Rendered, StreamState, text_delta
 from .metrics import EngineMetrics, Finished
-from .protocol import (
-    ERROR_OUTPUT,
-    FRONT_INPUTS,
-    INPUT_NAMES,
-    TEXT_INPUTS,
-    ResponseOptions,
-    error_tensor,
-    parse_request,
-    response_tensors,
-)
+from .protocol import FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, parse_request, response_tensors
 from .repository import load_engine_config
+from .responses import Responses
 from .serving import SHUTTING_DOWN, ServingWatch
 
 log = logging.getLogger("adaserve")
@@ -82,9 +73,7 @@ class TritonEngineLoop:
         self.stopping = False
         self.dead = False  # the loop failed too often (_supervise): refuse at once
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
-        self.sends: queue.SimpleQueue = queue.SimpleQueue()
-        self.send_thread = threading.Thread(target=self._send_loop, name="adaserve-responses", daemon=True)
-        self.send_thread.start()
+        self.responses = Responses(pb)
         # On its own thread: polling from the engine thread stalls the loop once per sweep, longer the more
         # requests are in flight (docs/experiments.md#cancel-thread).
         self.cancel_watch = CancellationWatcher(
@@ -105,7 +94,7 @@ class TritonEngineLoop:
                     tensors[name] = t.as_numpy()
             if "abort_request_id" in tensors:
                 self.engine.abort(_string(tensors["abort_request_id"]))
-                self.sends.put((sender, None, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+                self.responses.send(sender, None, final=True)
                 self.wake.set()
                 return
             if "request_id" in tensors:
@@ -113,15 +102,15 @@ class TritonEngineLoop:
             req, options = parse_request(request_id, tensors, self.tokenizer)
             slo_class = self.scheduler_config.resolve_slo(req.slo).slo_class
         except ValueError as e:
-            self._send_error(sender, str(e), self.pb.TritonError.INVALID_ARG)
+            self.responses.error(sender, str(e), self.pb.TritonError.INVALID_ARG)
             return
         with self.lock:  # registered before the engine can answer it
             if request_id in self.active:
-                self._send_error(sender, f"request id {request_id!r} is already in flight", self.pb.TritonError.INVALID_ARG)
+                self.responses.error(sender, f"request id {request_id!r} is already in flight", self.pb.TritonError.INVALID_ARG)
                 return
             self.active[request_id] = Active(sender, options, slo_class, req.prompt_ids, watched=not options.accept_ack)
         if options.accept_ack:  # queued before any answer
-            self.sends.put((sender, self.pb.InferenceResponse(output_tensors=[]), 0))  # see config.pbtxt
+            self.responses.send(sender, self.pb.InferenceResponse(output_tensors=[]), final=False)  # see config.pbtxt
         try:
             if self.dead:
                 raise Overloaded(ENGINE_DEAD)
@@ -131,7 +120,7 @@ class TritonEngineLoop:
             with self.lock:
                 del self.active[request_id]
             code = self.pb.TritonError.INVALID_ARG if isinstance(e, ValueError) else self.pb.TritonError.UNAVAILABLE
-            self._send_error(sender, str(e), code)
+            self.responses.error(sender, str(e), code)
             return
         self.wake.set()
 
@@ -143,8 +132,7 @@ class TritonEngineLoop:
         if self.loop_thread.is_alive():
             log.warning("the engine loop did not stop within %.0f s", SHUTDOWN_WAIT_S)
         self.cancel_watch.thread.join(timeout=1)
-        self.sends.put(None)
-        self.send_thread.join(timeout=SHUTDOWN_WAIT_S)
+        self.responses.close(timeout=SHUTDOWN_WAIT_S)
 
     # ---- engine loop thread ---------------------------------------------------------------------
     def _loop(self, engine: Engine | None, config) -> None:
@@ -228,11 +216,11 @@ class TritonEngineLoop:
             if out.finished:
                 del self.active[out.request_id]
         if out.finish_reason == FinishReason.ABORT:
-            self._send_error(a.sender, "request cancelled", self.pb.TritonError.CANCELLED)
+            self.responses.error(a.sender, "request cancelled", self.pb.TritonError.CANCELLED)
             return
         if out.finish_reason == FinishReason.ERROR:
             code = self.pb.TritonError.UNAVAILABLE if out.error == SHUTTING_DOWN else self.pb.TritonError.INTERNAL
-            self._send_error(a.sender, out.error or "request failed", code)
+            self.responses.error(a.sender, out.error or "request failed", code)
             return
         if out.finished:
             try:
@@ -240,7 +228,7 @@ class TritonEngineLoop:
             except Exception:
                 log.exception("recording metrics failed")
         if out.finish_reason == FinishReason.REJECTED:  # never after a data response (the scheduler's promise)
-            self._send_error(a.sender, out.error or "rejected", self.pb.TritonError.UNAVAILABLE)
+            self.responses.error(a.sender, out.error or "rejected", self.pb.TritonError.UNAVAILABLE)
             return
         if a.options.stream:
             if self._holds(a, out):
@@ -262,8 +250,7 @@ class TritonEngineLoop:
     def _send(self, a: Active, out: RequestOutput, rendered: Rendered) -> None:
         tensors = response_tensors(out, a.options, rendered, self.clock_offset_ns)
         response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
-        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
-        self.sends.put((a.sender, response, flags))
+        self.responses.send(a.sender, response, final=out.finished)
 
     def _holds(self, a: Active, out: RequestOutput) -> bool:
         """Coalescing (StreamingConfig.max_hold_ms): never the first visible token nor the last."""
@@ -295,29 +282,6 @@ class TritonEngineLoop:
             out.stats.queue_wait_s, attains_ttft(ttft, out.slo.ttft_ms), not rejected and attains(tpot, out.slo.tpot_ms),
             rejected, out.stats.overload, out.stats.predicted_ttft_s,
         ))
-
-    def _send_error(self, sender, message: str, code) -> None:
-        """Codes at the right depth: bad input INVALID_ARG (gRPC INVALID_ARGUMENT, HTTP 400), an overload
-        rejection or a stopping server UNAVAILABLE (503), cancellation CANCELLED, a failure INTERNAL.
-        As an `error` output, not a Triton error: see protocol.ERROR_OUTPUT."""
-        name = next((n for n in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED") if getattr(self.pb.TritonError, n) == code), "INTERNAL")
-        response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(ERROR_OUTPUT, error_tensor(message, name))])
-        self.sends.put((sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
-
-    # ---- response thread ------------------------------------------------------------------------
-    def _send_loop(self) -> None:
-        while True:
-            item = self.sends.get()
-            if item is None:
-                return
-            sender, response, flags = item
-            try:
-                if response is None:
-                    sender.send(flags=flags)
-                else:
-                    sender.send(response, flags=flags)
-            except Exception:  # the client is gone; its request was or will be cancelled
-                log.warning("could not send a response", exc_info=True)
 
 
 def _string(arr) -> str:

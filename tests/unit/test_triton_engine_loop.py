@@ -130,7 +130,7 @@ def test_shutdown_ends_requests_in_flight_with_a_final_response_at_once(loop):
         assert r.sender.finished.is_set()
         resp, _ = r.sender.sent[-1]
         assert resp is not None and response_error(resp) == ("UNAVAILABLE", "the server is shutting down")
-    assert not loop.loop_thread.is_alive() and not loop.send_thread.is_alive()
+    assert not loop.loop_thread.is_alive() and not loop.responses.thread.is_alive()
 
 
 def test_shutdown_returns_even_if_a_send_never_returns(loop, monkeypatch):
