@@ -13,14 +13,16 @@ everything else runs on the thread that calls `step` (the engine loop), which ow
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Iterable, Iterator
 
 import torch
 
+from .calibration_pool import engine_parts, pooled
 from .config import EngineConfig
-from .cost_model.cost_model import load_cost_model
+from .cost_model.cost_model import CostModel, load_cost_model
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
@@ -53,7 +55,7 @@ class Engine:
                       if self.policy.speculative else None)
         self.eos_token_ids = frozenset(eos_token_ids)
         spec = config.speculation
-        self.cost = calibrate(self.target, self.draft.runner if self.draft else None) if spec.calibrate else load_cost_model(spec.profile_path)
+        self.cost = self._calibrate(config) if spec.calibrate else load_cost_model(spec.profile_path)
         self.budget = self.cost.budget if self.cost else config.speculation.budget
         self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
         # The scheduler owns both caches' blocks from here on: it reserves, trims and frees them.
@@ -63,6 +65,11 @@ class Engine:
         self._seq_ids = itertools.count()
         if spec.calibrate:
             self.warm_up()
+
+    def _calibrate(self, config: EngineConfig) -> CostModel:
+        draft = self.draft.runner if self.draft else None
+        parts = engine_parts(config, self.target.model.spec, draft.model.spec if draft else None, torch.get_num_threads())
+        return calibrate(self.target, draft, pool=functools.partial(pooled, parts, keep=config.speculation.calibration_pool))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -94,12 +95,14 @@ def probe_ms(runner: ModelRunner) -> dict[str, float]:
 CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # up to a prefill chunk riding along a batch
 
 
-def calibrate(target: ModelRunner, draft: ModelRunner | None, repeats: int = 3, max_slowdown: float = 1.3) -> CostModel:
+def calibrate(target: ModelRunner, draft: ModelRunner | None, repeats: int = 3, max_slowdown: float = 1.3,
+              pool: Callable[[dict, dict], tuple[dict, dict]] | None = None) -> CostModel:
     """This machine's cost model, measured now (what tools.profile writes, in fewer repeats: a few
     seconds): verification forwards (8-token trees over 128 cached tokens) and draft beam steps at
     CALIBRATION_TOKENS, their rooflines and the budget B at the target's knee. Every forward shape the
     first iterations take runs here once, so serving does not pay for first uses. `draft` None: the
-    target drafts for itself."""
+    target drafts for itself. `pool`: the curves to fit, given this calibration's (calibration_pool.py:
+    the medians over this machine's last few)."""
     def sizes(runner: ModelRunner, per_seq: int) -> list[int]:  # those the cache has room for
         room = runner.blocks.num_free_blocks // runner.blocks.blocks_for(128 + per_seq)
         return [n for n in CALIBRATION_TOKENS if -(-n // per_seq) <= room]
@@ -108,6 +111,9 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, repeats: int = 3, 
     tv, td = sizes(target, 8), sizes(draft, 4)
     verify = measure_forward(target, tv, per_seq=8, repeats=repeats, desc="calibrating the target")
     steps = measure_forward(draft, td, per_seq=4, repeats=repeats, desc="calibrating the draft")
+    if pool is not None:
+        verify, steps = pool(verify, steps)
+        tv, td = list(verify), list(steps)
     line, draft_line = fit_roofline(tv, [verify[n] for n in tv]), fit_roofline(td, [steps[n] for n in td])
     return CostModel(line, draft_line, pick_budget(line, max_slowdown), tuple(verify.items()), tuple(steps.items()))
 

@@ -39,6 +39,10 @@ class SpeculationConfig:
       request: a profile taken on another machine misprices every step here (a prefill chunk cost
       twice what an AMX profile said on a CPU without AMX), and the first requests paid for first
       uses. The served engine.json sets it; in-process use keeps the profile (tests, reproducible runs).
+    calibration_pool: with calibrate, fit the rooflines to the per-size medians of this start's
+      calibration and this machine's previous ones, up to this many (calibration_pool.py): one
+      calibration's B moves by several tokens between starts on a CPU, and a lone request's depth with
+      it (docs/experiments.md#budget-spread). 1: this start's alone.
     n_max: largest tree the SLO-customized phase builds for one request (root included).
     order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
     goodput_selection: with a profile, the throughput phase verifies only as much of the remaining
@@ -79,6 +83,7 @@ class SpeculationConfig:
     goodput_selection: bool = True
     profile_path: str | None = None
     calibrate: bool = False
+    calibration_pool: int = 1
     lookup_ngram: int = LOOKUP_MAX_NGRAM
     lookup_tokens: int = 8
     lookup_copies: int = 1
@@ -91,6 +96,8 @@ class SpeculationConfig:
             raise ValueError("order must be 'desc' or 'asc'")
         if min(self.budget, self.draft_budget, self.d_max, self.w_max, self.n_max) < 1 or self.d_min < 1:
             raise ValueError("budgets, depths, widths and n_max must be >= 1")
+        if self.calibration_pool < 1:
+            raise ValueError(f"calibration_pool must be >= 1 (1: this start's calibration alone), got {self.calibration_pool}")
         if self.d_min > self.d_max:
             raise ValueError("d_min must not exceed d_max")
         if not 0 <= self.lookup_ngram <= LOOKUP_MAX_NGRAM:

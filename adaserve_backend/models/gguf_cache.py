@@ -65,7 +65,8 @@ def _key(path: str, size: int, mtime_ns: int) -> str:
 
 
 @contextmanager
-def _locked(directory: Path):
+def locked(directory: Path):
+    """A lock on `directory` (created if missing) held for the block: one process at a time."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -85,7 +86,7 @@ def converted(directory: str, gguf_file: str, part: str) -> str | None:
     done = target / f"{part}.done"
     try:
         if not done.exists():
-            with _locked(target):
+            with locked(target):
                 if not done.exists():  # another process may have converted it while this one waited
                     _convert(directory, gguf_file, part, target)
                     done.touch()

@@ -79,3 +79,11 @@ def test_streaming_hold_is_optional_and_checked():
     for bad in (-1, float("nan")):
         with pytest.raises(ValueError, match="max_hold_ms"):
             EngineConfig.from_dict({"streaming": {"max_hold_ms": bad}})
+
+
+def test_the_calibration_pool_is_checked_and_the_served_engine_pools():
+    assert EngineConfig.from_dict({}).speculation.calibration_pool == 1
+    with pytest.raises(ValueError, match="calibration_pool"):
+        EngineConfig.from_dict({"speculation": {"calibration_pool": 0}})
+    served = EngineConfig.from_json("model_repository/adaserve/1/engine.json").speculation
+    assert served.calibrate and served.calibration_pool > 1

@@ -16,7 +16,7 @@ LAYERS = [
      "adaserve_backend.sampling"],
     ["adaserve_backend.model_runner", "adaserve_backend.sequence", "adaserve_backend.output_processor"],
     ["adaserve_backend.scheduler"],
-    ["adaserve_backend.speculation", "adaserve_backend.profiler"],
+    ["adaserve_backend.speculation", "adaserve_backend.profiler", "adaserve_backend.calibration_pool"],
     ["adaserve_backend.engine", "adaserve_backend.inbox"],
     ["adaserve_backend.triton", "adaserve_backend.openai_frontend", "adaserve_backend.serve"],
     ["adaserve_backend.ray_serve"],

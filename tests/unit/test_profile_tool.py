@@ -4,6 +4,7 @@ shapes and yields a usable fit (no timing is asserted)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from adaserve_backend.config import ModelConfig
 from adaserve_backend.cost_model.cost_model import CostModel
@@ -42,18 +43,24 @@ def test_the_speed_probe_runs_on_an_engines_runner_and_gives_its_blocks_back():
     assert_all_blocks_free(engine)
 
 
-def test_an_engine_that_calibrates_plans_with_what_it_measured_and_starts_warm():
+def test_an_engine_that_calibrates_plans_with_what_it_measured_and_starts_warm(tmp_path, monkeypatch):
     """speculation.calibrate: the cost model comes from this machine (no profile file needed), B from
-    its knee, and the warm-up's requests leave no trace: no work, no blocks held, counters reset."""
+    its knee, the calibration kept in the machine's record (calibration_pool), and the warm-up's
+    requests leave no trace: no work, no blocks held, counters reset."""
     from adaserve_backend.engine import Engine
     from adaserve_backend.profiler import CALIBRATION_TOKENS
     from tests.engines import EOS, assert_all_blocks_free
 
     path = tiny_checkpoint("llama")
     cfg = small_config("adaserve", num_blocks=1024)
-    cfg = dataclasses.replace(cfg, speculation=dataclasses.replace(cfg.speculation, calibrate=True, profile_path="/no/such/file"))
+    cfg = dataclasses.replace(cfg, speculation=dataclasses.replace(cfg.speculation, calibrate=True, profile_path="/no/such/file",
+                                                                  calibration_pool=3))
+    monkeypatch.setenv("ADASERVE_CACHE_DIR", str(tmp_path))
     engine = Engine(cfg, target=our_model(path), draft=our_model(path), eos_token_ids=[EOS])
     assert [n for n, _ in engine.cost.verify_points] == list(CALIBRATION_TOKENS)[:-1]  # 256: more than 1024 blocks
+    (record,) = (tmp_path / "calibration").glob("*.json")  # the first start's: what it measured is what it fits
+    (run,) = json.loads(record.read_text())["runs"]
+    assert [(int(n), ms) for n, ms in run["verify"].items()] == list(engine.cost.verify_points)
     assert engine.budget == engine.cost.budget >= 1 and engine.scheduler.slo_admission
     assert not engine.has_work() and engine.decode_iterations > 0 and not engine.iteration_stats
     assert_all_blocks_free(engine)
