@@ -67,9 +67,11 @@ class Engine:
             self.warm_up()
 
     def _calibrate(self, config: EngineConfig) -> CostModel:
-        draft = self.draft.runner if self.draft else None
+        draft, keep = self.draft.runner if self.draft else None, config.speculation.calibration_pool
+        if keep == 1:  # this start's alone: no machine record to name or read
+            return calibrate(self.target, draft)
         parts = engine_parts(config, self.target.model.spec, draft.model.spec if draft else None, torch.get_num_threads())
-        return calibrate(self.target, draft, pool=functools.partial(pooled, parts, keep=config.speculation.calibration_pool))
+        return calibrate(self.target, draft, pool=functools.partial(pooled, parts, keep=keep))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
