@@ -7,6 +7,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session", autouse=True)
+def machine_cache(tmp_path_factory):
+    """What the project keeps per machine (calibrations the served engine pools, GGUF conversions) goes to
+    a temporary folder: engines started under the suite's load must not join the machine's calibration
+    record, which `make serve` later fits its rooflines to."""
+    before = os.environ.get("ADASERVE_CACHE_DIR")
+    root = tmp_path_factory.mktemp("adaserve-cache")
+    os.environ["ADASERVE_CACHE_DIR"] = str(root)
+    yield root
+    if before is None:
+        os.environ.pop("ADASERVE_CACHE_DIR", None)
+    else:
+        os.environ["ADASERVE_CACHE_DIR"] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
 def checkpoint_root(tmp_path_factory):
     """Tiny checkpoints (tests/model_fixtures.py) go to pytest's temporary folders, cleaned up with them."""
     from tests import model_fixtures
