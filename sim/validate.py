@@ -169,8 +169,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="the simulated scheduler's rooflines: the profile file's; those the served engine planned with "
                          "where the run recorded them (its startup calibration; else the file's); or measured on the "
                          "simulated machine at start as that calibration does (sim.cost.calibrated_profile). Recorded "
-                         "ones reproduce the served iterations, yet predict attainment worse so far "
-                         "(docs/experiments.md#sim-recorded-rooflines)")
+                         "ones reproduce the served iterations, yet predict attainment no better so far: as far over "
+                         "as the file's are under (docs/experiments.md#sim-twin-gap)")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default runs/<date>-sim-validate/validate-<bench name>)")
     return ap.parse_args(argv)
