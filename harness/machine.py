@@ -3,13 +3,15 @@ prices every step."""
 
 from __future__ import annotations
 
+from adaserve_backend.calibration_pool import machine
+
 
 def cpu_model() -> str:
-    """The CPU's model name, with or without AMX and AVX512-BF16 (from /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
+    """The CPU's model name, with or without AMX and AVX512-BF16 (from /proc/cpuinfo, as the engine
+    names the machine its calibrations are pooled for)."""
+    info = machine()
+    if not info:
         return "unknown"
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown")
-    return f"{name} ({'with' if 'amx_tile' in text else 'no'} AMX, {'with' if 'avx512_bf16' in text else 'no'} AVX512-BF16)"
+    flags = info.get("flags", "").split()
+    return (f"{info.get('model name', 'unknown')} ({'with' if 'amx_tile' in flags else 'no'} AMX, "
+            f"{'with' if 'avx512_bf16' in flags else 'no'} AVX512-BF16)")
