@@ -11,14 +11,10 @@ def machine_cache(tmp_path_factory):
     """What the project keeps per machine (calibrations the served engine pools, GGUF conversions) goes to
     a temporary folder: engines started under the suite's load must not join the machine's calibration
     record, which `make serve` later fits its rooflines to."""
-    before = os.environ.get("ADASERVE_CACHE_DIR")
     root = tmp_path_factory.mktemp("adaserve-cache")
-    os.environ["ADASERVE_CACHE_DIR"] = str(root)
-    yield root
-    if before is None:
-        os.environ.pop("ADASERVE_CACHE_DIR", None)
-    else:
-        os.environ["ADASERVE_CACHE_DIR"] = before
+    with pytest.MonkeyPatch.context() as patch:  # restores the user's setting after the session
+        patch.setenv("ADASERVE_CACHE_DIR", str(root))
+        yield root
 
 
 @pytest.fixture(scope="session", autouse=True)
