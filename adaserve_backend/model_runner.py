@@ -49,9 +49,6 @@ class ForwardOutput:
     def of(self, i: int) -> torch.Tensor:
         return self.logits[self.offsets[i] : self.offsets[i + 1]]
 
-    def hidden_of(self, i: int) -> torch.Tensor:
-        return self.hidden[self.token_offsets[i] : self.token_offsets[i + 1]]
-
     def features_of(self, i: int) -> torch.Tensor:
         rows = self.hidden if self.features is None else self.features
         return rows[self.token_offsets[i] : self.token_offsets[i + 1]]

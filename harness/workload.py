@@ -10,7 +10,6 @@ synthetic fluctuating trace where each category peaks at a different time.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import random
 from collections.abc import Sequence
@@ -41,23 +40,6 @@ def builtin_prompts(kind: str = "default") -> dict[str, list[tuple[str, bool]]]:
     from .prompts import PROMPT_SETS
 
     return PROMPT_SETS[kind]()
-
-
-def load_alpaca(path: str) -> list[tuple[str, bool]]:
-    """Alpaca JSON: a list of {"instruction", "input"?}."""
-    with open(path) as f:
-        rows = json.load(f)
-    return [((r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")), True) for r in rows]
-
-
-def load_jsonl(path: str, field: str, template: str = "{}") -> list[tuple[str, bool]]:
-    """Any JSONL with a text field (CNN/DailyMail-style `article`, or `prompt`)."""
-    with open(path) as f:
-        return [(template.format(json.loads(line)[field]), True) for line in f if line.strip()]
-
-
-def load_articles(path: str) -> list[tuple[str, bool]]:
-    return load_jsonl(path, "article", "Summarize the following article in three sentences.\n\n{}")
 
 
 # ---- arrivals ------------------------------------------------------------------------------------

@@ -170,10 +170,6 @@ class BlockManager:
         src, _ = self.commit(seq_id, range(len(self._seqs[seq_id].region_parents)))
         assert not src
 
-    def rollback(self, seq_id: int) -> None:
-        """Drop the whole uncommitted region."""
-        self.commit(seq_id, [])
-
     def trim(self, seq_id: int) -> None:
         """Free the blocks past the sequence's slots (what a reservation held for rejected drafts)."""
         if seq_id in self._seqs:

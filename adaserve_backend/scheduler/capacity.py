@@ -30,12 +30,6 @@ def iteration_needs(target: BlockManager, draft: BlockManager | None, decode: li
     return target_needs, {**reads, **chunks}
 
 
-def iteration_fits(target: BlockManager, draft: BlockManager | None, decode: list[Sequence],
-                   prefill: dict[Sequence, int], depth: int, width: int, lookup_tokens: int = 0) -> bool:
-    t, d = iteration_needs(target, draft, decode, prefill, depth, width, lookup_tokens)
-    return fits(target, t) and fits(draft, d)
-
-
 def fits(blocks: BlockManager | None, needs: Needs | None) -> bool:
     """Whether appending `n` tokens to each sequence fits the free blocks (no cache: nothing to fit)."""
     if blocks is None or needs is None:

@@ -122,9 +122,6 @@ class SuffixIndex:
                     del self._where[h]
         self.num_tokens -= len(doc.tokens)
 
-    def num_keys(self) -> int:
-        return len(self._where)
-
     def propose(self, scope: Hashable, context: Sequence[int], max_nodes: int,
                 rate: Callable[[tuple], float]) -> Proposal:
         """Up to `max_nodes` tokens that followed the longest earlier matches of `context`'s end, as a

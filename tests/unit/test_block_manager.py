@@ -66,7 +66,7 @@ def test_full_cache_is_reported_and_state_untouched():
     with pytest.raises(KVCacheFull):
         bm.append(1, [-1])
     assert not bm.has(1) and bm.seq(0).num_slots == 10
-    bm.rollback(0)
+    bm.commit(0, [])  # keep none of the region
     assert bm.num_free_blocks == 3 and bm.seq(0).num_slots == 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from adaserve_backend.kv_cache import BlockManager
 from adaserve_backend.request import Request
-from adaserve_backend.scheduler.capacity import draft_chain_len, iteration_fits
+from adaserve_backend.scheduler.capacity import draft_chain_len, fits, iteration_needs
 from adaserve_backend.sequence import Sequence
 from adaserve_backend.slo import SLO
 
@@ -12,6 +12,12 @@ from adaserve_backend.slo import SLO
 def cached(blocks: BlockManager, seq_id: int, n: int) -> None:
     blocks.append(seq_id, [-1] + list(range(n - 1)))
     blocks.commit_all(seq_id)
+
+
+def iteration_fits(target, draft, decode, prefill, depth, width, lookup_tokens=0) -> bool:
+    """What the scheduler asks before reserving an iteration: both caches' worst cases fit."""
+    t, d = iteration_needs(target, draft, decode, prefill, depth, width, lookup_tokens)
+    return fits(target, t) and fits(draft, d)
 
 
 def test_a_tree_fits_the_target_and_its_beams_the_draft_or_not():

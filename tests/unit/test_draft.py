@@ -156,7 +156,7 @@ def dense_features(model, ids: torch.Tensor) -> torch.Tensor:
 def test_training_time_test_computes_what_serving_computes_at_every_depth(layers, tmp_path):
     """Row i of unrolled step j is the depth-j node under position i: fed through the paged runner as
     a chain and then a path of tree nodes (each reading its parent's output state), the draft gives
-    the same outputs, so training optimises exactly what the engine runs (one decoder layer or more)."""
+    the same logits, so training optimises exactly what the engine runs (one decoder layer or more)."""
     target = our_model(tiny_checkpoint("llama"))
     _, draft, *_ = tiny_draft(tiny_checkpoint("llama"), tmp_path, train_steps=3, layers=layers)
     target.feature_layers = draft.target_layers
@@ -168,11 +168,11 @@ def test_training_time_test_computes_what_serving_computes_at_every_depth(layers
     for i in (0, 4, 6):
         runner = ModelRunner(draft, CacheConfig(num_blocks=8, block_size=4))
         out = runner.forward([SeqInput(0, ids[0, : i + 1].tolist(), features=taps[0, : i + 1])])
-        assert torch.allclose(out.hidden_of(0)[-1], trained[0][0, i], atol=1e-4)
+        assert torch.allclose(out.of(0)[-1], draft.compute_logits(trained[0][0, i : i + 1])[0], atol=1e-4)
         state, parent = out.features_of(0)[-1:], i
         for j in range(1, steps):
             out = runner.forward([SeqInput(0, [ids[0, i + j].item()], parents=[parent], features=state)])
-            assert torch.allclose(out.hidden_of(0)[0], trained[j][0, i], atol=1e-4), (i, j)
+            assert torch.allclose(out.of(0)[0], draft.compute_logits(trained[j][0, i : i + 1])[0], atol=1e-4), (i, j)
             state, parent = out.features_of(0), parent + 1
 
 
