@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# Prompt lookup's limits (speculation/lookup.py keeps a measured acceptance prior for each match length
-# up to LOOKUP_MAX_NGRAM and each copy rank up to LOOKUP_MAX_COPIES, and checks that it does).
+# Prompt lookup's longest match (speculation/lookup.py keeps a measured acceptance prior for each match
+# length up to it, and checks that it does).
 LOOKUP_MAX_NGRAM = 5
-LOOKUP_MAX_COPIES = 2
 SUFFIX_SCOPES = ("shared", "tenant", "off")
 
 class Lookup(NamedTuple):
@@ -16,7 +15,6 @@ class Lookup(NamedTuple):
 
     ngram: int = 0  # longest suffix matched
     tokens: int = 0  # longest copy
-    copies: int = 0  # distinct continuations grafted
     suffix_tokens: int = 0  # nodes from the suffix index across requests (speculation/suffix_index.py)
     suffix_scope: str = "shared"
     suffix_max_tokens: int = 0
@@ -24,7 +22,7 @@ class Lookup(NamedTuple):
     @property
     def reserved(self) -> int:
         """Tree nodes the copies may add (KV capacity)."""
-        return self.tokens * self.copies + self.suffix_tokens
+        return self.tokens + self.suffix_tokens
 
 
 @dataclass(frozen=True)
@@ -44,18 +42,14 @@ class SpeculationConfig:
       calibration's B moves by several tokens between starts on a CPU, and a lone request's depth with
       it (docs/experiments.md#budget-spread). 1: this start's alone.
     n_max: largest tree the SLO-customized phase builds for one request (root included).
-    order: SLO phase visits requests by descending A ("desc", the paper) or ascending ("asc").
     goodput_selection: with a profile, the throughput phase verifies only as much of the remaining
       budget as raises expected tokens per second (acceptance probabilities: draft scores times the
       measured accepted/score ratio). Where tokens below the knee are free (GPUs) that is all of B, as
       in the paper; on a CPU, where every verified token costs time, often less.
-    lookup_ngram, lookup_tokens, lookup_copies: prompt lookup (speculation/lookup.py; 0 turns it off):
-      up to lookup_tokens that followed the context's last 1..lookup_ngram tokens earlier join the tree
-      as candidates (no draft forward), deeper than d if selected (a longer copied chain beat a d=4 one;
-      docs/experiments.md#draft-eval-lookup); from the latest occurrence and, with 2 copies, also the
-      latest followed by another token (more verified rows for almost no more accepted tokens, so it
-      stays off where each row costs time; where extra rows are free, as below a GPU's knee, it may
-      pay; docs/experiments.md#lookup-variants).
+    lookup_ngram, lookup_tokens: prompt lookup (speculation/lookup.py; 0 turns it off): up to
+      lookup_tokens that followed the latest earlier occurrence of the context's last 1..lookup_ngram
+      tokens join the tree as candidates (no draft forward), deeper than d if selected (a longer copied
+      chain beat a d=4 one; docs/experiments.md#draft-eval-lookup).
     suffix_tokens: nodes a request's tree may take from the suffix index (speculation/suffix_index.py;
       0 turns it off): continuations of the longest matches of its context among the tokens of earlier
       and concurrent requests. suffix_scope: which requests match each other: "shared" (all), "tenant"
@@ -79,21 +73,17 @@ class SpeculationConfig:
     c1: int = 2
     c2: int = 0
     n_max: int = 8
-    order: str = "desc"
     goodput_selection: bool = True
     profile_path: str | None = None
     calibrate: bool = False
     calibration_pool: int = 1
     lookup_ngram: int = LOOKUP_MAX_NGRAM
     lookup_tokens: int = 8
-    lookup_copies: int = 1
     suffix_tokens: int = 16
     suffix_scope: str = "shared"
     suffix_max_tokens: int = 262_144
 
     def __post_init__(self) -> None:
-        if self.order not in ("desc", "asc"):
-            raise ValueError("order must be 'desc' or 'asc'")
         if min(self.budget, self.draft_budget, self.d_max, self.w_max, self.n_max) < 1 or self.d_min < 1:
             raise ValueError("budgets, depths, widths and n_max must be >= 1")
         if self.calibration_pool < 1:
@@ -104,8 +94,6 @@ class SpeculationConfig:
             raise ValueError(f"lookup_ngram must be 0 (off) to {LOOKUP_MAX_NGRAM}, got {self.lookup_ngram}")
         if self.lookup_tokens < 1:
             raise ValueError(f"lookup_tokens must be >= 1, got {self.lookup_tokens}")
-        if not 1 <= self.lookup_copies <= LOOKUP_MAX_COPIES:
-            raise ValueError(f"lookup_copies must be 1 to {LOOKUP_MAX_COPIES}, got {self.lookup_copies}")
         if self.suffix_tokens < 0 or self.suffix_max_tokens < 1:
             raise ValueError("suffix_tokens must be >= 0 (0: off) and suffix_max_tokens >= 1")
         if self.suffix_scope not in SUFFIX_SCOPES:

@@ -50,7 +50,7 @@ class Policy:
         policy that drafts and selects (Spec(n) verifies its draft's chain as drawn)."""
         if not self.speculative or self.verify_whole_draft:
             return Lookup()
-        own = (spec.lookup_ngram, spec.lookup_tokens, spec.lookup_copies) if spec.lookup_ngram else (0, 0, 0)
+        own = (spec.lookup_ngram, spec.lookup_tokens) if spec.lookup_ngram else (0, 0)
         suffix = spec.suffix_tokens if spec.suffix_scope != "off" else 0
         return Lookup(*own, suffix, spec.suffix_scope, spec.suffix_max_tokens)
 

@@ -42,9 +42,8 @@ class Copies:
         from every request in its scope, weighed by their buckets' learnt rates (copy_rates.py)."""
         lookup = self.lookup
         if lookup.ngram and drafting:
-            index = self._ngrams.setdefault(seq.seq_id, NgramIndex(lookup.ngram, lookup.copies))
-            for copied, conditional in index.propose(seq.tokens, lookup.tokens):
-                graft(cand, copied, conditional)
+            index = self._ngrams.setdefault(seq.seq_id, NgramIndex(lookup.ngram))
+            graft(cand, *index.propose(seq.tokens, lookup.tokens))
         scope = self._scope(seq)
         if scope is not None:
             self.suffix.extend(seq.seq_id, scope, seq.tokens)

@@ -33,7 +33,6 @@ def required_accepted(elapsed_s: float, t_spec_s: float, tpot_slo_s: float, deco
 class SelectionParams:
     budget: int  # B: tokens verified this iteration, roots included
     n_max: int  # largest tree (root included) the SLO-customized phase may build for one request
-    order: str = "desc"  # SLO phase visits larger A first ("desc", the paper) or smaller first ("asc")
     # Predicted ms of the iteration when verifying this many tree tokens. When given, the throughput
     # phase verifies only the share of the remaining budget that maximizes expected tokens per ms.
     iteration_ms: Callable[[int], float] | None = None
@@ -60,13 +59,13 @@ def select_tokens(
 def slo_customized_selection(
     cands: Sequence[CandidateTree], a_caps: Sequence[float], params: SelectionParams
 ) -> tuple[list[list[int]], int]:
-    """Each request, in order of A_cap, takes its best nodes until its expected accepted tokens reach
+    """Each request, the largest A_cap first (as the paper), takes its best nodes until its expected accepted tokens reach
     A_cap, its tree holds n_max nodes, or the budget is spent. Returns the selections and the budget
     left."""
     n = len(cands)
     selected: list[list[int]] = [[0] for _ in range(n)]
     budget = params.budget - n
-    for i in sorted(range(n), key=lambda i: a_caps[i], reverse=params.order == "desc"):
+    for i in sorted(range(n), key=lambda i: a_caps[i], reverse=True):
         origin = cands[i].origin
         acc, heap = ROOT_CREDIT, [(-s, j) for j, s in enumerate(cands[i].scores) if j != 0]
         heapq.heapify(heap)

@@ -36,7 +36,7 @@ def choose_trees(
         def iteration_ms(tree_tokens: int) -> float:
             return draft_ms + cost.verify_ms(tree_tokens + prefill)
 
-    params = SelectionParams(max(estimator.budget, n), spec.n_max, spec.order, iteration_ms, estimator.calibration())
+    params = SelectionParams(max(estimator.budget, n), spec.n_max, iteration_ms, estimator.calibration())
     selections = select_tokens(cands, a_caps, params)
     if depth:  # the draft's calibration is measured on iterations that draft (Estimator.record)
         estimator.record_selection(sum(expected_accepted(c, nodes) - ROOT_CREDIT for c, nodes in zip(cands, selections)))

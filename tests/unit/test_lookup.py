@@ -3,51 +3,38 @@
 import pytest
 
 from adaserve_backend.config import SpeculationConfig
-from adaserve_backend.speculation.lookup import HIT_RATE, SECOND_RATE, NgramIndex, graft
+from adaserve_backend.speculation.lookup import HIT_RATE, NgramIndex, graft
 from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree, truncate_depth
 
 
 def test_longest_suffix_wins_and_its_latest_occurrence():
     #            0  1  2  3  4  5  6  7  8  9
     tokens = [5, 1, 2, 3, 9, 1, 2, 7, 1, 2]
-    [(copied, probs)] = NgramIndex(3).propose(tokens, 4)
+    copied, probs = NgramIndex(3).propose(tokens, 4)
     assert copied == [7, 1, 2]  # "1 2" last occurred at 5-6, followed by 7; "9 1 2" never ended the list
     assert probs == list(HIT_RATE[2][:3])
     tokens2 = [4, 1, 2, 3, 8, 4, 1, 2]
-    assert NgramIndex(3).propose(tokens2, 2) == [([3, 8], list(HIT_RATE[3][:2]))]  # "4 1 2" beats "1 2"
-
-
-def test_a_second_copy_follows_the_latest_occurrence_with_another_next_token():
-    #         0  1  2  3  4  5  6  7  8  9 10 11 12
-    tokens = [1, 2, 5, 6, 1, 2, 7, 8, 1, 2, 7, 9, 1, 2]
-    first, second = NgramIndex(2, copies=2).propose(tokens, 3)
-    assert first == ([7, 9, 1], list(HIT_RATE[2][:3]))  # the latest "1 2" (at 8-9)
-    assert second == ([5, 6, 1], list(SECOND_RATE[2][:3]))  # 4-5 is followed by 7 as well: 0-1's 5 is the other
-    assert len(NgramIndex(2, copies=2).propose([1, 2, 7, 1, 2, 7, 1, 2], 2)) == 1  # one continuation only
+    assert NgramIndex(3).propose(tokens2, 2) == ([3, 8], list(HIT_RATE[3][:2]))  # "4 1 2" beats "1 2"
 
 
 def test_no_earlier_occurrence_proposes_nothing_and_a_short_copy_stops_at_the_end():
-    assert NgramIndex(3).propose([1, 2, 3, 4], 4) == []
-    assert NgramIndex(1).propose([7, 8, 7], 5)[0][0] == [8, 7]  # what followed 7: the rest of the list
+    assert NgramIndex(3).propose([1, 2, 3, 4], 4) == ([], [])
+    assert NgramIndex(1).propose([7, 8, 7], 5)[0] == [8, 7]  # what followed 7: the rest of the list
 
 
 def test_incremental_index_equals_a_fresh_one_and_resets_on_another_list():
-    index = NgramIndex(3, copies=2)
+    index = NgramIndex(3)
     seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 1, 5, 3, 2, 6]
     for n in range(1, len(seq) + 1):
-        assert index.propose(seq[:n], 3) == NgramIndex(3, copies=2).propose(seq[:n], 3)
-    assert index.propose([1, 2, 1], 2) == [([2, 1], list(HIT_RATE[1][:2]))]
+        assert index.propose(seq[:n], 3) == NgramIndex(3).propose(seq[:n], 3)
+    assert index.propose([1, 2, 1], 2) == ([2, 1], list(HIT_RATE[1][:2]))
 
 
 def test_bad_ngram_length_fails_loudly():
     with pytest.raises(ValueError):
         NgramIndex(0)
     with pytest.raises(ValueError):
-        NgramIndex(2, copies=3)
-    with pytest.raises(ValueError):
         SpeculationConfig(lookup_ngram=max(HIT_RATE) + 1)
-    with pytest.raises(ValueError):
-        SpeculationConfig(lookup_copies=0)
 
 
 def beam_tree() -> CandidateTree:
@@ -97,10 +84,7 @@ def test_lookup_rates_count_a_copied_token_once_its_predecessors_were_right():
 
     # contexts 1 2 3 | 1 2 3 1: "1" copies 2 3 (right), "1 2" copies 3 1 (right), "1 2 3" copies 1 (right),
     # then the sequence ends (its second token is never tried); a wrong first copy stops the count
-    got = {n: r[0] for n, r in rates([([1, 2, 3], [1, 2, 3, 1])], 3, 2, 1).items()}
+    got = rates([([1, 2, 3], [1, 2, 3, 1])], 3, 2)
     assert got[1] == [1.0, 1.0] and got[2] == [1.0, 1.0] and got[3][0] == 1.0 and got[3][1] != got[3][1]
-    wrong = rates([([5, 6, 5], [9, 9])], 1, 2, 1)[1][0]  # "5" copies 6 5; the target says 9
+    wrong = rates([([5, 6, 5], [9, 9])], 1, 2)[1]  # "5" copies 6 5; the target says 9
     assert wrong[0] == 0.0 and wrong[1] != wrong[1]
-    # the second copy counts apart: after 5 6 5 7 5, "5" copies 7 5 (wrong), then 6 5 (6 right, 5 wrong)
-    first, second = rates([([5, 6, 5, 7, 5], [6, 9])], 1, 2, 2)[1]
-    assert first[0] == 0.0 and second == [1.0, 0.0]

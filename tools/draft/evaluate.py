@@ -38,22 +38,21 @@ from adaserve_backend.models import load_model, load_tokenizer, locate
 from adaserve_backend.profiler import measure_forward
 from adaserve_backend.request import Request
 from adaserve_backend.slo import SLO, tpot_seconds
-from adaserve_backend.speculation.lookup import MAX_NGRAM
 from harness.run_dir import run_dir
 from tools.draft.data import encode
 from tools.draft.teacher import continuations, dense_hidden, dense_run, shifted
 from tools.draft.train import eval_prompts
 from tools.draft.ttt import unrolled
 
-# (name, policy, depth, width, prompt lookup's (longest n-gram, copies)): the draft's own chain and
+# (name, policy, depth, width, prompt lookup's longest n-gram, 0: none): the draft's own chain and
 # trees, then with copies from the context grafted on (speculation/lookup.py; as served by default:
-# matches of up to 5 tokens, one copy; "3-grams" is lookup's first version, "2 copies" adds a second)
-SERVED_LOOKUP = (SpeculationConfig.lookup_ngram, SpeculationConfig.lookup_copies)
-FIRST_LOOKUP = (3, 1)
-SHAPES = [("chain d=4", "spec:4", 4, 1, (0, 0)), ("tree d=4 w=2", "adaserve", 4, 2, (0, 0)),
-          ("tree d=4 w=4", "adaserve", 4, 4, (0, 0)), ("tree d=6 w=2", "adaserve", 6, 2, (0, 0)),
+# matches of up to 5 tokens; "3-grams" is lookup's first version)
+SERVED_LOOKUP = SpeculationConfig.lookup_ngram
+FIRST_LOOKUP = 3
+SHAPES = [("chain d=4", "spec:4", 4, 1, 0), ("tree d=4 w=2", "adaserve", 4, 2, 0),
+          ("tree d=4 w=4", "adaserve", 4, 4, 0), ("tree d=6 w=2", "adaserve", 6, 2, 0),
           ("chain d=4 +lookup", "adaserve", 4, 1, SERVED_LOOKUP), ("tree d=4 w=4 +lookup 3-grams", "adaserve", 4, 4, FIRST_LOOKUP),
-          ("tree d=4 w=4 +lookup", "adaserve", 4, 4, SERVED_LOOKUP), ("tree d=4 w=4 +lookup 2 copies", "adaserve", 4, 4, (MAX_NGRAM, 2))]
+          ("tree d=4 w=4 +lookup", "adaserve", 4, 4, SERVED_LOOKUP)]
 
 
 @torch.inference_mode()
@@ -76,11 +75,10 @@ def agreement(draft, target, seqs, prompt_lens, steps: int) -> list[float]:
     return [h / t if t else float("nan") for h, t in zip(hits, total)]
 
 
-def engine_for(target, draft, policy: str, depth: int, width: int, eos, lookup: tuple[int, int] = (0, 0)) -> Engine:
-    ngram, copies = lookup
-    tree = 1 + depth * width + SpeculationConfig.lookup_tokens * copies  # every node verified
+def engine_for(target, draft, policy: str, depth: int, width: int, eos, ngram: int = 0) -> Engine:
+    tree = 1 + depth * width + (SpeculationConfig.lookup_tokens if ngram else 0)  # every node verified
     spec = SpeculationConfig(budget=tree, draft_budget=width, d_min=depth, d_max=depth, w_max=width, c1=0, n_max=tree,
-                             lookup_ngram=ngram, lookup_copies=max(copies, 1))
+                             lookup_ngram=ngram)
     cfg = EngineConfig(target_cache=CacheConfig(memory_mb=256), draft_cache=CacheConfig(memory_mb=128),
                        scheduler=SchedulerConfig(policy=policy, max_num_seqs=1), speculation=spec)
     return Engine(cfg, target=target, draft=draft, eos_token_ids=eos)
@@ -132,8 +130,8 @@ def main() -> None:
             outs = continuations(target, ids, args.max_tokens, [0.0] * len(ids), eos, batch=8)
             seqs = [a + b for a, b in zip(ids, outs)]
             row = {"prompts": len(ids), "top1_by_depth": agreement(draft_f32, target_f32, seqs, [len(a) for a in ids], args.steps)}
-            for name, policy, d, w, lookup in SHAPES:
-                engine = engine_for(target, draft, policy, d, w, eos, lookup)
+            for name, policy, d, w, ngram in SHAPES:
+                engine = engine_for(target, draft, policy, d, w, eos, ngram)
                 run_one_by_one(engine, ids, args.max_tokens)
                 row[f"accepted/verify {name}"] = engine.mean_accepted()
             rows[fam] = row
@@ -161,7 +159,7 @@ def one_request(served: EngineConfig, target, draft, eos, prompts: list[list[int
     """Mean TPOT per variant and round, each prompt alone; ratios of the rounds' sums."""
     variants = {"continuous": (dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")), None),
                 "adaserve": (served, draft),
-                "adaserve, lookup 3-grams": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=FIRST_LOOKUP[0], lookup_copies=FIRST_LOOKUP[1])), draft),
+                "adaserve, lookup 3-grams": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=FIRST_LOOKUP)), draft),
                 "adaserve, no prompt lookup": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=0)), draft)}
     tpot = {name: [] for name in variants}
     accepted = {name: [] for name in variants}

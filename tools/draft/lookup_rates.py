@@ -1,8 +1,7 @@
 """Prompt lookup's acceptance priors (speculation/lookup.py HIT_RATE), measured on the target's own
 continuations of draft training prompts (never benchmark prompts): at every output position, the
 serving index's copy for the context so far, and how far the target's actual next tokens follow it.
-Prints, per matched n-gram length and copy (latest occurrence, then the latest followed by another
-token), P(copied token i is right | tokens 0..i-1 of that copy were).
+Prints, per matched n-gram length, P(copied token i is right | tokens 0..i-1 of the copy were).
 
     python -m tools.draft.lookup_rates [--cache .cache/draft] [--shards 4] [--max-n 5]
 """
@@ -16,26 +15,25 @@ import json
 import torch
 from tqdm import tqdm
 
-from adaserve_backend.speculation.lookup import HIT_RATE, MAX_COPIES, MAX_NGRAM, RATES, NgramIndex
+from adaserve_backend.speculation.lookup import HIT_RATE, MAX_NGRAM, NgramIndex
 from tools.draft.generate import shard_path
 
 
-def rates(seqs: list[tuple[list[int], list[int]]], max_n: int, k: int, copies: int) -> dict[int, list[list[float]]]:
-    """{n: per copy, [P(copied token i right | the ones before it in that copy were right) for i < k]}
-    over every output position."""
+def rates(seqs: list[tuple[list[int], list[int]]], max_n: int, k: int) -> dict[int, list[float]]:
+    """{n: [P(copied token i right | the ones before it in the copy were right) for i < k]} over every
+    output position."""
     tried, hit = collections.Counter(), collections.Counter()
     for prompt, output in tqdm(seqs, desc="sequences"):
-        seq, index = prompt + output, NgramIndex(max_n, copies)
+        seq, index = prompt + output, NgramIndex(max_n)
         for t in range(len(prompt), len(seq)):
-            n, copied = index.match(seq[:t], k)
-            for rank, copy in enumerate(copied):
-                for i, c in enumerate(copy[: len(seq) - t]):  # token i is tried once the ones before it were right
-                    tried[n, rank, i] += 1
-                    if seq[t + i] != c:
-                        break
-                    hit[n, rank, i] += 1
-    return {n: [[round(hit[n, r, i] / tried[n, r, i], 3) if tried[n, r, i] else float("nan") for i in range(k)]
-                for r in range(copies)] for n in range(1, max_n + 1)}
+            n, copy = index.match(seq[:t], k)
+            for i, c in enumerate(copy[: len(seq) - t]):  # token i is tried once the ones before it were right
+                tried[n, i] += 1
+                if seq[t + i] != c:
+                    break
+                hit[n, i] += 1
+    return {n: [round(hit[n, i] / tried[n, i], 3) if tried[n, i] else float("nan") for i in range(k)]
+            for n in range(1, max_n + 1)}
 
 
 def main() -> None:
@@ -44,14 +42,13 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=6, help="copied tokens measured")
     ap.add_argument("--max-n", type=int, default=MAX_NGRAM, help="longest suffix matched")
-    ap.add_argument("--copies", type=int, default=MAX_COPIES)
     args = ap.parse_args()
     seqs = []
     for i in range(args.shards):
         shard = torch.load(shard_path(args.cache, i), weights_only=False)
         seqs += list(zip(shard["prompts"], shard["outputs"]))
-    measured = rates(seqs, args.max_n, args.tokens, args.copies)
-    print(json.dumps({"measured": measured, "shipped": {n: [list(t[n]) for t in RATES if n in t] for n in HIT_RATE}}))
+    measured = rates(seqs, args.max_n, args.tokens)
+    print(json.dumps({"measured": measured, "shipped": {n: list(r) for n, r in HIT_RATE.items()}}))
 
 
 if __name__ == "__main__":
