@@ -52,10 +52,11 @@ def test_an_slo_is_validated_where_it_is_made(fields):
 
 def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_benchmark():
     from adaserve_backend.config import SLOClass
-    from harness.slo_targets import DEFAULT_TTFT_SLO_MS
+    from harness.slo_targets import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 
     sched = SchedulerConfig()
-    assert {c.name: c.ttft_ms for c in sched.slo_classes} == DEFAULT_TTFT_SLO_MS
+    assert {c.name: (c.tpot_ms, c.ttft_ms) for c in sched.slo_classes} == {
+        "coding": (65.0, 2000.0), "chat": (80.0, 2000.0), "summary": (150.0, 5000.0)}  # what the server has served
     assert sched.resolve_slo(SLO(slo_class="summary")).ttft_ms == 5000.0
     assert sched.resolve_slo(SLO(ttft_ms=300.0, slo_class="summary")).ttft_ms == 300.0
     with pytest.raises(ValueError, match="ttft_ms"):
@@ -63,7 +64,9 @@ def test_ttft_targets_resolve_like_tpot_ones_and_the_served_classes_match_the_be
     with pytest.raises(ValueError, match="overload"):
         SchedulerConfig(overload="drop")
     served = EngineConfig.from_json("model_repository/adaserve/1/engine.json").scheduler
-    assert {c.name: c.ttft_ms for c in served.slo_classes} == DEFAULT_TTFT_SLO_MS and served.overload == "reject"
+    assert served.slo_classes == sched.slo_classes and served.overload == "reject"
+    assert {c.name: c.tpot_ms for c in served.slo_classes} == DEFAULT_TPOT_SLO_MS
+    assert {c.name: c.ttft_ms for c in served.slo_classes} == DEFAULT_TTFT_SLO_MS
 
 
 def test_engine_threads_is_optional_and_checked():
