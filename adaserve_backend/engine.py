@@ -28,7 +28,7 @@ from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
 from .profiler import calibrate
 from .request import Overloaded, Request, RequestOutput
-from .scheduler.estimator import Estimator
+from .scheduler.prefill_estimator import Estimator
 from .scheduler.plan import IterationPlan, IterationResult
 from .scheduler.policies import make_policy
 from .scheduler.scheduler import Scheduler

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from adaserve_backend.config import SchedulerConfig, SpeculationConfig
 from adaserve_backend.kv_cache import BlockManager, chain_parents
 from adaserve_backend.request import RequestOutput
-from adaserve_backend.scheduler.estimator import Estimator
+from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
 from adaserve_backend.scheduler.routing import ReplicaLoad, measure_load

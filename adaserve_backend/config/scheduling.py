@@ -80,7 +80,7 @@ class SchedulerConfig:
       exactly, and the client, whose clock includes delivery, sees a share of them just over it.
       0 (the default) for in-process use.
     spare_decodes: the prefill chunk first-token deadlines need overrides pacing only as far as every
-      decoding request that can still make its SLO still can (control.spared_prefill); False: as far as
+      decoding request that can still make its SLO still can (prefill_pacing.spared_prefill); False: as far as
       the deadlines need.
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers
       (DEFAULT_SLO_CLASSES unless a config sets its own); the default class fills in what a request

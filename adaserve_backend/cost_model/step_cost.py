@@ -7,7 +7,7 @@ contexts plus the engine's own per-request work (scheduling, sampling, bookkeepi
 rooflines do not see: they price a loaded step at a fraction of what it takes (evidence:
 docs/experiments.md#profile). The serving
 simulator prices its CPU iterations with this fit; the engine itself keeps the rooflines and corrects
-them with what it measures (scheduler/estimator.py).
+them with what it measures (scheduler/prefill_estimator.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """First-token deadlines: the order waiting and prefilling requests are served in, the smallest prefill
 chunk that keeps them on time, and the overload answer. A request's first token is due at arrival + its
-TTFT target; after it, the paper's TPOT constraint takes over (control.py).
+TTFT target; after it, the paper's TPOT constraint takes over (slo_slack.py).
 
 Pure functions over sequences and the estimator's predictions, so the scheduler stays about queues.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
-    from .estimator import Estimator
+    from .prefill_estimator import Estimator
 
 
 # Why admission gave up a request's first-token deadline (rejections by reason in the metrics).
@@ -63,6 +63,16 @@ def running_first_token_at(est: Estimator, seq: Sequence, start: float, n_decode
     others = [s for s in prefilling if s is not seq]
     behind = tokens_behind(seq, others) if n_decode == 0 else 0
     return first_token_at(est, seq, start, n_decode, tokens_ahead(seq, others), chunk, behind)
+
+
+def predict_first_tokens(started: list[Sequence], n_decode: int, prefilling: list[Sequence], now: float,
+                         est: Estimator, chunk: int) -> None:
+    """Each starting request's first token as expected now (Sequence.predicted_first_token), those
+    admitted after it in the same step sharing its last chunk, every iteration carrying `chunk` prefill
+    tokens: the step's budget, not the cap, since beside decodes pacing gives a prompt fewer and pricing
+    them at the cap put long prompts' first tokens early (docs/experiments.md#ttft-prediction)."""
+    for seq in [s for s in started if s.first_token_time is None]:
+        seq.predicted_first_token = running_first_token_at(est, seq, now, n_decode, prefilling, chunk)
 
 
 def tokens_ahead(seq: Sequence, prefilling: Iterable[Sequence]) -> int:

@@ -1,5 +1,5 @@
-"""Online estimates of decoding, learned from measured iterations (the Estimator, estimator.py, adds
-what prefill chunks cost and first tokens on top):
+"""Online estimates of decoding, learned from measured iterations (the Estimator,
+prefill_estimator.py, adds what prefill chunks cost and first tokens on top):
 the iteration time (the profiled cost model times a measured correction, or without a profile an EMA
 of measured iterations), the yield at each load (tokens per request and tree tokens verified, by the
 number of decoding requests), the draft's calibration (accepted drafts per unit of draft score), and

@@ -22,12 +22,13 @@ from ..kv_cache import BlockManager
 from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
+from .admission import best_effort_victim, keeps_slos
 from .capacity import fits, iteration_needs, reserve
-from .control import best_effort_victim, keeps_slos, predict_first_tokens, prefill_budget, split_chunks
-from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed, note_prefill_times, rejection_message
-from .estimator import Estimator
+from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed, note_prefill_times, predict_first_tokens, rejection_message
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
+from .prefill_estimator import Estimator
+from .prefill_pacing import prefill_budget, split_chunks
 from .prefix import PrefixStats, note_cached_prefixes, reuse_prefix
 
 log = logging.getLogger("adaserve")
@@ -216,7 +217,7 @@ class Scheduler:
 
     def _predict_first_tokens(self, started: list[Sequence], now: float) -> None:
         """What admission expects for starting requests' first tokens, once this step's admissions are
-        all in, at this step's prefill budget (control.predict_first_tokens); the predictor's error is
+        all in, at this step's prefill budget (deadlines.predict_first_tokens); the predictor's error is
         measured against it: EngineMetrics."""
         est = self.estimator
         if est.cost is not None:

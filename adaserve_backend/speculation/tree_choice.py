@@ -4,10 +4,10 @@ SLO-customized and throughput-optimized selection within budget B (the paper's A
 from __future__ import annotations
 
 from ..config import SpeculationConfig
-from ..scheduler.control import on_track
-from ..scheduler.estimator import Estimator
 from ..scheduler.plan import IterationPlan
 from ..scheduler.policies import Policy
+from ..scheduler.prefill_estimator import Estimator
+from ..scheduler.slo_slack import on_track
 from .selection import ROOT_CREDIT, SelectionParams, expected_accepted, required_accepted, select_tokens
 from .token_tree import CandidateTree, TokenTree
 

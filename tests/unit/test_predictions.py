@@ -29,7 +29,7 @@ def test_a_decode_step_is_predicted_before_its_measurement_updates_the_estimator
 def test_requests_admitted_together_share_the_last_chunk_of_the_first():
     """Chunks are packed in deadline order: with none decoding, a prompt admitted beside later ones ends
     in an iteration they fill, and its first token comes when that iteration ends."""
-    from tests.unit.test_estimator import estimator
+    from tests.unit.test_decode_estimator import estimator
 
     est = estimator()
     assert est.first_token_s(0, 100, 256, behind=100) == est.prefill_iteration_s(0, 200)

@@ -12,7 +12,7 @@ from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
 from adaserve_backend.kv_cache import BlockManager
 from adaserve_backend.request import FinishReason, Request
-from adaserve_backend.scheduler.estimator import Estimator
+from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
 from adaserve_backend.scheduler.scheduler import NO_ROOM, Scheduler

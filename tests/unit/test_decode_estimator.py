@@ -12,7 +12,7 @@ from adaserve_backend.scheduler.decode_estimator import (
     PLAIN_EXPLORE_EVERY,
     SPEC_MIN_SAMPLES,
 )
-from adaserve_backend.scheduler.estimator import Estimator
+from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationStats
 from adaserve_backend.scheduler.policies import make_policy
 

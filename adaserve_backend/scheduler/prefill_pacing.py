@@ -1,0 +1,83 @@
+"""Prefill pacing: how many prompt tokens an iteration carries beside the decoding requests (as far as
+their slack pays for, never below what first-token deadlines need) and how they are split among the
+prefilling requests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .deadlines import urgent_chunk
+from .slo_slack import seq_ends_within_slo, seq_slack_s
+
+if TYPE_CHECKING:
+    from ..sequence import Sequence
+    from .prefill_estimator import Estimator
+
+
+def paced_chunk(allowance_ms: float, extra_ms: Callable[[int], float], cap: int) -> int:
+    """The largest prefill chunk c <= cap whose extra iteration time `extra_ms(c)` (non-decreasing)
+    fits the allowance: prefill rides along decode only as far as the decoding requests' slack goes."""
+    if allowance_ms < 0:
+        return 0
+    lo, hi = 0, cap
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if extra_ms(mid) <= allowance_ms:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def split_chunks(prefill: list[Sequence], cap: int) -> dict[Sequence, int]:
+    """Up to `cap` prefill tokens, to the requests in order, each as far as its prompt goes."""
+    chunks: dict[Sequence, int] = {}
+    for seq in prefill:
+        n = min(seq.prefill_goal - seq.prefilled, cap)
+        if n <= 0:
+            break
+        chunks[seq] = n
+        cap -= n
+    return chunks
+
+
+def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
+                   est: Estimator, full: int, spare_decodes: bool = False) -> int:
+    """SLO-aware prefill's tokens this iteration: the chunk paced by the decoding requests' slack
+    (paced_prefill) but never below what the first-token deadlines need (urgent_chunk); with
+    `spare_decodes`, that floor only as far as no decoding request is pushed past its target
+    (spared_prefill). With none decoding, `full`. First tokens take it in deadline order (edf_key)."""
+    if not decode:
+        return full
+    t_iter = est.prefill_iteration_s(len(decode), full)
+    urgent = min(urgent_chunk(prefill, now, t_iter), full)
+    if spare_decodes:
+        urgent = min(urgent, spared_prefill(decode, depth, width, now, est, full))
+    return max(paced_prefill(decode, depth, width, now, est, full), urgent)
+
+
+def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int,
+                  catch_up: bool = False) -> int:
+    """The chunk the least slack among decoding requests that can still make their SLOs pays for.
+    With `catch_up` (spared_prefill), each request's slack plus what its remaining tokens win back at
+    this load's time per token."""
+    n = len(decode)
+    t_iter, best, tpot = est.iteration_s(n, depth, width), est.tpot_at(1), est.tpot_at(n) if catch_up else 0.0
+    allowances = []
+    for s in decode:
+        slack = seq_slack_s(s, now, t_iter)
+        if seq_ends_within_slo(s, slack, best):
+            allowances.append(slack + (max(s.remaining, 0) * (s.planned_tpot_s - tpot) if catch_up else 0.0))
+    if not allowances:
+        return cap
+    return paced_chunk(min(allowances) * 1e3, lambda chunk: est.chunk_extra_ms(n, depth, chunk), cap)
+
+
+def spared_prefill(decode: list[Sequence], depth: int, width: int, now: float, est: Estimator, cap: int) -> int:
+    """The largest chunk after which every decoding request that can still make its SLO still ends
+    within it at this load's time per token: a first token may take a decoding request's slack and
+    what its remaining tokens win back, not more. Otherwise a burst's prompts stall a request with few
+    tokens left for a few hundred ms, and it ends far over its target (one late first token is
+    traded for several missed TPOTs)."""
+    return paced_prefill(decode, depth, width, now, est, cap, catch_up=True)
