@@ -20,7 +20,7 @@ from adaserve_backend.request import RequestOutput
 from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
-from adaserve_backend.scheduler.routing import ReplicaLoad, measure_load
+from adaserve_backend.replica_routing import ReplicaLoad, measure_load
 from adaserve_backend.scheduler.scheduler import Scheduler
 from adaserve_backend.sequence import Sequence, draft_chain_span, draft_reads, drafts_now
 from adaserve_backend.speculation import tree_choice
@@ -88,7 +88,7 @@ class Replica:
         return self.in_flight is not None
 
     def load_at(self, now: float) -> ReplicaLoad:
-        """What it would publish as a Ray Serve replica at `now` (routing.measure_load); the inbox
+        """What it would publish as a Ray Serve replica at `now` (replica_routing.measure_load); the inbox
         counts as waiting, and an iteration under way delays every first token."""
         busy = max(self.in_flight.end - now, 0.0) if self.in_flight else 0.0
         return measure_load(self.scheduler, len(self.scheduler.waiting) + len(self.inbox), self.inbox, busy, now)

@@ -1,9 +1,9 @@
 """Routers over N simulated replicas: which replica a new request joins.
 
 Every router decides from what a real router sees: each replica's `ReplicaLoad`, measured by the same
-`measure_load` a Ray Serve replica publishes (adaserve_backend/scheduler/routing.py), from the
+`measure_load` a Ray Serve replica publishes (adaserve_backend/replica_routing.py), from the
 simulated replica's own scheduler and estimator. So `slo` is the Ray Serve SLO router's decision
-(`routing.rank`), and a log of real routing decisions can be replayed through every router here
+(`replica_routing.rank`), and a log of real routing decisions can be replayed through every router here
 (sim/router_check.py). Loads are read fresh at each arrival: the simulator has no publishing period.
 
 `round_robin` ignores loads; `least_loaded` counts requests held (running, waiting and queued);
@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence as Seq
 
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, occupancy, prefix_hints, rank
+from adaserve_backend.replica_routing import Job, ReplicaLoad, occupancy, prefix_hints, rank
 from adaserve_backend.sequence import Sequence
 
 from .replica import Replica

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, standing
+from adaserve_backend.replica_routing import Job, ReplicaLoad, standing
 
 from .router import ROUTERS, make_router
 
@@ -49,7 +49,7 @@ def read(path: Path) -> list[Decision]:
 
 
 def equivalent(d: Decision, a: int, b: int) -> bool:
-    """Replicas `a` and `b` ranked equal for `d` (routing.standing): either was a first choice."""
+    """Replicas `a` and `b` ranked equal for `d` (replica_routing.standing): either was a first choice."""
     return standing(d.job, d.loads[a], d.sent[a]) == standing(d.job, d.loads[b], d.sent[b])
 
 

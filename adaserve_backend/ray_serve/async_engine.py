@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from ..engine import Engine
 from ..request import INTERNAL_ERROR, Overloaded, Request, RequestOutput
-from ..scheduler.routing import ReplicaLoad, measure_load
+from ..replica_routing import ReplicaLoad, measure_load
 
 log = logging.getLogger("adaserve.ray")
 MAX_FAILURES, FAILURE_WINDOW_S = 3, 60.0

@@ -13,7 +13,7 @@ from ..config import SchedulerConfig
 from ..openai_frontend.backends import BackendError
 from ..openai_frontend.params import Generation
 from ..request import Request, SamplingParams
-from ..scheduler.routing import Job, prefix_hints
+from ..replica_routing import Job, prefix_hints
 from ..triton.protocol import encode_prompt
 
 APP_NAME = "adaserve"

@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from ..scheduler.routing import Job, ReplicaLoad, rank
+from ..replica_routing import Job, ReplicaLoad, rank
 
 SENT_MEMORY_S = 30.0  # sends older than this are in any replica's published load by now
 ROUTERS = {"slo": "adaserve_backend.ray_serve.router.SLORouter",

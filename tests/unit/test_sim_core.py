@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaserve_backend.scheduler.routing import slack
+from adaserve_backend.replica_routing import slack
 from adaserve_backend.speculation import selection, tree_choice
 from sim.clock import EventQueue, Kind
 from sim.replica import Replica

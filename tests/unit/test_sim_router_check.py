@@ -1,12 +1,12 @@
 """sim/router_check.py: recorded routing decisions replayed through the simulator's routers. The log is
-written here as the Ray Serve router writes it (ray_serve/router.py), ranked by routing.rank."""
+written here as the Ray Serve router writes it (ray_serve/router.py), ranked by replica_routing.rank."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
 
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, rank
+from adaserve_backend.replica_routing import Job, ReplicaLoad, rank
 from sim.router_check import agreement, main, read
 
 

@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from ..kv_cache.block_pool import extend_keys
-from .deadlines import prefill_left
+from .kv_cache.block_pool import extend_keys
+from .scheduler.deadlines import prefill_left
 
 PROBE_TOKENS = 1024  # the second prompt length the first-token prediction is sampled at (linear between)
 HINT_BLOCKS = 2048  # the most recently cached blocks a replica names; older ones are the first evicted anyway

@@ -1,4 +1,4 @@
-"""The SLO-aware router's choice (scheduler/routing.py) from made-up replica loads, and the load a real
+"""The SLO-aware router's choice (replica_routing.py) from made-up replica loads, and the load a real
 (tiny) engine publishes. No Ray here."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from adaserve_backend.request import Request
-from adaserve_backend.scheduler.routing import Job, ReplicaLoad, measure_load, prefix_hints, rank, slack
+from adaserve_backend.replica_routing import Job, ReplicaLoad, measure_load, prefix_hints, rank, slack
 from adaserve_backend.slo import SLO
 from tests.engines import make_engine
 from tests.model_fixtures import tiny_checkpoint
