@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 
 from adaserve_backend.config import SchedulerConfig, SpeculationConfig
 from adaserve_backend.kv_cache import BlockManager, chain_parents
+from adaserve_backend.replica_routing import ReplicaLoad, measure_load
 from adaserve_backend.request import RequestOutput
-from adaserve_backend.scheduler.prefill_estimator import Estimator
+from adaserve_backend.scheduler.draft_reads import draft_chain_span, draft_reads, drafts_now
 from adaserve_backend.scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
-from adaserve_backend.replica_routing import ReplicaLoad, measure_load
+from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.scheduler import Scheduler
-from adaserve_backend.sequence import Sequence, draft_chain_span, draft_reads, drafts_now
+from adaserve_backend.sequence import Sequence
 from adaserve_backend.speculation import tree_choice
 from adaserve_backend.speculation.copies import Copies
 from adaserve_backend.speculation.token_tree import truncate_depth
@@ -168,7 +169,7 @@ class Replica:
         blocks, chain_tokens, ctx = self.draft_blocks, 0, 0
         chains = {s.seq_id: self._chain_len(s) for s in list(plan.prefill) + plan.decode}  # before anything is read
         for seq, decoding in [(s, False) for s in plan.prefill] + [(s, True) for s in plan.decode]:
-            n = chains[seq.seq_id]  # what the draft reads in its first step: sequence.draft_reads
+            n = chains[seq.seq_id]  # what the draft reads in its first step: draft_reads.draft_reads
             if not drafts_now(n, decoding, plan.depth) and (read := draft_reads(n, decoding, plan.depth, bool(plan.decode))):
                 ctx += blocks.num_committed(seq.seq_id)
                 blocks.append(seq.seq_id, chain_parents(0, read))

@@ -6,7 +6,8 @@ lone request)."""
 from __future__ import annotations
 
 from ..kv_cache import BlockManager
-from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
+from ..sequence import Sequence
+from .draft_reads import draft_chain_span, draft_reads, drafts_now
 
 Needs = dict[Sequence, int]  # tokens each request may append to one cache this iteration
 
@@ -17,7 +18,7 @@ def iteration_needs(target: BlockManager, draft: BlockManager | None, decode: li
     """Worst case, per cache: each decoding request's whole tree is appended to the target cache
     (acceptance is known only after the forward), with copied chains of `lookup_tokens` in all beside
     the beams (speculation/lookup.py: never read by the draft); the draft appends what it reads of its
-    chain (sequence.draft_reads), then, for a request that drafts, d-1 levels of w beams."""
+    chain (draft_reads.py), then, for a request that drafts, d-1 levels of w beams."""
     tree = 1 + depth * width + lookup_tokens
     target_needs = {**{s: tree for s in decode}, **prefill}
     if draft is None:
@@ -45,7 +46,7 @@ def reserve(blocks: BlockManager | None, needs: Needs | None) -> None:
 
 
 def draft_chain_len(target: BlockManager, draft: BlockManager, seq: Sequence) -> int:
-    """How many tokens the draft reads before drafting (see sequence.draft_chain_span)."""
+    """How many tokens the draft reads before drafting (see draft_reads.draft_chain_span)."""
     start, end = draft_chain_span(seq, target.num_committed(seq.seq_id), draft.num_committed(seq.seq_id))
     return max(end - start, 0)
 

@@ -49,7 +49,7 @@ class IterationPlan:
     def runs_draft(self) -> bool:
         """Whether a draft has anything to do: it speculates, or nothing decodes (its chunks are read at
         once); a step that decodes without speculating runs no draft and selects nothing (the draft
-        reads lazily, sequence.draft_reads; skipping the worker spares a plain step its Python, and the
+        reads lazily, draft_reads.py; skipping the worker spares a plain step its Python, and the
         draft's calibration its decay on steps that verify no draft)."""
         return self.depth > 0 or not self.decode
 

@@ -16,8 +16,9 @@ import torch
 from ..config import EngineConfig, Lookup
 from ..model_runner import ModelRunner, SeqInput
 from ..models import LlamaModel, load_model
+from ..scheduler.draft_reads import draft_chain_span, draft_reads, drafts_now
 from ..scheduler.plan import IterationPlan
-from ..sequence import Sequence, draft_chain_span, draft_reads, drafts_now
+from ..sequence import Sequence
 from .beam import BeamRequest, beam_search
 from .copies import Copies
 from .draft_fit import check_draft_fits
@@ -56,7 +57,7 @@ class DraftWorker:
 
     def propose(self, plan: IterationPlan, max_model_len: int) -> list[CandidateTree]:
         """Candidate trees for plan.decode (a root alone for a request that does not draft now); the
-        draft reads lazily (sequence.draft_reads): catching up, and prefill chunks, ride along."""
+        draft reads lazily (scheduler/draft_reads.py): catching up, and prefill chunks, ride along."""
         extra, drafting, catching_up = [], {}, []
         for s, decoding in [(s, False) for s in plan.prefill] + [(s, True) for s in plan.decode]:
             chain = self.chain(s)
