@@ -16,5 +16,7 @@ def encode_chat(tokenizer, text: str) -> list[int]:
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
-    """Ids of a prompt as served: in the chat template if `chat`, else plain text."""
+    """Ids of a prompt as served: in the chat template if `chat`, else plain text; ValueError if empty."""
+    if not text:
+        raise ValueError("the prompt is empty")
     return encode_chat(tokenizer, text) if chat else tokenizer(text)["input_ids"]

@@ -71,6 +71,8 @@ class Overloaded(RuntimeError):
 
 
 MAX_TENANT_CHARS = 256
+MAX_STOP_WORDS = 16
+MAX_STOP_CHARS = 1000  # per stop string: each one is matched against the output's tail every step
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Request:
             raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if self.tenant is not None and not 0 < len(self.tenant) <= MAX_TENANT_CHARS:
             raise ValueError(f"a tenant is 1-{MAX_TENANT_CHARS} characters")
+        if len(self.stop_strings) > MAX_STOP_WORDS or any(len(w) > MAX_STOP_CHARS for w in self.stop_strings):
+            raise ValueError(f"at most {MAX_STOP_WORDS} stop_words of at most {MAX_STOP_CHARS} characters each")
         if len(self.prompt_ids) + self.max_tokens > max_model_len:
             raise ValueError(
                 f"prompt ({len(self.prompt_ids)} tokens) + max_tokens ({self.max_tokens}) exceeds "

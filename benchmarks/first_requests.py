@@ -33,7 +33,7 @@ from harness.runners import run_triton
 from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import WorkItem, build_workload, builtin_prompts
 
-from .servers import triton_server
+from harness.servers import triton_server, wait_idle
 from .vs_peers import arrivals_for, render_chat
 
 SHARED_LINE_CHARS = 30  # a line this long in two prompts: content the caches could carry between them
@@ -71,7 +71,7 @@ def serve_once(kind: str, probes: list[WorkItem], traffic: list[WorkItem], args,
         ready_s = time.monotonic() - started
         if kind == "warm":
             run_triton(f"localhost:{args.grpc_port}", traffic, args.time_limit, exact_length=True)
-            server.wait_idle()
+            wait_idle(server)
         records, wall = run_triton(f"localhost:{args.grpc_port}", probes, args.time_limit, exact_length=True)
     finally:
         server.stop()

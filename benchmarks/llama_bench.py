@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 
-from benchmarks.servers import LLAMACPP_DIR, LLAMACPP_WEIGHTS, llamacpp_gguf
+from harness.servers import LLAMACPP_DIR, LLAMACPP_WEIGHTS, llamacpp_gguf
 
 
 def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, gen: int = 128, repeats: int = 3) -> dict | None:

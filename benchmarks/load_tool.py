@@ -26,7 +26,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from adaserve_backend.triton.process import openai_frontend
 from harness.bench import score
 from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
@@ -34,7 +33,7 @@ from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import build_workload, builtin_prompts, poisson_arrivals
 
 from .load_tool_report import plot, print_tables
-from .servers import PEER_SERVED_NAME, VLLM_MODEL_DIR, VLLM_VENV, triton_server, vllm_server
+from harness.servers import PEER_SERVED_NAME, VLLM_MODEL_DIR, VLLM_VENV, openai_frontend, triton_server, vllm_server, wait_idle
 from .vs_peers import render_chat
 
 OUR_MODEL = "adaserve"
@@ -84,7 +83,7 @@ def run_ours(args, slos, items, logs: Path, report: dict, bar) -> None:
         for rep in range(args.agreement_repeats):  # alternated, so drift over the run hits both alike
             for name, run in runners if rep % 2 == 0 else runners[::-1]:
                 bar.set_postfix_str(name)
-                servers[0].wait_idle()
+                wait_idle(servers[0])
                 records, wall = run()
                 report["agreement"][name + (f" #{rep + 1}" if args.agreement_repeats > 1 else "")] = score(records, wall)
                 bar.update(1)

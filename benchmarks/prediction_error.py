@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from adaserve_backend.triton.process import metrics_text
+from harness.servers import metrics_text
 
 HISTOGRAM = "adaserve_ttft_measured_over_predicted"
 ERRORS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.5)  # |measured / predicted - 1|

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 
-from adaserve_backend.triton.process import PROJECT_ROOT, free_ports
+from adaserve_backend import PROJECT_ROOT
+from harness.servers import free_ports
 
 
 def port_open(port: int) -> bool:

@@ -63,7 +63,7 @@ def measure_ours(seqs: dict[str, list[str]], tokens: int) -> dict[str, dict[str,
 
 
 def measure_peers(seqs: dict[str, list[str]], tokens: int, log_dir: Path) -> dict[str, dict[str, list[float]]]:
-    from benchmarks.servers import llamacpp_server
+    from harness.servers import llamacpp_server
 
     out = {}
     for spec in (None, "ngram-mod"):

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from adaserve_backend.triton.grpc_client import EnsembleClient
-from adaserve_backend.triton.process import triton_server
+from adaserve_backend.triton.launch import triton_server
 from benchmarks.vs_peers import arrivals_for, build_workload, builtin_prompts, render_chat
 from harness.run_dir import run_dir
 from harness.slo_targets import SloTargets

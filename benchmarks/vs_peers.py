@@ -50,7 +50,7 @@ from harness.workload import (
 )
 
 from .prediction_error import describe, histogram_buckets, prediction_error
-from .servers import (
+from harness.servers import (
     LLAMACPP_WEIGHTS,
     PEER_SERVED_NAME,
     ServerProcess,
@@ -58,6 +58,7 @@ from .servers import (
     ray_server,
     triton_server,
     vllm_server,
+    wait_idle,
 )
 from .vs_peers_report import capacity, plot, print_table
 
@@ -103,7 +104,7 @@ def priorities(slos) -> dict[str, int]:
 def variant_repository(name: str, overrides: dict, out_dir: Path) -> Path:
     """A copy of the model repository whose engine.json has `overrides` merged in (an ablation served
     as its own system, `adaserve:NAME`)."""
-    from adaserve_backend.triton.process import PROJECT_ROOT
+    from adaserve_backend import PROJECT_ROOT
 
     repo = out_dir / f"repository-{name}"
     shutil.rmtree(repo, ignore_errors=True)
@@ -208,14 +209,14 @@ def main() -> None:
                     bar.update(1)
                     continue
                 bar.set_postfix_str(f"{system} @ {rps} rps")
-                server.wait_idle()
+                wait_idle(server)
                 ours = on_triton(system)
                 predictions = histogram_buckets(server.metrics_url) if ours else None
                 records, wall = run_system(system, server, items, args, slos)
                 row = {"system": system, "rps": rps, **score(records, wall)}
                 row["rejected"] = sum(1 for r in records if r.error and "unavailable" in r.error.lower())
                 if ours:  # the last requests' metrics are recorded once they ended in the engine
-                    server.wait_idle()
+                    wait_idle(server)
                     row["ttft_prediction"] = prediction_error(predictions, histogram_buckets(server.metrics_url))
                     tqdm.write(f"{system:>14} @ {rps:>4} rps: {describe(row['ttft_prediction'])}")
                 rows.append(row)

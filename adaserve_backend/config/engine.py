@@ -105,7 +105,7 @@ class StreamingConfig:
       most this long after the oldest of them was made. The first token and the last always leave at
       once, so TTFT and TPOT (the mean over a request) are unchanged; the gaps between responses grow.
       Every response costs CPU in the server, the gRPC frontend and the client (through the ensemble,
-      twice), which on a 2-core machine comes out of the engine's step (see triton/coalesce.py). 0
+      twice), which on a 2-core machine comes out of the engine's step (see serving/coalesce.py). 0
       sends each iteration's tokens at once (vLLM's `--stream-interval 1`).
     """
 

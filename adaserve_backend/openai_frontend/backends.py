@@ -1,7 +1,7 @@
 """What the OpenAI frontend serves from: a backend turns one parsed `Generation` into a stream of text
 deltas. Two exist: Triton's ensemble over gRPC (`make serve`), and engine replicas on Ray Serve behind
 an SLO-aware router (adaserve_backend/ray_serve, `make serve-ray`). Both end every request the same
-way: a `BackendError` with a gRPC status name, which the frontend maps to one HTTP answer."""
+way: a `BackendError` of an ErrorKind (serving/errors.py), which the frontend maps to one HTTP answer."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..serving.errors import ErrorKind
 from ..triton.grpc_client import EnsembleClient, EnsembleError, ensemble_tensors
 from ..triton.metrics import ENGINE_UP
 from .params import Generation, OpenAIError
@@ -18,23 +19,21 @@ RETRY_AFTER_S = 1
 
 
 class BackendError(RuntimeError):
-    """A request's error; `status` is a gRPC status name (INVALID_ARGUMENT, UNAVAILABLE, INTERNAL...)."""
+    """A request's error, of its kind."""
 
-    def __init__(self, message: str, status: str = "") -> None:
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INTERNAL) -> None:
         super().__init__(message)
-        self.message, self.status = message, status
+        self.message, self.kind = message, kind
+
+
+OPENAI_TYPES = {ErrorKind.INVALID_ARG: "invalid_request_error", ErrorKind.NOT_FOUND: "not_found_error"}
 
 
 def http_error(e: BackendError) -> OpenAIError:
-    """By the status alone: bad input -> 400, the scheduler's overload answer or a stopping server ->
-    503 with Retry-After, anything else -> 500."""
-    if e.status == "INVALID_ARGUMENT":
-        return OpenAIError(400, e.message)
-    if e.status in ("UNAVAILABLE", "RESOURCE_EXHAUSTED"):
+    """By the kind alone; an overload or a stopping server is 503 with Retry-After."""
+    if e.kind is ErrorKind.UNAVAILABLE:
         return OpenAIError(503, e.message, kind="server_overloaded", retry_after_s=RETRY_AFTER_S)
-    if e.status == "NOT_FOUND":
-        return OpenAIError(404, e.message, kind="not_found_error")
-    return OpenAIError(500, e.message, kind="internal_error")
+    return OpenAIError(e.kind.http, e.message, kind=OPENAI_TYPES.get(e.kind, "internal_error"))
 
 
 class Backend(Protocol):
@@ -100,7 +99,7 @@ class TritonBackend:
                 except StopAsyncIteration:
                     return
                 except EnsembleError as e:
-                    raise BackendError(e.message, e.status) from None
+                    raise BackendError(e.message, e.kind) from None
                 yield item
         finally:
             await responses.aclose()

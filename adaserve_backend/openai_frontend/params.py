@@ -8,10 +8,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..request import MAX_TENANT_CHARS
+from ..request import MAX_STOP_CHARS, MAX_TENANT_CHARS
+from ..request import MAX_STOP_WORDS as MAX_STOP
 from ..slo import SLO
-from ..triton.protocol import MAX_STOP_CHARS
-from ..triton.protocol import MAX_STOP_WORDS as MAX_STOP
 
 INT32_MAX = 2**31 - 1  # token counts travel to Triton as INT32: a larger one would wrap, not fail
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions

@@ -16,7 +16,7 @@ import time
 
 from ..config import EngineConfig
 from ..models import load_tokenizer, locate
-from ..openai_frontend.server import API_KEY_ENV, MAX_IN_FLIGHT, Frontend, chat_renderer, serve_frontend
+from ..openai_frontend.http_app import API_KEY_ENV, MAX_IN_FLIGHT, Frontend, chat_renderer, serve_frontend
 from .backend import APP_NAME, RayBackend
 from .replica import EngineReplica
 from .router import ROUTERS

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 from ..config import SchedulerConfig
 from ..openai_frontend.backends import BackendError
 from ..openai_frontend.params import Generation
+from ..chat import encode_prompt
 from ..request import Request, SamplingParams
 from ..replica_routing import Job, prefix_hints
-from ..triton.protocol import encode_prompt
+from ..serving.errors import SHUTTING_DOWN, ErrorKind
 
 APP_NAME = "adaserve"
 REPLICA_FAILED = "the replica serving this request failed; retry"
-SHUTTING_DOWN = "the server is shutting down"
 
 
 def engine_request(gen: Generation, prompt_ids: list[int]) -> Request:
@@ -59,13 +59,13 @@ class RayBackend:
         from ray.exceptions import RayActorError, RayError
 
         if self.stopped.is_set():
-            raise BackendError(SHUTTING_DOWN, "UNAVAILABLE")
+            raise BackendError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
         try:
-            ids = [int(i) for i in encode_prompt(self.tokenizer, prompt.encode(), False)]
+            ids = [int(i) for i in encode_prompt(self.tokenizer, prompt, False)]
             request = engine_request(gen, ids)
             slo = self.scheduler.resolve_slo(gen.slo)
         except ValueError as e:
-            raise BackendError(str(e), "INVALID_ARGUMENT") from None
+            raise BackendError(str(e), ErrorKind.INVALID_ARG) from None
         hints = prefix_hints(ids, self.block_size) if self.block_size else ()
         job = Job(len(ids), slo.tpot_s if slo.tpot_ms else None, slo.ttft_s if slo.ttft_ms else None, prompt, hints, self.block_size)
         responses = self.handle.options(stream=True).generate.remote(request, job)
@@ -77,20 +77,20 @@ class RayBackend:
                 await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 if not item.done():  # a stop: answer now, not when the replica acknowledges the cancel
                     item.cancel()
-                    raise BackendError(SHUTTING_DOWN, "UNAVAILABLE")
+                    raise BackendError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
                 try:
                     item = item.result()
                 except StopAsyncIteration:
                     return
                 if "error" in item:
-                    raise BackendError(item["error"], item["status"])
+                    raise BackendError(item["error"], ErrorKind[item["kind"]])
                 yield item.get("text", ""), item
         except RayActorError:
-            raise BackendError(REPLICA_FAILED, "UNAVAILABLE") from None
+            raise BackendError(REPLICA_FAILED, ErrorKind.UNAVAILABLE) from None
         except RayError as e:
             if self.stopped.is_set():
-                raise BackendError(SHUTTING_DOWN, "UNAVAILABLE") from None
-            raise BackendError(f"the replica call failed: {type(e).__name__}", "INTERNAL") from None
+                raise BackendError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE) from None
+            raise BackendError(f"the replica call failed: {type(e).__name__}", ErrorKind.INTERNAL) from None
         finally:
             stopped.cancel()
             self.calls.discard(responses)

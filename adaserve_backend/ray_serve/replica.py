@@ -10,17 +10,17 @@ import logging
 
 from ..config import EngineConfig
 from ..engine import Engine
-from ..request import FinishReason, Overloaded, Request
-from ..triton.detokenize import StreamState
-from .async_engine import ENGINE_DEAD, AsyncEngine
+from ..request import Overloaded, Request
+from ..serving.detokenize import StreamState
+from ..serving.errors import ENGINE_DEAD, ErrorKind, output_error
+from .async_engine import AsyncEngine
 
 log = logging.getLogger("adaserve.ray")
-ERROR_STATUS = {FinishReason.REJECTED: "UNAVAILABLE", FinishReason.ABORT: "CANCELLED", FinishReason.ERROR: "INTERNAL"}
 
 
-def error_item(message: str, status: str) -> dict:
-    """A request's last item when it failed: the frontend raises it as BackendError(message, status)."""
-    return {"error": message, "status": status}
+def error_item(message: str, kind: ErrorKind) -> dict:
+    """A request's last item when it failed: the frontend raises it as BackendError(message, kind)."""
+    return {"error": message, "kind": kind.name}
 
 
 class EngineReplica:
@@ -28,7 +28,7 @@ class EngineReplica:
         config = EngineConfig.from_json(engine_config)
         if threads is not None:
             config = dataclasses.replace(config, threads=threads)
-        self.engine = AsyncEngine(Engine.from_config(config))
+        self.engine = AsyncEngine(lambda: Engine.from_config(config))
         self.tokenizer = self.engine.engine.tokenizer
 
     async def generate(self, request: Request, job=None):
@@ -37,8 +37,8 @@ class EngineReplica:
         stream, first = StreamState(), True
         try:
             async for out in self.engine.generate(request):
-                if out.finish_reason in ERROR_STATUS:
-                    yield error_item(out.error or out.finish_reason.value, ERROR_STATUS[out.finish_reason])
+                if (error := output_error(out)) is not None:
+                    yield error_item(error[1], error[0])
                     return
                 rendered = stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
                 item = {"text": rendered.text if rendered else ""}
@@ -49,9 +49,9 @@ class EngineReplica:
                 if rendered or out.finished or "num_input_tokens" in item:
                     yield item
         except ValueError as e:
-            yield error_item(str(e), "INVALID_ARGUMENT")
+            yield error_item(str(e), ErrorKind.INVALID_ARG)
         except Overloaded as e:
-            yield error_item(str(e), "UNAVAILABLE")
+            yield error_item(str(e), ErrorKind.UNAVAILABLE)
 
     def record_routing_stats(self) -> dict:
         return self.engine.load.as_dict()

@@ -10,11 +10,9 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from ..serving.errors import ErrorKind
 from .protocol import ERROR_OUTPUT, TEXT_OUTPUT, untag_error
 
-# The `adaserve` model ends a request with an error as an output (protocol.ERROR_OUTPUT, the code in a
-# tag); the ensemble turns it into a gRPC status, and so does this client when it calls `adaserve` itself.
-GRPC_STATUS = {"INVALID_ARG": "INVALID_ARGUMENT", "UNAVAILABLE": "UNAVAILABLE", "CANCELLED": "CANCELLED"}
 ID_OUTPUTS = ("output_ids", "context_ids")
 DTYPES = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
           np.dtype(np.uint64): "UINT64"}
@@ -56,11 +54,15 @@ def infer_inputs(grpcclient, tensors: dict[str, np.ndarray]) -> list:
 
 
 class EnsembleError(RuntimeError):
-    """An error response; `status` is the gRPC status name (e.g. INVALID_ARGUMENT, UNAVAILABLE)."""
+    """An error response, of its kind (serving/errors.py); `status` is its gRPC status name."""
 
-    def __init__(self, message: str, status: str = "") -> None:
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INTERNAL) -> None:
         super().__init__(message)
-        self.message, self.status = message, status
+        self.message, self.kind = message, kind
+
+    @property
+    def status(self) -> str:
+        return self.kind.grpc
 
 
 class EnsembleClient:
@@ -107,18 +109,18 @@ class EnsembleClient:
             async for item in self._responses(requests()):
                 yield item
         except grpc.RpcError as e:
-            raise EnsembleError(e.details() or str(e), e.code().name) from None
+            raise EnsembleError(e.details() or str(e), ErrorKind.from_grpc(e.code().name)) from None
 
     async def _responses(self, requests) -> AsyncIterator[tuple[str, dict]]:
         async for result, error in self.client.stream_infer(requests, headers={"triton_grpc_error": "true"}):
             if error is not None:
                 status = str(error.status() or "").removeprefix("StatusCode.") if hasattr(error, "status") else ""
-                raise EnsembleError(error.message() if hasattr(error, "message") else str(error), status)
+                raise EnsembleError(error.message() if hasattr(error, "message") else str(error), ErrorKind.from_grpc(status))
             response = result.get_response()
             names = {o.name for o in response.outputs}
-            if ERROR_OUTPUT in names:
-                code, message = untag_error(result.as_numpy(ERROR_OUTPUT).reshape(-1)[0].decode("utf-8", "replace"))
-                raise EnsembleError(message, GRPC_STATUS.get(code, "INTERNAL"))
+            if ERROR_OUTPUT in names:  # the `adaserve` model called directly: its error output, the kind in a tag
+                kind, message = untag_error(result.as_numpy(ERROR_OUTPUT).reshape(-1)[0].decode("utf-8", "replace"))
+                raise EnsembleError(message, kind)
             extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names - {TEXT_OUTPUT, *ID_OUTPUTS}}
             text = "".join(t.decode("utf-8") for t in result.as_numpy(TEXT_OUTPUT).reshape(-1)) if TEXT_OUTPUT in names else ""
             if text or extra:
@@ -126,7 +128,3 @@ class EnsembleClient:
             if response.parameters["triton_final_response"].bool_param:
                 return
 
-
-def build_inputs(grpcclient, prompt: str, max_tokens: int, **kwargs) -> list:
-    """InferInputs for the ensemble (see ensemble_tensors for the keywords)."""
-    return infer_inputs(grpcclient, ensemble_tensors(prompt, max_tokens, **kwargs))

@@ -43,10 +43,11 @@ from collections import deque
 import numpy as np
 
 from ..request import INTERNAL_ERROR
+from ..serving.errors import SHUTTING_DOWN, ErrorKind
 from .cancellation import CancellationWatcher
 from .protocol import ACK_INPUT, ERROR_OUTPUT, INPUT_NAMES, TEXT_OUTPUT, response_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
-from .serving import SERVER_NOT_READY, SHUTTING_DOWN, ServingWatch
+from .shutdown_probe import SERVER_NOT_READY, ShutdownProbe
 
 log = logging.getLogger("adaserve")
 # How long finalize waits for request threads still reading the scheduler model's stream (Triton's own
@@ -66,7 +67,7 @@ class BLSPipeline:
             raise ValueError(f"detokenizer must be one of {DETOKENIZERS}, got {detokenizer!r}")
         self.pb = pb
         self.scheduler_text = detokenizer == "scheduler"
-        self.serving = ServingWatch(pb, model_name)
+        self.shutdown_probe = ShutdownProbe(pb, model_name)
         self.active: dict[str, object] = {}  # request id -> response sender
         self.lock = threading.Lock()
         self.stopping = False
@@ -141,9 +142,8 @@ class BLSPipeline:
                 t = pb.get_input_tensor_by_name(request, name)
                 if t is not None:
                     inputs.append(pb.Tensor(name, t.as_numpy()))
-            wanted = ["output_ids", "context_ids", "is_final", ERROR_OUTPUT, *PASS_THROUGH]
-            if self.scheduler_text:
-                wanted.append(TEXT_OUTPUT)
+            rendering = [TEXT_OUTPUT] if self.scheduler_text else ["output_ids", "context_ids"]  # for postprocessing
+            wanted = ["is_final", ERROR_OUTPUT, *PASS_THROUGH, *rendering]
             stream = opened = pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True)
             for response in stream:
                 if (error := response_error(response)) is not None:
@@ -163,7 +163,7 @@ class BLSPipeline:
         except Exception as e:  # never leave a client without a final response
             # A stopping server refuses BLS calls at once ("Server not ready"), before the models
             # stop being ready, which is why both are asked.
-            shutting_down = SERVER_NOT_READY in str(e) or self.serving.stopping(fresh=True)
+            shutting_down = SERVER_NOT_READY in str(e) or self.shutdown_probe.stopping(fresh=True)
             if shutting_down:
                 error = pb.TritonError(SHUTTING_DOWN, pb.TritonError.UNAVAILABLE)
             else:
@@ -172,7 +172,7 @@ class BLSPipeline:
             return pb.InferenceResponse(error=error)
         finally:
             if stream is not None:  # we stopped listening before its end (postprocessing failed...)
-                if not (shutting_down or self.serving.stopped):  # a stopping server refuses BLS; the scheduler ends it
+                if not (shutting_down or self.shutdown_probe.stopped):  # a stopping server refuses BLS; the scheduler ends it
                     self._abort(request_id)  # frees its KV blocks
                 self._drain(stream)
             self._retire(opened)
@@ -199,9 +199,9 @@ class BLSPipeline:
         except Exception:
             log.warning("draining an abandoned stream failed", exc_info=True)
 
-    def _error(self, code_name: str | None, message: str):
+    def _error(self, kind: ErrorKind, message: str):
         """The scheduler model's error with its code restored (see protocol.CODE_TAG)."""
-        return self.pb.TritonError(message, getattr(self.pb.TritonError, code_name or "INTERNAL"))
+        return self.pb.TritonError(message, getattr(self.pb.TritonError, kind.triton))
 
     def _preprocess(self, request) -> np.ndarray:
         pb = self.pb
@@ -259,7 +259,7 @@ class BLSPipeline:
         model has not ended after ANSWER_AFTER_S (it ends each request itself, and the request thread
         answers its client after that: see the module docstring)."""
         self._release_retired()
-        if not (self.active and self.serving.stopping()):  # see serving.py
+        if not (self.active and self.shutdown_probe.stopping()):  # see shutdown_probe.py
             return False
         self._stopped_at = self._stopped_at or time.monotonic()
         if time.monotonic() - self._stopped_at > ANSWER_AFTER_S:

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..chat import encode_chat
+from ..chat import encode_prompt
 from ..request import Request, RequestOutput, SamplingParams
+from ..serving.detokenize import Rendered
+from ..serving.errors import ErrorKind
 from ..slo import SLO
-from .detokenize import Rendered
 
-MAX_STOP_WORDS = 16
-MAX_STOP_CHARS = 1000  # per stop string: each one is matched against the output's tail every step
 # The `adaserve` model's inputs (the front model forwards those the client sent, input_ids first).
 INPUT_NAMES = (
     "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
@@ -45,17 +44,17 @@ PASS_THROUGH_OUTPUTS = (
 # The Python backend drops an error's code on its way back through a BLS call (Triton 2.51: the
 # pipeline's `response.error().code()` reads INTERNAL for the scheduler model's UNAVAILABLE), so the
 # scheduler model also names the code in its message; the pipeline restores the code and strips the tag.
-CODE_TAG = re.compile(r"^\[(INVALID_ARG|UNAVAILABLE|INTERNAL|CANCELLED)\] ")
+CODE_TAG = re.compile(r"^\[(" + "|".join(k.triton for k in ErrorKind) + r")\] ")
 
 
-def tag_error(message: str, code_name: str) -> str:
-    return f"[{code_name}] {message}"
+def tag_error(message: str, kind: ErrorKind) -> str:
+    return f"[{kind.triton}] {message}"
 
 
-def untag_error(message: str) -> tuple[str | None, str]:
-    """(the code's name, or None without a tag; the message without its tag)."""
+def untag_error(message: str) -> tuple[ErrorKind, str]:
+    """(the tagged kind, INTERNAL without a tag; the message without its tag)."""
     m = CODE_TAG.match(message)
-    return (m.group(1), message[m.end():]) if m else (None, message)
+    return (ErrorKind.from_triton(m.group(1)), message[m.end():]) if m else (ErrorKind.INTERNAL, message)
 
 
 # The scheduler model ends a request with an error as a response holding this output (the tagged
@@ -71,12 +70,12 @@ ERROR_OUTPUT = "error"
 TEXT_OUTPUT = "text_output"
 
 
-def error_tensor(message: str, code_name: str) -> np.ndarray:
-    return np.asarray([tag_error(message, code_name).encode()], dtype=object)
+def error_tensor(message: str, kind: ErrorKind) -> np.ndarray:
+    return np.asarray([tag_error(message, kind).encode()], dtype=object)
 
 
-def response_error(response) -> tuple[str | None, str] | None:
-    """A scheduler model response's error as (code name or None, message), None without one."""
+def response_error(response) -> tuple[ErrorKind, str] | None:
+    """A scheduler model response's error as (its kind, message), None without one."""
     if response.has_error():
         return untag_error(response.error().message())
     for t in response.output_tensors():
@@ -149,19 +148,6 @@ def _finite(name: str):
     return cast
 
 
-def encode_prompt(tokenizer, raw: bytes, apply_chat_template: bool) -> list[int]:
-    """Prompt bytes to ids; ValueError for undecodable or empty text."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"text_input is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    if not text:
-        raise ValueError("text_input is empty")
-    if apply_chat_template:
-        return encode_chat(tokenizer, text)
-    return tokenizer(text)["input_ids"]
-
-
 def prompt_ids(tensors: dict[str, np.ndarray], tokenizer) -> np.ndarray:
     """The prompt: `input_ids`, or `text_input` tokenized here (optionally through the chat template)."""
     if ("input_ids" in tensors) == ("text_input" in tensors):
@@ -173,8 +159,9 @@ def prompt_ids(tensors: dict[str, np.ndarray], tokenizer) -> np.ndarray:
     text = np.asarray(tensors["text_input"]).reshape(-1)
     if text.size != 1:
         raise ValueError(f"text_input must hold exactly one string, got {text.size}")
-    raw = text[0] if isinstance(text[0], bytes) else str(text[0]).encode()
-    return np.asarray(encode_prompt(tokenizer, raw, _Inputs(tensors).scalar("apply_chat_template", False, bool)), dtype=np.int64)
+    prompt = _utf8("text_input", text[0]) if isinstance(text[0], bytes) else str(text[0])
+    chat = _Inputs(tensors).scalar("apply_chat_template", False, bool)
+    return np.asarray(encode_prompt(tokenizer, prompt, chat), dtype=np.int64)
 
 
 def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=None) -> tuple[Request, ResponseOptions]:
@@ -194,9 +181,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         top_k=x.scalar("top_k", 0, int),
         seed=seed,
     )
-    stop_words = [w for w in x.strings("stop_words") if w]
-    if len(stop_words) > MAX_STOP_WORDS or any(len(w) > MAX_STOP_CHARS for w in stop_words):
-        raise ValueError(f"at most {MAX_STOP_WORDS} stop_words of at most {MAX_STOP_CHARS} characters each")
+    stop_words = [w for w in x.strings("stop_words") if w]  # their limits: Request.validate
     slo = SLO(*(x.scalar(name, None, _finite(name)) for name in ("tpot_slo_ms", "ttft_slo_ms")),
               x.scalar("slo_class", None, str) or None)
     min_length = x.scalar("min_length", 0, int)  # parsed even when min_tokens wins: a bad value is an error

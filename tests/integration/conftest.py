@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from adaserve_backend.triton.process import free_ports  # noqa: F401  (the tests import it from here)
-from adaserve_backend.triton.process import triton_server as triton_server_process
+from adaserve_backend.triton.grpc_client import ensemble_tensors, infer_inputs
+from adaserve_backend.triton.launch import triton_server as triton_server_process
+from harness.servers import free_ports  # noqa: F401  (the tests import it from here)
+
+
+def build_inputs(grpcclient, prompt: str, max_tokens: int, **kwargs) -> list:
+    """InferInputs for the ensemble (see ensemble_tensors for the keywords)."""
+    return infer_inputs(grpcclient, ensemble_tensors(prompt, max_tokens, **kwargs))
 
 
 @dataclass(frozen=True)

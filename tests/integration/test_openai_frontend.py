@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from adaserve_backend.triton.process import openai_frontend
+from harness.servers import openai_frontend
 
 from .conftest import free_ports
 from .test_triton_server import generate

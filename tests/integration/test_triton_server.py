@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from adaserve_backend.triton.grpc_client import build_inputs
+from tests.integration.conftest import build_inputs
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from adaserve_backend.triton.grpc_client import build_inputs
-from adaserve_backend.triton.process import triton_server as triton_server_process
+from tests.integration.conftest import build_inputs
+from adaserve_backend.triton.launch import triton_server as triton_server_process
 from tests.integration.conftest import free_ports
 
 pytestmark = pytest.mark.slow

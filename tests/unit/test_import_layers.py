@@ -11,7 +11,7 @@ PACKAGES = ("adaserve_backend", "harness", "sim", "client", "benchmarks", "tools
 # Lowest first. A module's layer is that of its longest listed prefix.
 LAYERS = [
     ["adaserve_backend.config", "adaserve_backend.request", "adaserve_backend.slo", "adaserve_backend.chat",
-     "adaserve_backend.cpu_extension", "adaserve_backend.stop_strings"],
+     "adaserve_backend.cpu_extension", "adaserve_backend.stop_strings", "adaserve_backend.child_process"],
     ["adaserve_backend.kv_cache", "adaserve_backend.attention", "adaserve_backend.models", "adaserve_backend.cost_model",
      "adaserve_backend.sampling"],
     ["adaserve_backend.model_runner", "adaserve_backend.sequence", "adaserve_backend.output_processor"],
@@ -19,6 +19,7 @@ LAYERS = [
     ["adaserve_backend.speculation", "adaserve_backend.profiler", "adaserve_backend.calibration_pool",
      "adaserve_backend.replica_routing"],
     ["adaserve_backend.engine", "adaserve_backend.inbox"],
+    ["adaserve_backend.serving"],
     ["adaserve_backend.triton", "adaserve_backend.openai_frontend", "adaserve_backend.serve"],
     ["adaserve_backend.ray_serve"],
     ["harness", "client"],

@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaserve_backend.openai_frontend.backends import TritonBackend
-from adaserve_backend.openai_frontend.server import MAX_BODY_BYTES, Frontend
+from adaserve_backend.openai_frontend.http_app import MAX_BODY_BYTES, Frontend
+from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.triton.grpc_client import EnsembleError, infer_inputs
-from adaserve_backend.triton.process import PROJECT_ROOT
+from adaserve_backend import PROJECT_ROOT
 from adaserve_backend.triton.protocol import parse_request
 from adaserve_backend.triton.repository import load_repository_tokenizer
 
@@ -58,7 +59,7 @@ class FakeEnsemble:
             ids = self.tokenizer(raw[0].decode("utf-8"))["input_ids"]
             req, _ = parse_request("r", {**tensors, "input_ids": np.asarray(ids, dtype=np.int32)})
         except ValueError as e:
-            raise EnsembleError(str(e), "INVALID_ARGUMENT") from None
+            raise EnsembleError(str(e), ErrorKind.INVALID_ARG) from None
         yield "Hi", {"num_input_tokens": len(req.prompt_ids)}
         yield "", {"num_output_tokens": 1, "finish_reason": "length"}
 

@@ -11,8 +11,8 @@ import json
 import pytest
 from aiohttp.test_utils import TestServer
 
-from adaserve_backend.openai_frontend import server
-from adaserve_backend.openai_frontend.server import Frontend
+from adaserve_backend.openai_frontend import http_app
+from adaserve_backend.openai_frontend.http_app import Frontend
 from tests.unit.test_openai_hostile import FakeEnsemble, frontend_without_triton
 
 
@@ -49,7 +49,7 @@ async def status_line(reader: asyncio.StreamReader) -> bytes:
 
 
 def test_a_body_that_never_finishes_arriving_gets_a_408(tokenizer, monkeypatch):
-    monkeypatch.setattr(server, "BODY_READ_S", 0.5)
+    monkeypatch.setattr(http_app, "BODY_READ_S", 0.5)
 
     async def main():
         async with TestServer(frontend_with(FakeEnsemble, tokenizer).app()) as srv:
@@ -66,7 +66,7 @@ def test_a_body_that_never_finishes_arriving_gets_a_408(tokenizer, monkeypatch):
 
 
 def test_a_client_that_stops_reading_has_its_request_aborted(tokenizer, monkeypatch):
-    monkeypatch.setattr(server, "WRITE_IDLE_S", 0.5)
+    monkeypatch.setattr(http_app, "WRITE_IDLE_S", 0.5)
 
     async def main():
         frontend = frontend_with(EndlessEnsemble, tokenizer)
@@ -110,7 +110,7 @@ def test_more_generations_than_the_frontend_takes_get_a_503_with_retry_after(tok
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from adaserve_backend.triton.process import PROJECT_ROOT
+    from adaserve_backend import PROJECT_ROOT
     from adaserve_backend.triton.repository import load_repository_tokenizer
 
     return load_repository_tokenizer(str(PROJECT_ROOT / "model_repository" / "preprocessing"))

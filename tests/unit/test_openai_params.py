@@ -6,7 +6,8 @@ import pytest
 
 from adaserve_backend.openai_frontend.backends import BackendError, ensemble_request, http_error
 from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
-from adaserve_backend.openai_frontend.responses import Tally, sse
+from adaserve_backend.openai_frontend.bodies import Tally, sse
+from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.slo import SLO
 
 
@@ -99,13 +100,14 @@ def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
     assert e.value.body()["error"]["type"] == "invalid_request_error"
 
 
-def test_backend_errors_map_by_status_code_only():
-    busy = http_error(BackendError("server cannot meet ttft_slo_ms=1 at the current load", "UNAVAILABLE"))
+def test_backend_errors_map_by_their_kind_only():
+    busy = http_error(BackendError("server cannot meet ttft_slo_ms=1 at the current load", ErrorKind.UNAVAILABLE))
     assert busy.status == 503 and busy.retry_after_s is not None and busy.kind == "server_overloaded"
-    assert http_error(BackendError("max_tokens must be >= 1", "INVALID_ARGUMENT")).status == 400
-    assert http_error(BackendError("internal error: looks like a failure", "INVALID_ARGUMENT")).status == 400
-    assert http_error(BackendError("input 'seed' must hold exactly one value", "INTERNAL")).status == 500
-    assert http_error(BackendError("no status", "")).status == 500
+    assert http_error(BackendError("max_tokens must be >= 1", ErrorKind.INVALID_ARG)).status == 400
+    assert http_error(BackendError("internal error: looks like a failure", ErrorKind.INVALID_ARG)).status == 400
+    assert http_error(BackendError("input 'seed' must hold exactly one value", ErrorKind.INTERNAL)).status == 500
+    assert http_error(BackendError("no kind")).status == 500
+    assert ErrorKind.from_grpc("RESOURCE_EXHAUSTED") is ErrorKind.UNAVAILABLE and ErrorKind.from_grpc("") is ErrorKind.INTERNAL
 
 
 def test_response_shapes():

@@ -1,4 +1,4 @@
-"""A replica's engine driver (ray_serve/async_engine.py) over a tiny engine, no Ray: outputs equal the
+"""A replica's engine driver (ray_serve/async_engine.py over serving/engine_thread.py) over a tiny engine, no Ray: outputs equal the
 engine's own, a consumer that leaves aborts its request and frees its blocks, a failing step fails
 only what was in flight, a dead engine and a full queue refuse at once."""
 
@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from adaserve_backend.ray_serve.async_engine import MAX_FAILURES, AsyncEngine
+from adaserve_backend.ray_serve.async_engine import AsyncEngine
+from adaserve_backend.serving.engine_thread import MAX_FAILURES
 from adaserve_backend.request import FinishReason, Overloaded, Request
 from tests.engines import assert_all_blocks_free, make_engine
 from tests.model_fixtures import tiny_checkpoint
@@ -35,7 +36,7 @@ def test_outputs_equal_the_engines_own():
     for i in range(3):
         expected.add_request(request(i))
     want = expected.run_until_done()
-    driver = AsyncEngine(engine())
+    driver = AsyncEngine(engine)
     try:
         async def all_three():
             return await asyncio.gather(*(collect(driver, request(i)) for i in range(3)))
@@ -48,7 +49,7 @@ def test_outputs_equal_the_engines_own():
 
 
 def test_a_consumer_that_leaves_aborts_its_request_and_frees_its_blocks():
-    driver = AsyncEngine(engine())
+    driver = AsyncEngine(engine)
 
     async def leave_after_one():
         stream = driver.generate(request(0, max_tokens=200))
@@ -68,7 +69,7 @@ def test_a_consumer_that_leaves_aborts_its_request_and_frees_its_blocks():
 
 
 def test_a_failing_step_fails_what_was_in_flight_and_then_the_engine_is_dead(monkeypatch):
-    driver = AsyncEngine(engine())
+    driver = AsyncEngine(engine)
     real_step, fail = driver.engine.step, {"on": True}
 
     def step():
@@ -89,7 +90,7 @@ def test_a_failing_step_fails_what_was_in_flight_and_then_the_engine_is_dead(mon
 
 
 def test_one_failure_leaves_the_engine_serving(monkeypatch):
-    driver = AsyncEngine(engine())
+    driver = AsyncEngine(engine)
     real_step, failed = driver.engine.step, []
 
     def step():
@@ -108,7 +109,7 @@ def test_one_failure_leaves_the_engine_serving(monkeypatch):
 
 
 def test_a_full_queue_refuses_at_once(monkeypatch):
-    driver = AsyncEngine(engine())
+    driver = AsyncEngine(engine)
     monkeypatch.setattr(driver.engine, "num_waiting", lambda: driver.engine.config.scheduler.max_waiting)
     try:
         with pytest.raises(Overloaded, match="waiting"):

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from adaserve_backend.triton.cancellation import CHECKS_PER_S, POLL_MAX_S, POLL_S, sweep_interval
+from adaserve_backend.triton import engine_loop
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
+from adaserve_backend.serving.engine_thread import MAX_FAILURES
+from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.triton.protocol import response_error
 from tests import fake_pb
 from tests.engines import make_engine, reference, workload
@@ -90,7 +93,7 @@ def test_a_cancelled_request_ends_cancelled_and_frees_its_blocks(loop):
     r.sender.cancelled = True
     wait(r)
     resp, _ = r.sender.sent[-1]
-    assert response_error(resp)[0] == "CANCELLED"
+    assert response_error(resp)[0] == ErrorKind.CANCELLED
     blocks = loop.engine.target.blocks
     deadline = time.monotonic() + 10
     while blocks.num_free_blocks != blocks.num_blocks:
@@ -109,7 +112,7 @@ def test_pipeline_requests_are_not_polled_for_cancellation_and_end_cancelled_whe
     assert not asked and not acked.sender.finished.is_set()
     loop.submit(fake_pb.Request(abort_request_id=np.asarray([b"p1"], dtype=object)))
     wait(acked)
-    assert response_error(acked.sender.sent[-1][0])[0] == "CANCELLED"
+    assert response_error(acked.sender.sent[-1][0])[0] == ErrorKind.CANCELLED
 
 
 def test_cancellation_sweeps_are_paced_by_how_many_requests_they_ask_about():
@@ -129,16 +132,14 @@ def test_shutdown_ends_requests_in_flight_with_a_final_response_at_once(loop):
     for r in reqs:
         assert r.sender.finished.is_set()
         resp, _ = r.sender.sent[-1]
-        assert resp is not None and response_error(resp) == ("UNAVAILABLE", "the server is shutting down")
-    assert not loop.loop_thread.is_alive() and not loop.responses.thread.is_alive()
+        assert resp is not None and response_error(resp) == (ErrorKind.UNAVAILABLE, "the server is shutting down")
+    assert not loop.driver.thread.is_alive() and not loop.responses.thread.is_alive()
 
 
 def test_shutdown_returns_even_if_a_send_never_returns(loop, monkeypatch):
     """At finalize Triton may no longer service the stub: a send that never returns must not hold
     the process past the server's exit timeout."""
     import threading
-
-    from adaserve_backend.triton import engine_loop
 
     monkeypatch.setattr(engine_loop, "SHUTDOWN_WAIT_S", 0.5)
     r = request([5, 6, 7], 400, stream=[True])
@@ -174,11 +175,11 @@ def test_error_codes_bad_input_invalid_arg_and_an_overload_rejection_unavailable
             assert ids_of(r) == reference(target, want) and not any(response_error(resp) for resp, _ in r.sender.sent if resp)
         (resp, flags), = doomed.sender.sent  # one final error, no data before it
         code, message = response_error(resp)
-        assert code == "UNAVAILABLE" and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        assert code == ErrorKind.UNAVAILABLE and flags == fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         assert message.startswith("server cannot meet ttft_slo_ms=1 at the current load")
         (resp, _), = bad.sender.sent
         code, message = response_error(resp)
-        assert code == "INVALID_ARG" and "ttft_slo_ms must be a positive finite number" in message
+        assert code == ErrorKind.INVALID_ARG and "ttft_slo_ms must be a positive finite number" in message
         m = loop.metrics
         assert m.rejected[UNREACHABLE].value == 1 and m.requests["coding"].value == 1 and m.attained["coding"].value == 0
         assert m.requests["chat"].value == 2 and m.ttft_attained["chat"].value == 2 and m.tpot_attained["coding"].value == 0
@@ -187,10 +188,8 @@ def test_error_codes_bad_input_invalid_arg_and_an_overload_rejection_unavailable
 
 
 def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_fails_initialize(monkeypatch):
-    """Built on Triton's thread, every GEMM of the loop thread ran 1.5x slower (engine_loop._loop)."""
+    """Built on Triton's thread, every GEMM of the loop thread ran 1.5x slower (serving/engine_thread.py)."""
     import threading
-
-    from adaserve_backend.triton import engine_loop
 
     target = tiny_checkpoint("llama")
     built_on = []
@@ -242,8 +241,6 @@ class LoopKilled(BaseException):
 
 
 def test_a_dying_engine_loop_answers_in_flight_requests_restarts_and_is_refused_once_dead(loop, monkeypatch):
-    from adaserve_backend.triton import engine_loop
-
     real_step, kills = loop.engine.step, []
 
     def step():
@@ -260,22 +257,22 @@ def test_a_dying_engine_loop_answers_in_flight_requests_restarts_and_is_refused_
     kills.append(1)  # the next step kills the loop once
     wait(first, timeout=10)
     code, message = response_error(first.sender.sent[-1][0])
-    assert code == "INTERNAL" and "LoopKilled" not in message  # no internals reach the client
+    assert code == ErrorKind.INTERNAL and "LoopKilled" not in message  # no internals reach the client
     again = request([5, 6, 7], 4)
     loop.submit(again)
     wait(again)
     assert len(ids_of(again)) == 3 + 4 and not response_error(again.sender.sent[-1][0])  # restarted and serving
-    kills[0] = 100  # every step fails: after MAX_RESTARTS more deaths within the window it counts as dead
-    for _ in range(engine_loop.MAX_RESTARTS):
+    kills[0] = 100  # every step fails: with MAX_FAILURES deaths within the window it counts as dead
+    for _ in range(MAX_FAILURES - 1):
         doomed = request([5, 6, 7], 4)
         loop.submit(doomed)
         wait(doomed, timeout=10)
-        assert response_error(doomed.sender.sent[-1][0])[0] == "INTERNAL"
+        assert response_error(doomed.sender.sent[-1][0])[0] == ErrorKind.INTERNAL
     assert loop.dead
     refused = request([5, 6, 7], 4)
     loop.submit(refused)
     wait(refused, timeout=1)  # at once, not after a timeout
-    assert response_error(refused.sender.sent[-1][0])[0] == "UNAVAILABLE"
+    assert response_error(refused.sender.sent[-1][0])[0] == ErrorKind.UNAVAILABLE
 
 
 def test_requests_past_the_waiting_cap_are_refused_at_once_with_unavailable(monkeypatch):
@@ -292,7 +289,7 @@ def test_requests_past_the_waiting_cap_are_refused_at_once_with_unavailable(monk
             loop.submit(r)
         wait(reqs[2], timeout=1)
         code, message = response_error(reqs[2].sender.sent[-1][0])
-        assert code == "UNAVAILABLE" and "overloaded" in message
+        assert code == ErrorKind.UNAVAILABLE and "overloaded" in message
         monkeypatch.undo()
         loop.wake.set()
         wait(*reqs[:2])

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from adaserve_backend.triton import serving
+from adaserve_backend.serving.errors import ErrorKind
+from adaserve_backend.triton import shutdown_probe
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.pipeline import BLSPipeline
 from adaserve_backend.triton.protocol import response_error
@@ -102,8 +103,8 @@ def test_an_unknown_detokenizer_fails_loudly():
 
 @pytest.mark.parametrize("detokenizer", ["postprocessing"])
 @pytest.mark.parametrize("stopping, answer, code, stream_code", [
-    (False, "internal error (the server's log has the details)", "INTERNAL", "CANCELLED"),  # the pipeline aborts it
-    (True, "the server is shutting down", "UNAVAILABLE", "UNAVAILABLE"),  # the scheduler model ends it itself
+    (False, "internal error (the server's log has the details)", "INTERNAL", ErrorKind.CANCELLED),  # the pipeline aborts it
+    (True, "the server is shutting down", "UNAVAILABLE", ErrorKind.UNAVAILABLE),  # the scheduler model ends it itself
 ])
 def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, monkeypatch, stopping, answer, code, stream_code):
     """The scheduler model's stream is ended and read to its end: an abandoned BLS stream keeps both
@@ -112,7 +113,7 @@ def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, 
     calls = []
     # The scheduler model checks whether it is still served at most every CHECK_EVERY_S; on a fast machine
     # the tiny model generated all 400 tokens within that, so the stream ended complete, not UNAVAILABLE.
-    monkeypatch.setattr(serving, "CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(shutdown_probe, "CHECK_EVERY_S", 0.0)
     # The request must still be generating when postprocessing fails. On a starved CPU the pipeline's
     # thread reached its third postprocessing call after the engine had generated all 400 tokens, and the
     # stream then ended complete, rightly. So the engine waits, 100 tokens before the end, until the
@@ -201,8 +202,8 @@ def test_a_stopping_server_is_noticed_before_finalize(served, monkeypatch):
         assert "shutting down" in r.sender.sent[-1][0].error().message()
     for stream in loop.streams:  # the scheduler model released its requests too
         assert stream.finished.wait(3) and "shutting down" in response_error(stream.sent[-1][0])[1]
-    loop.loop_thread.join(3)
-    assert in_flight and not loop.loop_thread.is_alive() and kv_free(loop)
+    loop.driver.thread.join(3)
+    assert in_flight and not loop.driver.thread.is_alive() and kv_free(loop)
 
 
 def test_a_client_is_answered_only_after_its_scheduler_stream_ended(served, monkeypatch):
@@ -211,6 +212,8 @@ def test_a_client_is_answered_only_after_its_scheduler_stream_ended(served, monk
     scheduler model's unload or aborts the server (see pipeline.py). So the client's final response
     comes after the scheduler model's own, even when the scheduler is slow to notice the shutdown."""
     pipeline, loop = served
+    real_step = loop.engine.step  # slowed down: on a fast machine all 400 tokens came before the stop was noticed
+    monkeypatch.setattr(loop.engine, "step", lambda: (time.sleep(0.02), real_step())[1])
     req = client("a long story", 400)
     req.inputs["min_tokens"] = np.asarray([400], dtype=np.int32)
     pipeline.submit(req)
@@ -228,8 +231,8 @@ def test_a_client_is_answered_only_after_its_scheduler_stream_ended(served, monk
         send(response, flags)
 
     monkeypatch.setattr(req.sender, "send", recording_send)
-    stopped_at, notice = [float("inf")], loop.serving.stopping  # a step of a real model takes a while
-    monkeypatch.setattr(loop.serving, "stopping", lambda fresh=False: time.monotonic() > stopped_at[0] + 0.5 and notice(fresh))
+    stopped_at, notice = [float("inf")], loop.shutdown_probe.stopping  # a step of a real model takes a while
+    monkeypatch.setattr(loop.shutdown_probe, "stopping", lambda fresh=False: time.monotonic() > stopped_at[0] + 0.5 and notice(fresh))
     stopped_at[0] = time.monotonic()
     monkeypatch.setattr(fake_pb, "SERVER_READY", False)
     assert req.sender.finished.wait(10)

@@ -11,8 +11,9 @@ import pytest
 from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.models import load_tokenizer, locate
 from adaserve_backend.request import FinishReason, RequestOutput, RequestStats
-from adaserve_backend.triton.detokenize import Rendered, StreamState, text_delta
-from adaserve_backend.triton.protocol import ResponseOptions, encode_prompt, parse_request, prompt_ids, response_tensors
+from adaserve_backend.serving.detokenize import Rendered, StreamState, text_delta
+from adaserve_backend.chat import encode_prompt
+from adaserve_backend.triton.protocol import ResponseOptions, parse_request, prompt_ids, response_tensors
 
 
 @functools.cache
@@ -125,21 +126,20 @@ def test_a_prompt_may_come_as_text_and_is_tokenized_as_the_preprocessing_model_d
     for chat in (False, True):
         tensors = {"text_input": np.array(["Hi there".encode()], dtype=object), "apply_chat_template": np.array([chat])}
         req, _ = parse_request("r", tensors, tok)
-        assert req.prompt_ids == encode_prompt(tok, b"Hi there", chat)
+        assert req.prompt_ids == encode_prompt(tok, "Hi there", chat)
     with pytest.raises(ValueError, match="exactly one string"):
         prompt_ids({"text_input": np.array([b"a", b"b"], dtype=object)}, tok)
     with pytest.raises(ValueError, match="empty"):
         prompt_ids({"text_input": np.array([b""], dtype=object)}, tok)
 
 
-def test_encode_prompt_validates_text():
+def test_a_text_prompt_is_validated():
     tok = tokenizer()
     with pytest.raises(ValueError, match="UTF-8"):
-        encode_prompt(tok, b"\xff\xfe", False)
+        prompt_ids({"text_input": np.array([b"\xff\xfe"], dtype=object)}, tok)
     with pytest.raises(ValueError, match="empty"):
-        encode_prompt(tok, b"", False)
-    chat = encode_prompt(tok, "Hi".encode(), True)
-    assert len(chat) > len(encode_prompt(tok, b"Hi", False))
+        encode_prompt(tok, "", False)
+    assert len(encode_prompt(tok, "Hi", True)) > len(encode_prompt(tok, "Hi", False))
 
 
 def test_the_front_model_imports_neither_torch_nor_the_engine():

@@ -10,11 +10,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from benchmarks.servers import ServerProcess, gauge_values, llamacpp_server
+from harness.servers import ServerProcess, free_ports, gauge_values, llamacpp_server, wait_idle
 from benchmarks.vs_peers import LLAMACPP_SYSTEMS, SYSTEMS, arrivals_for, priorities
 from benchmarks.vs_peers_report import markdown_table, paired, plot, plot_repeats
 from harness.slo_targets import SloTargets
-from tests.integration.conftest import free_ports
 
 
 def test_vllm_priority_follows_the_tpot_targets():
@@ -82,7 +81,7 @@ def test_a_server_process_is_ready_when_healthy_and_always_stopped(tmp_path):
                          ("busy",), tmp_path / "toy.log")
     with proc:
         assert proc.proc.poll() is None
-        assert proc.wait_idle(timeout_s=1.0) is False  # no metrics endpoint: never known to be idle
+        assert wait_idle(proc, timeout_s=1.0) is False  # no metrics endpoint: never known to be idle
     assert proc.proc.poll() is not None
 
 

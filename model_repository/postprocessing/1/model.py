@@ -4,7 +4,7 @@ import adaserve_stub_path  # noqa: F401  first: puts PYTHONPATH on sys.path (ada
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from adaserve_backend.triton.detokenize import text_delta
+from adaserve_backend.serving.detokenize import text_delta
 from adaserve_backend.triton.protocol import PASS_THROUGH_OUTPUTS
 from adaserve_backend.triton.repository import load_repository_tokenizer
 

@@ -1,22 +1,19 @@
 """A server child process that is ready when its health URL answers and is always stopped with its
-whole process group: tritonserver for `make serve` and the benchmarks, vLLM for the comparison.
-`wait_idle` polls the server's Prometheus gauges until nothing is running or waiting, so one load
-level never inherits the last one's backlog.
+whole process group: tritonserver for `make serve` (triton/launch.py), and every server a benchmark
+starts (harness/servers.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .server import PROJECT_ROOT, server_command
+from . import PROJECT_ROOT
 
 
 @dataclass
@@ -26,7 +23,7 @@ class ServerProcess:
     env: dict[str, str]
     ready_url: str
     metrics_url: str
-    busy_gauges: tuple[str, ...]  # gauges that are 0 when the server is idle
+    busy_gauges: tuple[str, ...]  # gauges that are 0 when the server is idle (harness.servers.wait_idle)
     log_path: Path
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -91,16 +88,6 @@ class ServerProcess:
                 return
             time.sleep(0.05)
 
-    def wait_idle(self, timeout_s: float = 120.0) -> bool:
-        """True once every busy gauge reads 0 (False if still busy at the timeout)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            values = gauge_values(self.metrics_url, self.busy_gauges)
-            if values is not None and not any(values):
-                return True
-            time.sleep(0.5)
-        return False
-
     def log_tail(self, chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
@@ -120,49 +107,3 @@ def _status(url: str) -> int | None:
             return r.status
     except OSError:
         return None
-
-
-def metrics_text(metrics_url: str) -> str | None:
-    """A Prometheus endpoint's exposition text, or None if it does not answer."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as r:
-            return r.read().decode()
-    except OSError:
-        return None
-
-
-def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None:
-    """The sum over labels of each named gauge, or None if the endpoint does not answer."""
-    if (text := metrics_text(metrics_url)) is None:
-        return None
-    sums = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in sums:
-            sums[name] += float(line.rsplit(" ", 1)[-1])
-    return list(sums.values())
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` ports free on the loopback now (the OS picks them)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None,
-                  host: str = "127.0.0.1") -> ServerProcess:
-    argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http, grpc, metrics, host=host)
-    return ServerProcess("adaserve (tritonserver)", argv, env, f"http://localhost:{http}/v2/health/ready",
-                         f"http://localhost:{metrics}/metrics", ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
-
-
-def openai_frontend(triton_grpc_url: str, port: int, log_path: Path, served_model_name: str = "adaserve") -> ServerProcess:
-    """The OpenAI-compatible frontend as its own process in front of a running tritonserver."""
-    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", triton_grpc_url, "--port", str(port),
-            "--served-model-name", served_model_name, "--model-repository", str(PROJECT_ROOT / "model_repository")]
-    return ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (), log_path)

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from .backends import RETRY_AFTER_S, Backend, BackendError, TritonBackend, http_error
 from .params import Generation, OpenAIError, parse, shown
-from .responses import DONE, Tally, sse
+from .bodies import DONE, Tally, sse
 
 log = logging.getLogger("adaserve.openai")
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413

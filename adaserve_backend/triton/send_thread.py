@@ -8,12 +8,13 @@ import logging
 import queue
 import threading
 
+from ..serving.errors import ErrorKind
 from .protocol import ERROR_OUTPUT, error_tensor
 
 log = logging.getLogger("adaserve")
 
 
-class Responses:
+class SendThread:
     def __init__(self, pb, name: str = "adaserve-responses") -> None:
         self.pb = pb
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -24,12 +25,10 @@ class Responses:
         """`response` None: an empty final flag (the answer to an abort)."""
         self._queue.put((sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0))
 
-    def error(self, sender, message: str, code) -> None:
-        """A final error. Codes at the right depth: bad input INVALID_ARG (gRPC INVALID_ARGUMENT, HTTP
-        400), an overload rejection or a stopping server UNAVAILABLE (503), cancellation CANCELLED, a
-        failure INTERNAL. As an `error` output, not a Triton error: see protocol.ERROR_OUTPUT."""
-        name = next((n for n in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED") if getattr(self.pb.TritonError, n) == code), "INTERNAL")
-        self.send(sender, self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(ERROR_OUTPUT, error_tensor(message, name))]), final=True)
+    def error(self, sender, message: str, kind: ErrorKind) -> None:
+        """A final error, as an `error` output rather than a Triton error (see protocol.ERROR_OUTPUT)."""
+        tensor = self.pb.Tensor(ERROR_OUTPUT, error_tensor(message, kind))
+        self.send(sender, self.pb.InferenceResponse(output_tensors=[tensor]), final=True)
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then stop (waiting at most `timeout` seconds)."""
