@@ -1,6 +1,6 @@
 """One engine replica on Ray Serve: the same Engine the Triton model wraps (its startup calibration,
 prefix cache, SLO admission), stepped by AsyncEngine, streaming each request's text as it is made.
-Ray Serve polls `record_routing_stats` for the router (routing.py) and `check_health` to restart a
+Ray Serve polls `record_routing_stats` for the router (router.py, replica_routing.py) and `check_health` to restart a
 replica whose engine died. The class is plain Python; app.py deploys it."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class EngineReplica:
 
     async def generate(self, request: Request, job=None):
         """Dicts of text deltas; the first carries num_input_tokens, the last num_output_tokens and
-        finish_reason; a failure is one error_item. `job` is the router's view of it (routing.Job)."""
+        finish_reason; a failure is one error_item. `job` is the router's view of it (replica_routing.Job)."""
         stream, first = StreamState(), True
         try:
             async for out in self.engine.generate(request):

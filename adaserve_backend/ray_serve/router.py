@@ -1,5 +1,5 @@
 """The SLO-aware request router on Ray Serve's RequestRouter API: each request goes to a replica
-predicted to meet both its targets, the one whose first token would come soonest (routing.rank), from
+predicted to meet both its targets, the one whose first token would come soonest (replica_routing.rank), from
 the loads the replicas publish (`record_routing_stats`), each charged with the requests this router
 sent it since. A replica predicted to miss is still tried, least occupied first: admission on the
 replica then serves or refuses the request, so a 503 comes only when no replica would take it. Ray's
@@ -30,7 +30,7 @@ def recorded(load: ReplicaLoad, job: Job) -> dict:
 
 
 def job_of(pending: PendingRequest | None) -> Job:
-    """The routing.Job the backend sends beside the request (backend.RayBackend.stream)."""
+    """The replica_routing.Job the backend sends beside the request (backend.RayBackend.stream)."""
     args = pending.args if pending is not None else []
     return args[1] if len(args) > 1 and isinstance(args[1], Job) else Job(0)
 

@@ -243,7 +243,7 @@ def main() -> None:
 
     evaluation = cached(os.path.join(args.cache, "eval.pt"), make_eval)
     lap("eval set")
-    del target
+    target = None  # frees the model before training (the closures above ran already)
 
     # 4: head vocabulary: the target's choices at output positions count twice (what drafts propose);
     # a warm start keeps its own (its head rows are trained for it)
