@@ -13,7 +13,7 @@ OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve serve-ray test test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
+.PHONY: setup system-deps serve serve-ray test lint test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -46,8 +46,11 @@ RAY_ARGS ?=
 serve-ray: setup $(VENV)/.installed-ray  # REPLICAS engine replicas on Ray Serve behind the SLO-aware router, the OpenAI API in front
 	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.ray_serve --replicas $(REPLICAS) --port $(OPENAI_PORT) --host $(OPENAI_HOST) $(RAY_ARGS)
 
-test: setup $(VENV)/.installed-ray  # PYTHONUNBUFFERED: CI's log shows each test's progress as it happens
+test: setup $(VENV)/.installed-ray lint  # PYTHONUNBUFFERED: CI's log shows each test's progress as it happens
 	PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup  # ruff, as configured in pyproject.toml (line length, pyflakes, import order)
+	$(VENV)/bin/ruff check .
 
 test-contended: setup  # the whole suite RUNS times in a row beside BURNERS busy loops (tools/contended_suite.sh)
 	tools/contended_suite.sh

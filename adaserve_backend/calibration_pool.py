@@ -54,7 +54,8 @@ def engine_parts(config, target_spec, draft_spec, threads: int) -> dict:
     """What an engine's calibration times depend on (`config`: its EngineConfig; the specs: the models'
     shapes, which say what was loaded where a config's path does not)."""
     return {"machine": machine(), "threads": threads, "target": _plain(config.target), "draft": _plain(config.draft),
-            "target_spec": _plain(target_spec), "draft_spec": _plain(draft_spec), "block_size": config.target_cache.block_size}
+            "target_spec": _plain(target_spec), "draft_spec": _plain(draft_spec),
+            "block_size": config.target_cache.block_size}
 
 
 def _plain(value):

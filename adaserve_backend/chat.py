@@ -7,7 +7,8 @@ def chat_text(tokenizer, text: str) -> str:
     """`text` as a single user turn, ready for the assistant's reply; ValueError without a chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template")
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
 
 
 def encode_chat(tokenizer, text: str) -> list[int]:

@@ -35,19 +35,22 @@ class ServerProcess:
         """Start the process, in a process group of its own (what stop() ends)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
                                          cwd=PROJECT_ROOT)
 
     def wait_ready(self, timeout_s: float = 900.0) -> ServerProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log "
+                                   f"{self.log_path}:\n{self.log_tail()}")
             if _status(self.ready_url) == 200:
                 return self
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+                raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s; log "
+                                   f"{self.log_path}:\n{self.log_tail()}")
             time.sleep(1.0)
 
     def signal_stop(self) -> None:

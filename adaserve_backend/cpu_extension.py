@@ -41,7 +41,8 @@ def load_extension(name: str, source: Path):
         from torch.utils.cpp_extension import load
 
         return load(name=f"{name}_{digest.hexdigest()[:10]}", sources=[str(source)], extra_cflags=CFLAGS,
-                    extra_ldflags=["-fopenmp"], extra_include_paths=[str(SHARED_HEADERS), str(source.parent)], verbose=False)
+                    extra_ldflags=["-fopenmp"],
+                    extra_include_paths=[str(SHARED_HEADERS), str(source.parent)], verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure means: serve without the kernel
         log.warning("CPU kernel %s unavailable, the torch path serves instead: %s", name, exc)
         return None

@@ -28,9 +28,9 @@ from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
 from .profiler import calibrate
 from .request import Overloaded, Request, RequestOutput
-from .scheduler.prefill_estimator import Estimator
 from .scheduler.plan import IterationPlan, IterationResult
 from .scheduler.policies import make_policy
+from .scheduler.prefill_estimator import Estimator
 from .scheduler.scheduler import Scheduler
 from .sequence import Sequence
 from .speculation.draft_fit import check_draft_tokenizer
@@ -59,7 +59,8 @@ class Engine:
         self.budget = self.cost.budget if self.cost else config.speculation.budget
         self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
         # The scheduler owns both caches' blocks from here on: it reserves, trims and frees them.
-        self.scheduler = Scheduler(config.scheduler, config.speculation, self.policy, self.estimator, self.target.blocks,
+        self.scheduler = Scheduler(config.scheduler, config.speculation, self.policy,
+                                   self.estimator, self.target.blocks,
                                    self.draft.runner.blocks if self.draft else None, tokenizer)
         self._inbox = Inbox()
         self._seq_ids = itertools.count()
@@ -70,7 +71,8 @@ class Engine:
         draft, keep = self.draft.runner if self.draft else None, config.speculation.calibration_pool
         if keep == 1:  # this start's alone: no machine record to name or read
             return calibrate(self.target, draft)
-        parts = engine_parts(config, self.target.model.spec, draft.model.spec if draft else None, torch.get_num_threads())
+        parts = engine_parts(config, self.target.model.spec, draft.model.spec if draft
+                             else None, torch.get_num_threads())
         return calibrate(self.target, draft, pool=functools.partial(pooled, parts, keep=keep))
 
     @classmethod
@@ -178,7 +180,8 @@ class Engine:
         import random
 
         rng = random.Random(0)
-        prompt = [rng.randrange(3, self.vocab_size) for _ in range(min(2 * self.config.scheduler.prefill_chunk, self.max_model_len // 2))]
+        prompt = [rng.randrange(3, self.vocab_size)
+                  for _ in range(min(2 * self.config.scheduler.prefill_chunk, self.max_model_len // 2))]
         self.add_request(Request("warm-up-0", prompt, max_tokens=16, ignore_eos=True))
         for _ in range(8):  # alone for a while (prefill, then decoding), then beside a second one
             self.step()

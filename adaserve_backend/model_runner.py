@@ -44,7 +44,8 @@ class ForwardOutput:
     offsets: list[int]  # start row of each input's logits, plus the total at the end
     hidden: torch.Tensor  # [sum(len(token_ids)), hidden]: every new token's final hidden state
     token_offsets: list[int]  # start row of each input's tokens in `hidden`, plus the total
-    features: torch.Tensor | None = None  # [sum(len(token_ids)), feature_size]: what a feature draft reads (LlamaModel.run); None: hidden
+    # [sum(len(token_ids)), feature_size]: what a feature draft reads (LlamaModel.run); None: hidden
+    features: torch.Tensor | None = None
 
     def of(self, i: int) -> torch.Tensor:
         return self.logits[self.offsets[i] : self.offsets[i + 1]]
@@ -65,7 +66,8 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError(f"kv cache memory_mb={cache.memory_mb} holds not even one block of {per_block} bytes")
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.prefix_caching)
-        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks, cache.block_size, dtype, self.device)
+        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks,
+                          cache.block_size, dtype, self.device)
         self.attn = make_backend(attention_backend, self.kv, spec.num_heads)
 
     @property
@@ -87,7 +89,8 @@ class ModelRunner:
         """Append every input's tokens to its region and run them in one forward. Raises KVCacheFull
         (with nothing appended) if the batch does not fit: check `can_forward` first."""
         if not self.can_forward(inputs):
-            raise KVCacheFull("batch needs more KV blocks than " + ("its scheduler reserved" if self.blocks.scheduler_owned
+            raise KVCacheFull("batch needs more KV blocks than "
+                              + ("its scheduler reserved" if self.blocks.scheduler_owned
                                                                    else f"the {self.blocks.num_free_blocks} free"))
         if len({x.seq_id for x in inputs}) != len(inputs):
             raise ValueError("a sequence may appear only once per forward")
@@ -125,7 +128,8 @@ class ModelRunner:
             features,
         )
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        return ForwardOutput(self.model.compute_logits(hidden.index_select(0, rows)), offsets, hidden, token_offsets, feats)
+        return ForwardOutput(self.model.compute_logits(hidden.index_select(0, rows)), offsets,
+                             hidden, token_offsets, feats)
 
     def commit(self, seq_id: int, keep: Sequence[int]) -> None:
         """Keep one root-to-node path of the region (region indices), release the rest."""

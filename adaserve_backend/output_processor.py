@@ -40,7 +40,8 @@ def queue_wait_s(seq: Sequence, now: float, reason: FinishReason | None) -> floa
     return now - seq.arrival if reason is not None else None
 
 
-def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason | None, error: str | None = None) -> RequestOutput:
+def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason | None,
+                error: str | None = None) -> RequestOutput:
     return RequestOutput(
         request_id=seq.request.request_id,
         new_token_ids=new,
@@ -54,5 +55,6 @@ def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason 
         num_output_tokens=seq.emitted,
         slo=seq.slo,
         stats=RequestStats(seq.verifications, seq.draft_tokens, seq.accepted_drafts, queue_wait_s(seq, now, reason),
-                           seq.missed, None if seq.predicted_first_token is None else seq.predicted_first_token - seq.arrival),
+                           seq.missed, None if seq.predicted_first_token is None
+                           else seq.predicted_first_token - seq.arrival),
     )

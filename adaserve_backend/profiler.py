@@ -57,7 +57,8 @@ def measure_forward(
     for s in range(num_seqs):
         # Its own blocks, taken as a scheduler would: an engine's runner writes only where they were reserved.
         runner.blocks.reserve(base + s, context + per_seq)
-        runner.forward([SeqInput(base + s, [rng.randrange(vocab) for _ in range(context)], num_logits=0, features=features(context))])
+        runner.forward([SeqInput(base + s, [rng.randrange(vocab) for _ in range(context)], num_logits=0,
+                                 features=features(context))])
         runner.commit_all(base + s)
 
     def batch(n: int) -> list[SeqInput]:
@@ -175,7 +176,8 @@ def measure_engine_steps(engine, batches: list[int], contexts: list[int], steps:
         for n in sorted(batches, reverse=True):
             batch.keep(n)
             context = batch.context()
-            points.append({"n": n, "context": context, "new_tokens": n, "prefills": 0, "ms": timed_ms(engine.step, steps)})
+            points.append({"n": n, "context": context, "new_tokens": n, "prefills": 0,
+                           "ms": timed_ms(engine.step, steps)})
             for prefill in prefills:
                 times = []
                 for _ in range(3):
@@ -206,7 +208,8 @@ def measure_speculative_steps(engine, batches: list[int], context: int, steps: i
         ctx = batch.context()
         for _ in range(steps):
             engine.step()
-        points += [{"n": it.n, "depth": it.depth, "width": it.width, "verified": it.verified_tokens, "prefill": it.prefill_tokens,
+        points += [{"n": it.n, "depth": it.depth, "width": it.width, "verified": it.verified_tokens,
+                    "prefill": it.prefill_tokens,
                     "context": ctx, "spec_ms": it.speculation * 1e3, "verify_ms": it.verification * 1e3}
                    for it in engine.iteration_stats if it.depth]
         batch.clear()

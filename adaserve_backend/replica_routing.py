@@ -85,7 +85,8 @@ class Job:
     block_size: int = 0
 
 
-def measure_load(scheduler, num_waiting: int, unscheduled=(), busy_s: float = 0.0, now: float | None = None) -> ReplicaLoad:
+def measure_load(scheduler, num_waiting: int, unscheduled=(), busy_s: float = 0.0,
+                 now: float | None = None) -> ReplicaLoad:
     """A replica's load, read between its steps: `num_waiting` requests not admitted yet, of which
     `unscheduled` not yet handed to the scheduler (their prompts count in the backlog), and `busy_s`
     left of an iteration under way (the simulator's replicas are read mid-iteration)."""

@@ -24,7 +24,8 @@ class Sequence:
     first_token_time: float | None = None
     prefilled: int = 0  # of those, already in the target cache
     cached_prefix: int = 0  # while waiting: of those, what the prefix cache holds now (it will not prefill)
-    block_keys: dict[int, list[bytes]] = field(default_factory=dict)  # prefix-cache keys of its tokens' blocks, by block size
+    # prefix-cache keys of its tokens' blocks, by block size
+    block_keys: dict[int, list[bytes]] = field(default_factory=dict)
     emitted: int = 0  # output tokens reported; those after it are held back by a possible stop string
     stop_scan: StopScan = field(default_factory=StopScan)
     verifications: int = 0

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 from . import PROJECT_ROOT
-from .triton.launch import triton_server
-from .triton.launch import add_server_arguments
+from .triton.launch import add_server_arguments, triton_server
 
 
 def main() -> None:
@@ -21,11 +20,14 @@ def main() -> None:
     add_server_arguments(ap)
     ap.add_argument("--openai-port", type=int, default=9000)
     ap.add_argument("--served-model-name", default="adaserve")
-    ap.add_argument("--openai-host", default="127.0.0.1", help="the OpenAI frontend's address (0.0.0.0: every interface)")
-    ap.add_argument("--api-key", help="the OpenAI frontend requires `Authorization: Bearer KEY` (default: $ADASERVE_API_KEY)")
+    ap.add_argument("--openai-host", default="127.0.0.1",
+                    help="the OpenAI frontend's address (0.0.0.0: every interface)")
+    ap.add_argument("--api-key",
+                    help="the OpenAI frontend requires `Authorization: Bearer KEY` (default: $ADASERVE_API_KEY)")
     ap.add_argument("--log", default=str(PROJECT_ROOT / "runs" / "tritonserver.log"), help="tritonserver's log file")
     args = ap.parse_args()
-    server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log), Path(args.model_repository),
+    server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log),
+                           Path(args.model_repository),
                            args.host)
     print(f"starting tritonserver (log: {args.log}) ...", flush=True)
     # SIGTERM while tritonserver starts ends this process through `finally` (Python's default would end

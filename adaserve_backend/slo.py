@@ -28,7 +28,8 @@ class SLO:
     def __post_init__(self) -> None:
         for name in ("tpot_ms", "ttft_ms"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or v <= 0):
                 raise ValueError(f"{name.replace('_ms', '_slo_ms')} must be a positive finite number of ms, got {v!r}")
         if self.slo_class is not None and (not isinstance(self.slo_class, str) or not self.slo_class):
             raise ValueError(f"slo_class must be a non-empty string, got {self.slo_class!r}")

@@ -57,7 +57,8 @@ def vllm_outputs(prompts: list[list[int]], tokens: int, log_dir: Path) -> list[l
             return None
         outs = []
         for ids in tqdm(prompts, desc="vLLM-CPU bf16", leave=False):
-            body = {"model": PEER_SERVED_NAME, "prompt": ids, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0.0,
+            body = {"model": PEER_SERVED_NAME, "prompt": ids, "max_tokens": tokens,
+                    "min_tokens": tokens, "temperature": 0.0,
                     "ignore_eos": True, "return_token_ids": True}
             req = urllib.request.Request(f"http://localhost:{port}/v1/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
@@ -91,7 +92,8 @@ def main() -> None:
     from adaserve_backend.models import load_tokenizer, locate
 
     tokenizer = load_tokenizer(locate(cfg.target.path))
-    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_texts(tokenizer, held_out_prompts(args.prompts))]
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"]
+               for t in prompt_texts(tokenizer, held_out_prompts(args.prompts))]
     reference = reference_outputs(cfg.target.path, prompts, args.tokens)
     results = {"prompts": args.prompts, "tokens": args.tokens, "policies": {}}
     outputs = {policy: engine_outputs(policy, prompts, args.tokens) for policy in args.policies}

@@ -77,7 +77,8 @@ def main() -> None:
         speculation=dataclasses.replace(cfg.speculation, profile_path=args.profile or cfg.speculation.profile_path),
     )
     engine = Engine.from_config(cfg)
-    print(f"policy {args.policy}, budget B = {engine.budget}, draft = {cfg.draft.path if cfg.draft else 'the target itself'}")
+    draft = cfg.draft.path if cfg.draft else "the target itself"
+    print(f"policy {args.policy}, budget B = {engine.budget}, draft = {draft}")
     rows = [run_level(engine, engine.tokenizer, c, args.max_tokens) for c in tqdm(args.concurrency, desc="concurrency")]
     keys = list(rows[0])
     print(" | ".join(keys))

@@ -30,10 +30,10 @@ from harness.machine import cpu_model
 from harness.prompts import PROMPT_SETS
 from harness.run_dir import run_dir
 from harness.runners import run_triton
+from harness.servers import triton_server, wait_idle
 from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import WorkItem, build_workload, builtin_prompts
 
-from harness.servers import triton_server, wait_idle
 from .vs_peers import arrivals_for, render_chat
 
 SHARED_LINE_CHARS = 30  # a line this long in two prompts: content the caches could carry between them
@@ -76,7 +76,8 @@ def serve_once(kind: str, probes: list[WorkItem], traffic: list[WorkItem], args,
     finally:
         server.stop()
     per_request = {r.request_id: {"ttft_ms": None if r.ttft is None else r.ttft * 1e3,
-                                  "tpot_ms": None if r.tpot is None else r.tpot * 1e3, "error": r.error} for r in records}
+                                  "tpot_ms": None if r.tpot is None else r.tpot * 1e3,
+                                  "error": r.error} for r in records}
     return {"kind": kind, "ready_s": ready_s, "score": score(records, wall), "requests": per_request}
 
 
@@ -88,8 +89,10 @@ def compare(cold: dict, warm: dict) -> dict:
                  if c[key] is not None and warm["requests"].get(rid, {}).get(key)]
         if pairs:
             per = [c / w for c, w in pairs]
-            out[key] = {"mean_ratio": mean(c for c, _ in pairs) / mean(w for _, w in pairs), "median_ratio": median(per),
-                        "max_ratio": max(per), "cold_mean": mean(c for c, _ in pairs), "warm_mean": mean(w for _, w in pairs)}
+            out[key] = {"mean_ratio": mean(c for c, _ in pairs) / mean(w for _, w in pairs),
+                        "median_ratio": median(per),
+                        "max_ratio": max(per), "cold_mean": mean(c for c, _ in pairs),
+                        "warm_mean": mean(w for _, w in pairs)}
     return out
 
 
@@ -158,16 +161,21 @@ def main() -> None:
             runs[kind] = serve_once(kind, probes, traffic, args, out_dir / "logs" / f"pair{i + 1}-{kind}.log")
         ratios = compare(runs["cold"], runs["warm"])
         pairs.append({**runs, "ratios": ratios})
-        tqdm.write(f"pair {i + 1}: " + ", ".join(f"{k[:4].upper()} cold/warm mean {v['mean_ratio']:.2f} (per request median "
-                                               f"{v['median_ratio']:.2f}, max {v['max_ratio']:.2f})" for k, v in ratios.items())
-                   + f"; joint cold {runs['cold']['score']['slo_attainment']:.2f}, warm {runs['warm']['score']['slo_attainment']:.2f}")
+        tqdm.write(f"pair {i + 1}: "
+                   + ", ".join(f"{k[:4].upper()} cold/warm mean {v['mean_ratio']:.2f} (per request median "
+                                               f"{v['median_ratio']:.2f}, max {v['max_ratio']:.2f})"
+                                               for k, v in ratios.items())
+                   + f"; joint cold {runs['cold']['score']['slo_attainment']:.2f}, warm "
+                     f"{runs['warm']['score']['slo_attainment']:.2f}")
     overall = pooled(pairs)
     print("over all pairs: " + ", ".join(f"{k[:4].upper()} cold/warm {v['mean_ratio']:.2f} (pairs {v['pair_min']:.2f}-"
                                           f"{v['pair_max']:.2f})" for k, v in overall.items()))
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": {k: v for k, v in vars(args).items()},
-            "slo_targets": dataclasses.asdict(slos), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                                                                 "cpu": cpu_model()}, "wall_s": time.monotonic() - started}
+            "slo_targets": dataclasses.asdict(slos),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                                                                 "cpu": cpu_model()},
+                                                                 "wall_s": time.monotonic() - started}
     with open(out_dir / "first-requests.json", "w") as f:
         json.dump({**meta, "pooled": overall, "pairs": pairs}, f, indent=2)
     plot(pairs, str(out_dir / "first-requests.png"))

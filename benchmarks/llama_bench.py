@@ -11,7 +11,8 @@ import subprocess
 from harness.servers import LLAMACPP_DIR, LLAMACPP_WEIGHTS, llamacpp_gguf
 
 
-def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, gen: int = 128, repeats: int = 3) -> dict | None:
+def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, gen: int = 128,
+                repeats: int = 3) -> dict | None:
     """{weights: {"prefill_tok_s", "prefill_tok_s_std", "decode_ms", "decode_ms_spread"}}, or None without
     `make peers`. decode_ms_spread: the decode time at the mean rate minus and plus one deviation."""
     binary = LLAMACPP_DIR / "bin" / "llama-bench"
@@ -21,7 +22,8 @@ def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, 
         return None
     if missing := sorted(set(weights) - set(files)):
         print(f"llama-bench skips {', '.join(missing)}: no GGUF for them (run `make peers`)")
-    argv = [str(binary), "-t", str(os.cpu_count() or 2), "-p", str(prompt), "-n", str(gen), "-r", str(repeats), "-o", "json"]
+    argv = [str(binary), "-t", str(os.cpu_count() or 2), "-p", str(prompt), "-n", str(gen), "-r",
+            str(repeats), "-o", "json"]
     for f in files.values():
         argv += ["-m", str(f)]
     rows = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
@@ -32,5 +34,6 @@ def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, 
                 out[w] |= {"prefill_tok_s": r["avg_ts"], "prefill_tok_s_std": r["stddev_ts"]}
             else:
                 rate, std = r["avg_ts"], r["stddev_ts"]
-                out[w] |= {"decode_ms": 1e3 / rate, "decode_ms_spread": [1e3 / (rate + std), 1e3 / max(rate - std, 1e-9)]}
+                out[w] |= {"decode_ms": 1e3 / rate,
+                           "decode_ms_spread": [1e3 / (rate + std), 1e3 / max(rate - std, 1e-9)]}
     return out

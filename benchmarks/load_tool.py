@@ -29,11 +29,19 @@ from tqdm import tqdm
 from harness.bench import score
 from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
+from harness.servers import (
+    PEER_SERVED_NAME,
+    VLLM_MODEL_DIR,
+    VLLM_VENV,
+    openai_frontend,
+    triton_server,
+    vllm_server,
+    wait_idle,
+)
 from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import build_workload, builtin_prompts, poisson_arrivals
 
 from .load_tool_report import plot, print_tables
-from harness.servers import PEER_SERVED_NAME, VLLM_MODEL_DIR, VLLM_VENV, openai_frontend, triton_server, vllm_server, wait_idle
 from .vs_peers import render_chat
 
 OUR_MODEL = "adaserve"
@@ -50,10 +58,13 @@ def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
     goodput = [f"ttft:{slos.ttft('chat'):g}", f"tpot:{slos.tpot('chat'):g}"]
     argv = [str(VLLM_VENV / "bin" / "python"), "-c", BENCH_SERVE, "--backend", "openai", "--base-url", base_url,
             "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(VLLM_MODEL_DIR),
-            "--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-            "--num-prompts", str(args.num_prompts), "--request-rate", f"{args.request_rate:g}", "--seed", str(args.seed),
+            "--dataset-name", "random", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len),
+            "--num-prompts", str(args.num_prompts), "--request-rate",
+            f"{args.request_rate:g}", "--seed", str(args.seed),
             "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            "--goodput", *goodput, "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
+            "--goodput", *goodput, "--save-result", "--result-dir", str(result.parent),
+            "--result-filename", result.name]
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     with open(result.with_suffix(".log"), "w") as log:
         done = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.time_limit + 600)
@@ -66,18 +77,21 @@ def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
 
 def run_ours(args, slos, items, logs: Path, report: dict, bar) -> None:
     http, grpc, metrics, openai_port, _ = args.ports
-    servers = [triton_server(http, grpc, metrics, logs / "tritonserver.log"), openai_frontend(f"localhost:{grpc}", openai_port, logs / "frontend.log", OUR_MODEL)]
+    servers = [triton_server(http, grpc, metrics, logs / "tritonserver.log"),
+               openai_frontend(f"localhost:{grpc}", openai_port, logs / "frontend.log", OUR_MODEL)]
     try:
         for s in servers:
             bar.set_postfix_str(f"starting {s.name}")
             s.start()
         if "bench-ours" in args.parts:
             bar.set_postfix_str("vllm bench serve -> ours")
-            report["bench_serve"]["adaserve"] = bench_serve(f"http://localhost:{openai_port}", OUR_MODEL, args, slos, logs / "bench-adaserve.json")
+            report["bench_serve"]["adaserve"] = bench_serve(f"http://localhost:{openai_port}", OUR_MODEL, args, slos,
+                                                            logs / "bench-adaserve.json")
             bar.update(1)
         if "agreement" not in args.parts:
             return
-        runners = (("openai runner", lambda: run_openai(f"http://localhost:{openai_port}", OUR_MODEL, items, args.time_limit,
+        runners = (("openai runner",
+                    lambda: run_openai(f"http://localhost:{openai_port}", OUR_MODEL, items, args.time_limit,
                                                           slo_fields=True)),
                    ("triton runner", lambda: run_triton(f"localhost:{grpc}", items, args.time_limit)))
         for rep in range(args.agreement_repeats):  # alternated, so drift over the run hits both alike
@@ -85,7 +99,8 @@ def run_ours(args, slos, items, logs: Path, report: dict, bar) -> None:
                 bar.set_postfix_str(name)
                 wait_idle(servers[0])
                 records, wall = run()
-                report["agreement"][name + (f" #{rep + 1}" if args.agreement_repeats > 1 else "")] = score(records, wall)
+                report["agreement"][name
+                                    + (f" #{rep + 1}" if args.agreement_repeats > 1 else "")] = score(records, wall)
                 bar.update(1)
     finally:
         for s in reversed(servers):
@@ -98,7 +113,8 @@ def run_vllm(args, slos, logs: Path, report: dict, bar) -> None:
         bar.set_postfix_str("starting vLLM")
         vllm.start()
         bar.set_postfix_str("vllm bench serve -> vLLM")
-        report["bench_serve"]["vllm"] = bench_serve(f"http://localhost:{args.ports[4]}", PEER_SERVED_NAME, args, slos, logs / "bench-vllm.json")
+        report["bench_serve"]["vllm"] = bench_serve(f"http://localhost:{args.ports[4]}", PEER_SERVED_NAME, args, slos,
+                                                    logs / "bench-vllm.json")
         bar.update(1)
     finally:
         vllm.stop()
@@ -112,7 +128,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--agreement-rps", type=float, default=0.5, help="load of the OpenAI-vs-Triton runner check")
     ap.add_argument("--agreement-duration", type=float, default=60.0)
-    ap.add_argument("--agreement-repeats", type=int, default=1, help="runs of each runner, alternating which goes first")
+    ap.add_argument("--agreement-repeats", type=int, default=1,
+                    help="runs of each runner, alternating which goes first")
     ap.add_argument("--time-limit", type=float, default=180.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
@@ -126,11 +143,14 @@ def main() -> None:
     logs = out / "load-tool-logs"
     logs.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    items = render_chat(build_workload(poisson_arrivals(args.agreement_rps, max(1, round(args.agreement_rps * args.agreement_duration)),
+    items = render_chat(build_workload(poisson_arrivals(args.agreement_rps,
+                                                        max(1, round(args.agreement_rps * args.agreement_duration)),
                                                         random.Random(args.seed)),
                                        slos, prompts=builtin_prompts(), seed=args.seed))
-    started, report = time.monotonic(), {"settings": vars(args) | {"slo_targets": slos.describe()}, "bench_serve": {}, "agreement": {}}
-    bar = tqdm(total=("bench-ours" in args.parts) + 2 * args.agreement_repeats * ("agreement" in args.parts) + ("bench-vllm" in args.parts), desc="load tool")
+    started, report = time.monotonic(), {"settings": vars(args) | {"slo_targets": slos.describe()},
+                                         "bench_serve": {}, "agreement": {}}
+    bar = tqdm(total=("bench-ours" in args.parts) + 2 * args.agreement_repeats * ("agreement" in args.parts)
+               + ("bench-vllm" in args.parts), desc="load tool")
     if {"bench-ours", "agreement"} & set(args.parts):
         run_ours(args, slos, items, logs, report, bar)
     if "bench-vllm" in args.parts:

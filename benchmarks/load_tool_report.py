@@ -12,11 +12,13 @@ from harness.metrics import fmt_ms  # noqa: E402
 
 BENCH_COLUMNS = (("request_throughput", "req/s", "{:.2f}"), ("output_throughput", "output tok/s", "{:.1f}"),
                  ("request_goodput", "goodput req/s", "{:.2f}"), ("median_ttft_ms", "TTFT p50", "ms"),
-                 ("p99_ttft_ms", "TTFT p99", "ms"), ("median_tpot_ms", "TPOT p50", "ms"), ("p99_tpot_ms", "TPOT p99", "ms"),
+                 ("p99_ttft_ms", "TTFT p99", "ms"), ("median_tpot_ms", "TPOT p50", "ms"),
+                 ("p99_tpot_ms", "TPOT p99", "ms"),
                  ("median_itl_ms", "ITL p50", "ms"), ("completed", "completed", "{}"), ("failed", "failed", "{}"))
 AGREEMENT_COLUMNS = (("slo_attainment", "joint attainment", "{:.2f}"), ("tpot_slo_attainment", "TPOT-only", "{:.2f}"),
                      ("goodput_tok_s", "goodput tok/s", "{:.1f}"), ("ttft_ms_p50", "TTFT p50", "ms"),
-                     ("ttft_ms_p99", "TTFT p99", "ms"), ("tpot_ms_p50", "TPOT p50", "ms"), ("tpot_ms_p99", "TPOT p99", "ms"),
+                     ("ttft_ms_p99", "TTFT p99", "ms"), ("tpot_ms_p50", "TPOT p50", "ms"),
+                     ("tpot_ms_p99", "TPOT p99", "ms"),
                      ("errors", "errors", "{}"))
 
 
@@ -28,13 +30,16 @@ def _cell(value, fmt: str) -> str:
 
 def markdown(rows: dict[str, dict], columns, first: str) -> str:
     lines = ["| " + " | ".join([first, *(c[1] for c in columns)]) + " |", "|" + "---|" * (len(columns) + 1)]
-    lines += ["| " + " | ".join([name, *(_cell(row.get(key), fmt) for key, _, fmt in columns)]) + " |" for name, row in rows.items()]
+    lines += ["| " + " | ".join([name, *(_cell(row.get(key), fmt) for key, _, fmt in columns)]) + " |"
+              for name, row in rows.items()]
     return "\n".join(lines)
 
 
 def print_tables(report: dict) -> None:
-    print("`vllm bench serve`, same settings against both servers:\n" + markdown(report["bench_serve"], BENCH_COLUMNS, "server"))
-    print("\nour server, the benchmark's workload through each runner:\n" + markdown(report["agreement"], AGREEMENT_COLUMNS, "runner"))
+    print("`vllm bench serve`, same settings against both servers:\n"
+          + markdown(report["bench_serve"], BENCH_COLUMNS, "server"))
+    print("\nour server, the benchmark's workload through each runner:\n"
+          + markdown(report["agreement"], AGREEMENT_COLUMNS, "runner"))
 
 
 def plot(report: dict, path: str) -> None:

@@ -11,10 +11,10 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+from adaserve_backend import PROJECT_ROOT
 from adaserve_backend.chat import chat_text
 from adaserve_backend.config import EngineConfig
 from adaserve_backend.slo import SLO, tpot_seconds
-from adaserve_backend import PROJECT_ROOT
 
 ENGINE_JSON = PROJECT_ROOT / "model_repository" / "adaserve" / "1" / "engine.json"
 
@@ -150,8 +150,8 @@ def peer_tpot_ms(make_server, prompts: list[tuple[str, bool]], tokens: int) -> f
 def peer_tpots_of_texts(make_server, texts: list[str], tokens: int) -> list[float] | None:
     """A peer's TPOT of each text in turn (already rendered), one request at a time, exactly `tokens`
     long, or None where the peer is not installed."""
-    from harness.servers import PEER_SERVED_NAME
     from harness.runners import run_openai
+    from harness.servers import PEER_SERVED_NAME
     from harness.workload import WorkItem
 
     with running_peer(make_server) as port:

@@ -67,8 +67,10 @@ def report(tpots: dict[str, list[float]], args) -> None:
         if REFERENCE in tpots:
             row["ratio_to_reference"] = statistics.median(a / b for a, b in zip(values, tpots[REFERENCE]))
         summary[name] = row
-        ratio = f"; per-prompt ratio to {REFERENCE}: median {row['ratio_to_reference']:.2f}" if REFERENCE in tpots else ""
-        print(f"{name}: TPOT median {row['median_ms']:.2f} ms, per round {', '.join(f'{x:.2f}' for x in rounds)}{ratio}")
+        ratio = (f"; per-prompt ratio to {REFERENCE}: median {row['ratio_to_reference']:.2f}"
+                 if REFERENCE in tpots else "")
+        per_round = ", ".join(f"{x:.2f}" for x in rounds)
+        print(f"{name}: TPOT median {row['median_ms']:.2f} ms, per round {per_round}{ratio}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump({"tpots_ms": tpots, "summary": summary, "rounds": args.rounds, "prompts": args.prompts,

@@ -77,13 +77,15 @@ def main() -> None:
             req = request(i, q)
             times[mode].append(first_token_s(engine, req))
         prompt_tokens.append(len(req.prompt_ids))
-        print(f"question {i}/{args.questions}: {len(req.prompt_ids)} prompt tokens, TTFT off {times['off'][-1] * 1e3:.0f} ms, "
+        print(f"question {i}/{args.questions}: {len(req.prompt_ids)} prompt tokens, "
+              f"TTFT off {times['off'][-1] * 1e3:.0f} ms, "
               f"on {times['on'][-1] * 1e3:.0f} ms", flush=True)
     p50 = {m: statistics.median(t) for m, t in times.items()}
     ratios = sorted(a / b for a, b in zip(times["on"], times["off"]))
     report = {"policy": args.policy, "system_prompt_tokens": len(tok(system)["input_ids"]),
               "prompt_tokens_median": statistics.median(prompt_tokens), "block_size": engine.target.blocks.block_size,
-              "ttft_p50_ms": {m: round(v * 1e3, 1) for m, v in p50.items()}, "ratio_p50": round(p50["on"] / p50["off"], 3),
+              "ttft_p50_ms": {m: round(v * 1e3, 1) for m, v in p50.items()},
+              "ratio_p50": round(p50["on"] / p50["off"], 3),
               "ratio_per_question_min_max": [round(ratios[0], 3), round(ratios[-1], 3)],
               "ttft_ms": {m: [round(x * 1e3, 1) for x in t] for m, t in times.items()}, "cpu": cpu_model()}
     os.makedirs(args.out, exist_ok=True)

@@ -47,7 +47,8 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()[:1] != "Z"
+    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                          text=True).stdout.strip()[:1] != "Z"
 
 
 def open_stream(port: int) -> socket.socket:
@@ -67,10 +68,12 @@ def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None
     http_port, grpc_port, metrics_port, openai_port = free_ports(4)
     log = open(os.path.join(log_dir, f"serve-{http_port}.log"), "w")
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "adaserve_backend.serve", "--http-port", str(http_port), "--grpc-port",
+    proc = subprocess.Popen([sys.executable, "-m", "adaserve_backend.serve", "--http-port",
+                             str(http_port), "--grpc-port",
                              str(grpc_port), "--metrics-port", str(metrics_port), "--openai-port", str(openai_port),
                              "--log", os.path.join(log_dir, f"triton-{http_port}.log")],
-                            cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.monotonic() + (during_startup_s if during_startup_s is not None else 600)
     while during_startup_s is not None and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -121,7 +124,8 @@ def main() -> None:
     for i in range(args.runs):
         r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir, args.during_startup)
         runs.append(r)
-        print(f"run {i + 1}/{args.runs}: ready in {r['ready_s']} s, stopped in {r['seconds']:.2f} s, exit {r['exit_code']}, "
+        print(f"run {i + 1}/{args.runs}: ready in {r['ready_s']} s, stopped in {r['seconds']:.2f} s, "
+              f"exit {r['exit_code']}, "
               f"orphans {r['orphans']}, ports held {r['ports_held']}", flush=True)
     s = [r["seconds"] for r in runs]
     print(json.dumps({"streams": args.streams, "signal": args.signal, "median_s": statistics.median(s), "max_s": max(s),

@@ -1,15 +1,15 @@
 """Does speculation ever make a lone request slower? One request at a time, greedy, held-out prompts,
 in one run: `continuous`; `adaserve` with the shipped draft, with prompt lookup's copies as served,
-with its first version's (matches of up to 3 tokens) and without (speculation/lookup.py); the same with a deliberately useless draft (the shipped draft's shapes, random
-weights); each `adaserve` row with the estimator's trimming of
+with its first version's (matches of up to 3 tokens) and without (speculation/lookup.py); the same with a deliberately
+useless draft (the shipped draft's shapes, random weights); each `adaserve` row with the estimator's trimming of
 unpaying speculation on (the served behaviour) and off (the paper's depth from load alone).
 
     python -m benchmarks.speculation_pays                  # runs/<date>-speculation-pays/
 
 With --head-rows N [N ...], `adaserve` also runs with the draft's head cut to N rows (ModelConfig.head_rows;
-the plain `adaserve` rows keep engine.json's). Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per verification, the share of
-iterations that speculated) and OUT.png. With --rounds R every row is measured R times, the rows
-interleaved round by round (every other round in reverse order), and reported by its median: a shared
+the plain `adaserve` rows keep engine.json's). Writes OUT.json (TPOT per row, its ratio to `continuous`, tokens per
+verification, the share of iterations that speculated) and OUT.png. With --rounds R every row is measured R times, the
+rows interleaved round by round (every other round in reverse order), and reported by its median: a shared
 machine's speed drifts over the minutes a round takes, enough to move a row's ratio by more than the
 effect measured when the rows run one after the other (evidence: docs/experiments.md#spec-pays-trim).
 """
@@ -74,7 +74,8 @@ def row(name: str, engine, prompts, tokens: int) -> dict:
 
 def median_row(measured: list[dict]) -> dict:
     """A row's rounds: TPOT and the rest by their median, each round's TPOT kept."""
-    out = {k: statistics.median(m[k] for m in measured) for k in ("tpot_ms", "accepted_per_verify", "speculating_share")}
+    out = {k: statistics.median(m[k] for m in measured)
+           for k in ("tpot_ms", "accepted_per_verify", "speculating_share")}
     return {"name": measured[0]["name"], **out, "tpot_ms_rounds": [m["tpot_ms"] for m in measured]}
 
 
@@ -84,16 +85,21 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each row reports its median")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--out", default=os.path.join(run_dir("speculation-pays"), "speculation_pays"), help="writes OUT.json and OUT.png")
+    ap.add_argument("--out", default=os.path.join(run_dir("speculation-pays"), "speculation_pays"),
+                    help="writes OUT.json and OUT.png")
     ap.add_argument("--head-rows", type=int, nargs="*", default=[],
-                    help="also `adaserve` with the draft's head over these many rows (engine.json's draft.head_rows otherwise)")
+                    help="also `adaserve` with the draft's head over these many rows (engine.json's draft.head_rows "
+                         "otherwise)")
     ap.add_argument("--one-correction", action="store_true",
-                    help="also `adaserve` with one time correction for every speculative depth and no depth exploration")
+                    help="also `adaserve` with one time correction for every speculative depth and no depth "
+                         "exploration")
     args = ap.parse_args()
     prompts = held_out_prompts(args.prompts)
-    variants = [Variant("continuous", "continuous"), Variant("adaserve"), Variant("adaserve, lookup 3-grams", speculation=FIRST_LOOKUP),
+    variants = [Variant("continuous", "continuous"), Variant("adaserve"),
+                Variant("adaserve, lookup 3-grams", speculation=FIRST_LOOKUP),
                 Variant("adaserve, no prompt lookup", speculation=NO_LOOKUP),
-                *([Variant("adaserve, one correction for every depth", per_depth=False)] if args.one_correction else []),
+                *([Variant("adaserve, one correction for every depth", per_depth=False)]
+                  if args.one_correction else []),
                 *[Variant(f"adaserve, head {n} rows", head_rows=n) for n in args.head_rows],
                 Variant("adaserve, untrimmed", trims=False), Variant("adaserve, useless draft", useless=True),
                 Variant("adaserve, useless draft, no prompt lookup", useless=True, speculation=NO_LOOKUP),
@@ -102,7 +108,8 @@ def main() -> None:
     with tqdm(total=args.rounds * len(variants), desc="one request at a time") as bar:
         for k in range(args.rounds):
             rounds.append({})
-            order = range(len(variants)) if k % 2 == 0 else reversed(range(len(variants)))  # drift within a round evens out
+            # drift within a round evens out
+            order = range(len(variants)) if k % 2 == 0 else reversed(range(len(variants)))
             for i in order:
                 v = variants[i]
                 engine = served_engine(v.policy, args.dtype, v.head_rows, **dict(v.speculation))
@@ -120,7 +127,8 @@ def main() -> None:
         print(f"{r['name']:36s} TPOT {r['tpot_ms']:6.1f} ms  x{r['ratio_to_continuous']:.2f}  "
               f"tokens/verify {r['accepted_per_verify']:.2f}  speculating {r['speculating_share']:.0%}")
     with open(args.out + ".json", "w") as f:
-        json.dump({"dtype": args.dtype, "draft_head_rows": served_head_rows(), "prompts": args.prompts, "tokens": args.tokens, "rounds": args.rounds, "rows": rows}, f, indent=2)
+        json.dump({"dtype": args.dtype, "draft_head_rows": served_head_rows(), "prompts": args.prompts,
+                   "tokens": args.tokens, "rounds": args.rounds, "rows": rows}, f, indent=2)
     plot(rows, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
 

@@ -46,7 +46,8 @@ def repetitive_sequence(n: int, seed: int = 0) -> list[tuple[str, bool]]:
 def sequences(args) -> dict[str, list[str]]:
     tokenizer = load_tokenizer(locate(EMBEDDED_DEFAULT))
     unseen = prompt_texts(tokenizer, held_out_prompts(args.prompts))
-    return {"unseen": unseen, "answered before": unseen, "repetitive": prompt_texts(tokenizer, repetitive_sequence(args.repetitive))}
+    return {"unseen": unseen, "answered before": unseen,
+            "repetitive": prompt_texts(tokenizer, repetitive_sequence(args.repetitive))}
 
 
 def measure_ours(seqs: dict[str, list[str]], tokens: int) -> dict[str, dict[str, list[float]]]:
@@ -68,12 +69,14 @@ def measure_peers(seqs: dict[str, list[str]], tokens: int, log_dir: Path) -> dic
     out = {}
     for spec in (None, "ngram-mod"):
         name = f"llama-server q4_1{' ' + spec if spec else ''}"
-        make = partial(llamacpp_server, log_path=log_dir / f"{name.replace(' ', '-')}.log", weights="q4_1", slots=1, spec_type=spec)
+        make = partial(llamacpp_server, log_path=log_dir / f"{name.replace(' ', '-')}.log",
+                       weights="q4_1", slots=1, spec_type=spec)
         first = peer_tpots_of_texts(make, seqs["unseen"] + seqs["answered before"], tokens)
         if first is None:
             continue
         n = len(seqs["unseen"])
-        out[name] = {"unseen": first[:n], "answered before": first[n:], "repetitive": peer_tpots_of_texts(make, seqs["repetitive"], tokens)}
+        out[name] = {"unseen": first[:n], "answered before": first[n:],
+                     "repetitive": peer_tpots_of_texts(make, seqs["repetitive"], tokens)}
         print(f"{name}: " + ", ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in out[name].items()), flush=True)
     return out
 
@@ -91,7 +94,8 @@ def report(results: dict) -> list[str]:
         f"{plain['unseen'] / cont['unseen']:.2f}x (target: no worse than without)",
     ]
     if ngram:
-        lines += [f"vs llama-server ngram-mod: answered before {suffix['answered before'] / ngram['answered before']:.2f}x, "
+        before = suffix["answered before"] / ngram["answered before"]
+        lines += [f"vs llama-server ngram-mod: answered before {before:.2f}x, "
                   f"repetitive {suffix['repetitive'] / ngram['repetitive']:.2f}x"]
     return lines
 
@@ -107,7 +111,8 @@ def plot(results: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(systems)
     for i, sys in enumerate(systems):
-        ax.bar([j + i * width for j in range(len(seqs))], [statistics.median(results["tpot_ms"][sys][s]) for s in seqs], width, label=sys)
+        ax.bar([j + i * width for j in range(len(seqs))],
+               [statistics.median(results["tpot_ms"][sys][s]) for s in seqs], width, label=sys)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(seqs))], seqs)
     ax.set_ylabel("median TPOT, one request (ms)")
     ax.set_title(f"Suffix speculation, one request at a time ({results['cpu']})", fontsize=9)
@@ -122,7 +127,8 @@ def main() -> None:
     ap.add_argument("--repetitive", type=int, default=40, help="requests of the repetitive sequence")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--no-peers", action="store_true", help="skip llama-server even where built")
-    ap.add_argument("--out", default=os.path.join(run_dir("suffix-speculation"), "suffix_speculation"), help="writes OUT.json and OUT.png")
+    ap.add_argument("--out", default=os.path.join(run_dir("suffix-speculation"), "suffix_speculation"),
+                    help="writes OUT.json and OUT.png")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     seqs = sequences(args)

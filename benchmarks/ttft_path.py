@@ -47,9 +47,11 @@ async def replay(url: str, model: str, items) -> list[dict]:
         extra = {"ttft_slo_ms": np.array([item.ttft_slo_ms], dtype=np.float32),
                  "min_tokens": np.array([item.max_tokens], dtype=np.int32), "return_perf_metrics": np.array([True])}
         try:
-            async for text, out in client.stream(item.prompt, item.max_tokens, tpot_slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra):
+            async for text, out in client.stream(item.prompt, item.max_tokens, tpot_slo_ms=item.tpot_slo_ms,
+                                                 chat=item.chat, extra=extra):
                 if text and "received" not in rec:
-                    rec.update(received=time.time_ns(), arrival=int(out["arrival_time_ns"]), first_token=int(out["first_token_time_ns"]))
+                    rec.update(received=time.time_ns(), arrival=int(out["arrival_time_ns"]),
+                               first_token=int(out["first_token_time_ns"]))
         except Exception as e:  # rejections: counted, not timed
             rec["error"] = str(e)[:120]
         records.append(rec)
@@ -81,7 +83,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(run_dir("ttft-path"), "ttft-path"))
     ap.add_argument("--ports", type=int, nargs=3, default=[18010, 18011, 18012], metavar=("HTTP", "GRPC", "METRICS"))
     args = ap.parse_args()
-    items = render_chat(build_workload(arrivals_for("poisson", args.rps, round(args.rps * args.duration), args.seed), SloTargets(),
+    items = render_chat(build_workload(arrivals_for("poisson", args.rps,
+                                                    round(args.rps * args.duration), args.seed), SloTargets(),
                                        prompts=builtin_prompts(), seed=args.seed, output_scale=0.5))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +93,8 @@ def main() -> None:
     try:
         for model in args.models:
             records = asyncio.run(replay(f"localhost:{args.ports[1]}", model, items))
-            results[model] = {"served": sum("received" in r for r in records), "errors": sum("error" in r for r in records),
+            results[model] = {"served": sum("received" in r for r in records),
+                              "errors": sum("error" in r for r in records),
                               "legs_ms": legs(records)}
             print(f"{model} @ {args.rps:g} rps: {results[model]['served']} timed, {results[model]['errors']} errors")
             for name, q in results[model]["legs_ms"].items():
@@ -98,7 +102,8 @@ def main() -> None:
             time.sleep(5)  # let the last streams end before the next model's load
     finally:
         server.stop()
-    out.with_suffix(".json").write_text(json.dumps({"rps": args.rps, "duration_s": args.duration, "results": results}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"rps": args.rps, "duration_s": args.duration,
+                                                    "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,16 @@ from harness.metrics import fmt_ms
 from harness.prompts import PROMPT_SETS
 from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
+from harness.servers import (
+    LLAMACPP_WEIGHTS,
+    PEER_SERVED_NAME,
+    ServerProcess,
+    llamacpp_server,
+    ray_server,
+    triton_server,
+    vllm_server,
+    wait_idle,
+)
 from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
 from harness.workload import (
     WorkItem,
@@ -50,21 +60,13 @@ from harness.workload import (
 )
 
 from .prediction_error import describe, histogram_buckets, prediction_error
-from harness.servers import (
-    LLAMACPP_WEIGHTS,
-    PEER_SERVED_NAME,
-    ServerProcess,
-    llamacpp_server,
-    ray_server,
-    triton_server,
-    vllm_server,
-    wait_idle,
-)
 from .vs_peers_report import capacity, plot, print_table
 
-LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, bool(s)) for w in LLAMACPP_WEIGHTS for s in ("", "-spec")}  # -> (weights, speculates)
+# -> (weights, speculates)
+LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, bool(s)) for w in LLAMACPP_WEIGHTS for s in ("", "-spec")}
 # replicas on Ray Serve (make serve-ray) -> (replicas, threads each, router)
-RAY_SYSTEMS = {"ray1": (1, 2, "slo"), "ray2": (2, 1, "slo"), "ray2-pow2": (2, 1, "pow2"), "ray2-prefix": (2, 1, "prefix")}
+RAY_SYSTEMS = {"ray1": (1, 2, "slo"), "ray2": (2, 1, "slo"), "ray2-pow2": (2, 1, "pow2"),
+               "ray2-prefix": (2, 1, "prefix")}
 SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *LLAMACPP_SYSTEMS, *RAY_SYSTEMS)
 TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our systems: the model clients call
 
@@ -121,7 +123,8 @@ def make_server(system: str, args, log_dir: Path) -> ServerProcess:
     if system.startswith("adaserve:"):
         name = system.split(":", 1)[1]
         repo = variant_repository(name, args.variants[name], Path(args.out))
-        return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / f"tritonserver-{name}.log", repo)
+        return triton_server(args.http_port, args.grpc_port, args.metrics_port,
+                             log_dir / f"tritonserver-{name}.log", repo)
     if system in TRITON_MODELS:
         return triton_server(args.http_port, args.grpc_port, args.metrics_port, log_dir / "tritonserver.log")
     if system in RAY_SYSTEMS:
@@ -154,8 +157,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rps", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0])
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per load level")
-    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per level before unfinished requests count as violations")
-    ap.add_argument("--total-time-limit", type=float, default=100 * 60.0, help="seconds for the whole run; later levels are skipped")
+    ap.add_argument("--time-limit", type=float, default=120.0,
+                    help="seconds per level before unfinished requests count as violations")
+    ap.add_argument("--total-time-limit", type=float, default=100 * 60.0,
+                    help="seconds for the whole run; later levels are skipped")
     ap.add_argument("--arrivals", default="poisson", help="poisson, gamma (bursty) or azure:TRACE.csv")
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS),
@@ -173,7 +178,8 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=18002)
     ap.add_argument("--peer-port", type=int, default=18100, help="vLLM's or llama-server's port")
     ap.add_argument("--llamacpp-slots", type=int, default=16, help="llama-server's parallel sequences (-np)")
-    ap.add_argument("--llamacpp-spec", default="ngram-mod", help="llama-server's --spec-type for the llamacpp-*-spec systems")
+    ap.add_argument("--llamacpp-spec", default="ngram-mod",
+                    help="llama-server's --spec-type for the llamacpp-*-spec systems")
     add_slo_arguments(ap)
     args = ap.parse_args()
     if args.slo_mode != "absolute":
@@ -185,10 +191,13 @@ def main() -> None:
         ap.error(f"unknown systems {unknown}: name one of {SYSTEMS} or define adaserve:NAME with --variant")
     prompts = builtin_prompts(args.prompts)
     # A seed per level: no level replays the previous one's prompts into a warm prefix cache.
-    levels = {rps: render_chat(build_workload(arrivals_for(args.arrivals, rps, max(1, round(rps * args.duration)), args.seed + i),
-                                              slos, prompts=prompts, seed=args.seed + i, output_scale=args.output_scale))
+    levels = {rps: render_chat(build_workload(arrivals_for(args.arrivals, rps,
+                                                           max(1, round(rps * args.duration)), args.seed + i),
+                                              slos, prompts=prompts, seed=args.seed + i,
+                                              output_scale=args.output_scale))
               for i, rps in enumerate(args.rps)}
-    print(f"SLO targets: {slos.describe()}\nlevels: " + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items()), flush=True)
+    print(f"SLO targets: {slos.describe()}\nlevels: "
+          + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items()), flush=True)
 
     # SIGTERM (a time-out, a killed make) unwinds like Ctrl-C, through the `finally` that stops the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -222,7 +231,8 @@ def main() -> None:
                 rows.append(row)
                 tqdm.write(f"{system:>14} @ {rps:>4} rps: attainment {row['slo_attainment']:.2f} (TPOT only "
                            f"{row['tpot_slo_attainment']:.2f}), goodput {row['goodput_tok_s']:.1f} tok/s, "
-                           f"TTFT p50/p99 {fmt_ms(row['ttft_ms_p50'])}/{fmt_ms(row['ttft_ms_p99'])}, errors {row['errors']}")
+                           f"TTFT p50/p99 {fmt_ms(row['ttft_ms_p50'])}/{fmt_ms(row['ttft_ms_p99'])}, errors "
+                           f"{row['errors']}")
                 bar.update(1)
         except (RuntimeError, TimeoutError, FileNotFoundError) as e:  # one system failing leaves the others' results
             failures[system] = str(e)
@@ -233,9 +243,13 @@ def main() -> None:
     bar.close()
 
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
-            "arrivals": args.arrivals, "prompts": args.prompts, "variants": args.variants, "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
-            "vllm_priorities": priorities(slos), "llamacpp": {"slots": args.llamacpp_slots, "spec_type": args.llamacpp_spec}, "systems": args.systems, "skipped": skipped, "failures": failures,
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model()}, "wall_s": time.monotonic() - started}
+            "arrivals": args.arrivals, "prompts": args.prompts, "variants": args.variants,
+            "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
+            "vllm_priorities": priorities(slos),
+            "llamacpp": {"slots": args.llamacpp_slots, "spec_type": args.llamacpp_spec}, "systems": args.systems,
+            "skipped": skipped, "failures": failures,
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model()},
+            "wall_s": time.monotonic() - started}
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "vs-peers.json", "w") as f:
         json.dump({**meta, "capacity": capacity(rows), "rows": rows}, f, indent=2)

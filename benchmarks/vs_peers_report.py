@@ -10,13 +10,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.metrics import fmt_ms  # noqa: E402
 
-COLUMNS = ("system", "rps", "joint attainment", "TPOT-only", "goodput tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+COLUMNS = ("system", "rps", "joint attainment", "TPOT-only", "goodput tok/s", "TTFT p50",
+           "TTFT p99", "TPOT p50", "TPOT p99",
            "errors")
 
 
 def table_rows(rows: list[dict]) -> list[list[str]]:
-    return [[r["system"], f"{r['rps']:g}", f"{r['slo_attainment']:.2f}", f"{r['tpot_slo_attainment']:.2f}", f"{r['goodput_tok_s']:.1f}",
-             fmt_ms(r["ttft_ms_p50"]), fmt_ms(r["ttft_ms_p99"]), fmt_ms(r["tpot_ms_p50"]), fmt_ms(r["tpot_ms_p99"]), f"{r['errors']}/{r['requests']}"]
+    return [[r["system"], f"{r['rps']:g}", f"{r['slo_attainment']:.2f}", f"{r['tpot_slo_attainment']:.2f}",
+             f"{r['goodput_tok_s']:.1f}",
+             fmt_ms(r["ttft_ms_p50"]), fmt_ms(r["ttft_ms_p99"]), fmt_ms(r["tpot_ms_p50"]), fmt_ms(r["tpot_ms_p99"]),
+             f"{r['errors']}/{r['requests']}"]
             for r in sorted(rows, key=lambda r: (r["rps"], r["system"]))]
 
 
@@ -44,7 +47,8 @@ def capacity(rows: list[dict], target: float = 0.9) -> dict[str, dict]:
 def print_table(rows: list[dict]) -> None:
     print(markdown_table(rows))
     for system, c in capacity(rows).items():
-        print(f"capacity (joint >= 0.9) of {system}: {c['capacity_rps']:g} rps" + ("" if c["bracketed"] else " or more (not bracketed)"))
+        print(f"capacity (joint >= 0.9) of {system}: {c['capacity_rps']:g} rps"
+              + ("" if c["bracketed"] else " or more (not bracketed)"))
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -94,7 +98,8 @@ def plot_repeats(runs: list[list[dict]], path: str, title: str) -> None:
                 by_level.setdefault(x, []).append(y)
             ax.plot([x for x, _ in pts], [y for _, y in pts], ".", color=color, alpha=0.5)
         xs = sorted(by_level)
-        ax.plot(xs, [sum(by_level[x]) / len(by_level[x]) for x in xs], "-", color=color, label=f"{system} (mean; dots: runs)")
+        ax.plot(xs, [sum(by_level[x]) / len(by_level[x]) for x in xs], "-", color=color,
+                label=f"{system} (mean; dots: runs)")
     ax.axhline(0.9, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("requests per second")
     ax.set_ylabel("SLO attainment (TTFT and TPOT)")

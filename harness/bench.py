@@ -1,8 +1,8 @@
 """Multi-SLO benchmark: the same workload against every policy, side by side, in one run.
 
     python -m harness.bench quick                 # RPS sweep in-process (make bench)
-    python -m harness.bench full                  # + urgent-share, SLO-scale sweeps, fluctuating trace (make bench-full)
-    python -m harness.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
+    python -m harness.bench full                  # + urgent-share, SLO-scale sweeps, fluctuating trace (make
+    bench-full) python -m harness.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
     python -m harness.bench quick --target openai --url http://localhost:8000 --served-model NAME   # vLLM, SGLang
 
 Writes runs/<date>-bench/<name>.json (one row per load level and policy: rps, policy, slo_attainment,
@@ -54,7 +54,8 @@ class InProcess:
         loading models would compete with the server for these cores."""
         config = self.config
         target = load_model(config.target)
-        draft = load_model(dataclasses.replace(config.draft, max_model_len=config.target.max_model_len)) if config.draft else target
+        draft = load_model(dataclasses.replace(config.draft,
+                                               max_model_len=config.target.max_model_len)) if config.draft else target
         return target, draft
 
     def encode(self, item) -> list[int]:
@@ -63,7 +64,8 @@ class InProcess:
     def engine(self, policy: str) -> Engine:
         cfg = dataclasses.replace(self.config, scheduler=dataclasses.replace(self.config.scheduler, policy=policy))
         target, draft = self.models
-        return Engine(cfg, target=target, draft=draft, eos_token_ids={self.tokenizer.eos_token_id}, tokenizer=self.tokenizer)
+        return Engine(cfg, target=target, draft=draft, eos_token_ids={self.tokenizer.eos_token_id},
+                      tokenizer=self.tokenizer)
 
     def baseline_tpot_ms(self, prompts, n: int = 3, max_tokens: int = 32) -> float:
         """The model's own single-request decode latency (continuous batching, no load): the relative
@@ -82,14 +84,16 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
     row = summarize(records, wall)
     if timeline_s:
         row["timeline"] = attainment_timeline(records, timeline_s)
-    row["per_category"] = {c: summarize([r for r in records if r.category == c], wall) for c in sorted({r.category for r in records})}
+    row["per_category"] = {c: summarize([r for r in records if r.category == c], wall)
+                           for c in sorted({r.category for r in records})}
     # where each request ended: sim.validate ends the simulated requests where the measured ones stopped
     row["outputs"] = {r.request_id: [r.output_tokens, r.finish_reason] for r in records}
     if engine is not None:
         its = list(engine.iteration_stats)
         row["mean_accepted_per_verify"] = engine.mean_accepted()
         total = sum(it.latency for it in its) or 1.0
-        row["latency_breakdown"] = {k: sum(getattr(it, k) for it in its) / total for k in ("speculation", "selection", "verification")}
+        row["latency_breakdown"] = {k: sum(getattr(it, k) for it in its) / total
+                                    for k in ("speculation", "selection", "verification")}
         # what sim.validate fits its step cost to: prefill-only steps too (prefill-first policies run many)
         row["iterations"] = [iteration_record(it) for it in its + list(engine.prefill_stats)]
         if engine.cost is not None:  # the rooflines its scheduler planned with (calibrated at its start)
@@ -118,8 +122,9 @@ def run_level(args, runner, policies, items, label: dict) -> list[dict]:
             row["speed_probe_ms"] = {n: (before[n] + after[n]) / 2 for n in before}
             row["speed_probes_ms"] = [before, after]  # apart: the machine's speed moved during the run
         rows.append({**label, "policy": policy, **row})
-        print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f} (TPOT only {row['tpot_slo_attainment']:.2f}), "
-              f"goodput {row['goodput_tok_s']:.1f} tok/s, violations {row['violations']}, TTFT p50 {fmt_ms(row['ttft_ms_p50'])}, "
+        print(f"  {label} {rows[-1]['policy']:>10}: attainment {row['slo_attainment']:.2f} "
+              f"(TPOT only {row['tpot_slo_attainment']:.2f}), goodput {row['goodput_tok_s']:.1f} tok/s, "
+              f"violations {row['violations']}, TTFT p50 {fmt_ms(row['ttft_ms_p50'])}, "
               f"accepted/verify {row.get('mean_accepted_per_verify', float('nan')):.2f}")
     return rows
 
@@ -131,17 +136,20 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=POLICIES)
     ap.add_argument("--rps", nargs="+", type=float, default=[4.0, 8.0, 12.0, 16.0])
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per load level")
-    ap.add_argument("--time-limit", type=float, default=90.0, help="seconds per run before unfinished requests count as errors")
+    ap.add_argument("--time-limit", type=float, default=90.0,
+                    help="seconds per run before unfinished requests count as errors")
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
     ap.add_argument("--target", choices=["inprocess", "triton", "openai"], default="inprocess")
     ap.add_argument("--url", default="localhost:8001", help="Triton gRPC host:port, or the OpenAI server's base URL")
     ap.add_argument("--served-model", default="", help="model name for --target openai")
     ap.add_argument("--baseline-tpot-ms", type=float, help="relative SLO mode: skip measuring it")
     add_slo_arguments(ap)
-    ap.add_argument("--sweeps", nargs="+", help="run only these of the suite's sweeps (rps, urgent_share, slo_scale, fluctuating)")
+    ap.add_argument("--sweeps", nargs="+",
+                    help="run only these of the suite's sweeps (rps, urgent_share, slo_scale, fluctuating)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1,
-                    help="run each level this many times back to back (rows carry `repeat`): the band sim.validate judges by")
+                    help="run each level this many times back to back (rows carry `repeat`): the band sim.validate "
+                         "judges by")
     ap.add_argument("--out", default=run_dir("bench"))
     args = ap.parse_args()
     if args.repeats < 1:
@@ -167,20 +175,26 @@ def main() -> None:
     if args.suite == "full":
         mid = args.rps[len(args.rps) // 2]
         sweeps["urgent_share"] = [
-            ({"rps": mid, "urgent_share": u}, items_for(mid, mix={"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2}))
+            ({"rps": mid, "urgent_share": u},
+             items_for(mid, mix={"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2}))
             for u in (0.2, 0.4, 0.6, 0.8)
         ]
-        scales = (1.0, 1.2, 1.6, 2.0) if args.slo_mode == "relative" else (0.8, 1.0, 1.3, 1.6)  # x baseline, or x coding's target
-        sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s}, items_for(mid, slo_scale={"coding": s})) for s in scales]
+        # x baseline, or x coding's target
+        scales = (1.0, 1.2, 1.6, 2.0) if args.slo_mode == "relative" else (0.8, 1.0, 1.3, 1.6)
+        sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s},
+                                items_for(mid, slo_scale={"coding": s})) for s in scales]
         flow = fluctuating_arrivals(mid, args.duration, list(DEFAULT_MIX), random.Random(args.seed))
         sweeps["fluctuating"] = [({"rps": mid, "trace": "fluctuating"}, build_workload(
-            [t for t, _ in flow], slos, prompts=prompts, categories=[c for _, c in flow], seed=args.seed, output_scale=args.output_scale))]
+            [t for t, _ in flow], slos, prompts=prompts, categories=[c for _, c in flow], seed=args.seed,
+            output_scale=args.output_scale))]
 
     sweeps = {k: v for k, v in sweeps.items() if not args.sweeps or k in args.sweeps}
-    meta = {"suite": args.suite, "target": args.target, "baseline_tpot_ms": baseline, "slo_targets": dataclasses.asdict(slos),
+    meta = {"suite": args.suite, "target": args.target, "baseline_tpot_ms": baseline,
+            "slo_targets": dataclasses.asdict(slos),
             "config": args.config,
             "engine": dataclasses.asdict(config), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name()
+            if torch.cuda.is_available() else None},
             "duration_s": args.duration, "mix": DEFAULT_MIX, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     os.makedirs(args.out, exist_ok=True)
     for name, levels in sweeps.items():
@@ -188,8 +202,10 @@ def main() -> None:
         for label, items in levels:
             print(f"{name} {label}: {len(items)} requests")
             for k in range(args.repeats):  # interleaved: a level's repeats see the machine in the same state
-                rows += run_level(args, runner, args.policies, items, {**label, "repeat": k} if args.repeats > 1 else label)
-        stem = os.path.join(args.out, f"{args.suite}-{name}" + ("" if args.target == "inprocess" else f"-{args.target}"))
+                rows += run_level(args, runner, args.policies, items, {**label, "repeat": k}
+                                  if args.repeats > 1 else label)
+        stem = os.path.join(args.out, f"{args.suite}-{name}"
+                            + ("" if args.target == "inprocess" else f"-{args.target}"))
         with open(stem + ".json", "w") as f:
             json.dump({**meta, "sweep": name, "rows": rows}, f, indent=2)
         write_csv(stem + ".csv", rows)
@@ -202,7 +218,8 @@ def main() -> None:
 def write_csv(path: str, rows: list[dict]) -> None:
     flat = []
     for r in rows:
-        f = {k: v for k, v in r.items() if not isinstance(v, (dict, list))}  # the iteration log and timelines stay in the JSON
+        # the iteration log and timelines stay in the JSON
+        f = {k: v for k, v in r.items() if not isinstance(v, (dict, list))}
         for cat, s in r.get("per_category", {}).items():
             f[f"{cat}_slo_attainment"] = s["slo_attainment"]
         for k, v in r.get("latency_breakdown", {}).items():

@@ -126,6 +126,7 @@ def attainment_timeline(records: Sequence[RequestRecord], window_s: float) -> li
     for w in sorted(windows):
         recs = windows[w]
         cats = {c: [r for r in recs if r.category == c] for c in sorted({r.category for r in recs})}
-        out.append({"start_s": w * window_s, "requests": len(recs), "slo_attainment": sum(r.attained for r in recs) / len(recs),
+        out.append({"start_s": w * window_s, "requests": len(recs),
+                    "slo_attainment": sum(r.attained for r in recs) / len(recs),
                     "per_category": {c: sum(r.attained for r in rs) / len(rs) for c, rs in cats.items()}})
     return out

@@ -10,14 +10,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 X_KEYS = {"rps": "rps", "urgent_share": "urgent_share", "slo_scale": "urgent_slo_scale"}
-X_LABELS = {"rps": "requests per second", "urgent_share": "share of urgent (coding) requests", "slo_scale": "urgent (coding) TPOT target scale"}
+X_LABELS = {"rps": "requests per second", "urgent_share": "share of urgent (coding) requests",
+            "slo_scale": "urgent (coding) TPOT target scale"}
 
 
 def plot_sweep(rows: list[dict], sweep: str, stem: str) -> None:
     if sweep == "fluctuating":
         return plot_timeline(rows, stem)
     x_key = X_KEYS[sweep]
-    metrics = [("slo_attainment", "SLO attainment"), ("goodput_tok_s", "goodput (tok/s)"), ("mean_accepted_per_verify", "accepted tokens / verification")]
+    metrics = [("slo_attainment", "SLO attainment"), ("goodput_tok_s", "goodput (tok/s)"),
+               ("mean_accepted_per_verify", "accepted tokens / verification")]
     metrics = [m for m in metrics if any(m[0] in r for r in rows)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
     for ax, (key, label) in zip(axes if len(metrics) > 1 else [axes], metrics):

@@ -1,11 +1,12 @@
 """The benchmark's prompt families: offline, built from what is installed, and disjoint from every
 family the draft model is trained on (a test checks it prompt by prompt).
 
-| category | family | source |
-| --- | --- | --- |
-| coding  | `networkx-functions` | signature + docstring summary of public functions in the installed `networkx` package's `algorithms/` sources, to complete (HumanEval-style) |
-| chat    | `python-faq`         | the questions of the Python FAQ (Debian's `python3.11-doc`: `faq/*.rst.txt`), as a user would ask them |
-| summary | `python-howto`       | prose passages of the Python HOWTOs (same package: `howto/*.rst.txt`), to summarise |
+- coding, `networkx-functions`: signature + docstring summary of public functions in the installed
+  `networkx` package's `algorithms/` sources, to complete (HumanEval-style)
+- chat, `python-faq`: the questions of the Python FAQ (Debian's `python3.11-doc`:
+  `faq/*.rst.txt`), as a user would ask them
+- summary, `python-howto`: prose passages of the Python HOWTOs (same package: `howto/*.rst.txt`),
+  to summarise
 
 The draft trains on other families (tools/draft/data.py: other packages' functions and docstrings,
 HumanEval, templated instructions); tools that build training data must leave the families above out.
@@ -152,7 +153,8 @@ def prompt_heavy_prompts() -> dict[str, list[tuple[str, bool]]]:
     return {
         "coding": [("\n".join(code[i - 2 : i + 1]), False) for i in range(2, len(code))],
         "chat": [(f"Answer using the documentation below.\n\n{context}\n\nQuestion: {q}", True) for q in faq],
-        "summary": [(SUMMARY_TASK + passages[i] + "\n\n" + passages[i + 1], True) for i in range(0, len(passages) - 1, 2)],
+        "summary": [(SUMMARY_TASK + passages[i] + "\n\n" + passages[i + 1], True)
+                    for i in range(0, len(passages) - 1, 2)],
     }
 
 

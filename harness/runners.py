@@ -23,10 +23,12 @@ def _finite(ms: float) -> float | None:
 
 
 def _record(item: WorkItem, start: float) -> RequestRecord:
-    return RequestRecord(item.request_id, item.category, item.tpot_slo_ms, arrival=start + item.arrival_s, ttft_slo_ms=item.ttft_slo_ms)
+    return RequestRecord(item.request_id, item.category, item.tpot_slo_ms, arrival=start + item.arrival_s,
+                         ttft_slo_ms=item.ttft_slo_ms)
 
 
-def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float, desc: str = "in-process") -> tuple[list[RequestRecord], float]:
+def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float,
+                  desc: str = "in-process") -> tuple[list[RequestRecord], float]:
     """Drive `engine` from this thread: requests are added when their arrival time comes, the loop
     steps while there is work. `encode(item)` gives the prompt ids. Requests unfinished at the time
     limit count as errors."""
@@ -48,7 +50,8 @@ def run_inprocess(engine, encode, items: Sequence[WorkItem], time_limit_s: float
                                        arrival_time=start + item.arrival_s))
             nxt += 1
         if not engine.has_work():
-            time.sleep(max(0.0, min(0.05, start + pending[nxt].arrival_s - time.monotonic())) if nxt < len(pending) else 0)
+            time.sleep(max(0.0, min(0.05, start + pending[nxt].arrival_s - time.monotonic()))
+                       if nxt < len(pending) else 0)
             continue
         for out in engine.step():
             if records[out.request_id].take(out):
@@ -105,7 +108,8 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
                 extra_inputs["ttft_slo_ms"] = np.array([item.ttft_slo_ms], dtype=np.float32)
             if exact_length:
                 extra_inputs["min_tokens"] = np.array([item.max_tokens], dtype=np.int32)
-            async for text, extra in client.stream(item.prompt, item.max_tokens, tpot_slo_ms=item.tpot_slo_ms, chat=item.chat, extra=extra_inputs):
+            async for text, extra in client.stream(item.prompt, item.max_tokens, tpot_slo_ms=item.tpot_slo_ms,
+                                                   chat=item.chat, extra=extra_inputs):
                 now = time.monotonic()
                 if text:
                     rec.first_token = rec.first_token or now
@@ -143,7 +147,8 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
                 if priority is not None:
                     body["priority"] = priority[item.category]
                 if slo_fields:
-                    body |= {k: v for k, v in (("tpot_slo_ms", item.tpot_slo_ms), ("ttft_slo_ms", item.ttft_slo_ms)) if math.isfinite(v)}
+                    body |= {k: v for k, v in (("tpot_slo_ms", item.tpot_slo_ms),
+                                               ("ttft_slo_ms", item.ttft_slo_ms)) if math.isfinite(v)}
                 chunks = 0
                 async with session.post(base_url.rstrip("/") + "/v1/completions", json=body) as resp:
                     if resp.status != 200:

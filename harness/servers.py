@@ -41,7 +41,8 @@ def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = 
                VLLM_RPC_BASE_PATH=str(scratch / "rpc"), TMPDIR=str(scratch / "tmp"),
                VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 2) - 1}", VLLM_CPU_NUM_OF_RESERVED_CPU="0")
     argv = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(VLLM_MODEL_DIR),
-            "--served-model-name", PEER_SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "2048", "--port", str(port)]
+            "--served-model-name", PEER_SERVED_NAME, "--dtype", "bfloat16", "--max-model-len",
+            "2048", "--port", str(port)]
     if priority:
         argv += ["--scheduling-policy", "priority"]
     name = "vLLM-CPU" + (" (priority)" if priority else "")
@@ -71,11 +72,13 @@ def llamacpp_server(port: int, log_path: Path, weights: str = "q4_1", slots: int
         raise FileNotFoundError(f"no llama.cpp build at {directory} (or no {gguf.name}): run `make peers`")
     threads = str(os.cpu_count() or 2)
     argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--alias", PEER_SERVED_NAME,
-            "-t", threads, "-tb", threads, "-np", str(slots), "-c", str(slots * ctx_per_slot), "--metrics", "--no-webui"]
+            "-t", threads, "-tb", threads, "-np", str(slots), "-c", str(slots * ctx_per_slot),
+            "--metrics", "--no-webui"]
     if spec_type:
         argv += ["--spec-type", spec_type]
     name = f"llama-server {weights}" + (f" ({spec_type})" if spec_type else "")
-    return ServerProcess(name, argv, dict(os.environ), f"http://localhost:{port}/health", f"http://localhost:{port}/metrics",
+    return ServerProcess(name, argv, dict(os.environ), f"http://localhost:{port}/health",
+                         f"http://localhost:{port}/metrics",
                          ("llamacpp:requests_processing", "llamacpp:requests_deferred"), log_path)
 
 
@@ -85,7 +88,8 @@ def ray_server(port: int, log_path: Path, replicas: int, threads: int, router: s
     slo router's decisions go beside the log (<log>.routing.jsonl) for sim/router_check.py."""
     from adaserve_backend.openai_frontend.http_app import IN_FLIGHT_GAUGE
 
-    argv = [str(PROJECT_ROOT / ".venv" / "bin" / "python"), "-m", "adaserve_backend.ray_serve", "--replicas", str(replicas),
+    argv = [str(PROJECT_ROOT / ".venv" / "bin" / "python"), "-m", "adaserve_backend.ray_serve",
+            "--replicas", str(replicas),
             "--threads", str(threads), "--router", router, "--port", str(port)]
     if router == "slo":
         argv += ["--record-routing", str(log_path.with_suffix(".routing.jsonl"))]
@@ -94,9 +98,11 @@ def ray_server(port: int, log_path: Path, replicas: int, threads: int, router: s
                          f"http://localhost:{port}/metrics", (IN_FLIGHT_GAUGE,), log_path)
 
 
-def openai_frontend(triton_grpc_url: str, port: int, log_path: Path, served_model_name: str = "adaserve") -> ServerProcess:
+def openai_frontend(triton_grpc_url: str, port: int, log_path: Path,
+                    served_model_name: str = "adaserve") -> ServerProcess:
     """The OpenAI-compatible frontend as its own process in front of a running tritonserver."""
-    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url", triton_grpc_url, "--port", str(port),
+    argv = [sys.executable, "-m", "adaserve_backend.openai_frontend", "--triton-url",
+            triton_grpc_url, "--port", str(port),
             "--served-model-name", served_model_name, "--model-repository", str(PROJECT_ROOT / "model_repository")]
     return ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (), log_path)
 

@@ -72,9 +72,13 @@ def parse_targets(text: str) -> dict[str, float]:
 
 
 def add_slo_arguments(ap: argparse.ArgumentParser) -> None:
-    fmt = lambda d: ",".join(f"{c}={v:g}" for c, v in d.items())
-    ap.add_argument("--tpot-slo", default=fmt(DEFAULT_TPOT_SLO_MS), help="TPOT targets, ms per category (default %(default)s)")
-    ap.add_argument("--ttft-slo", default=fmt(DEFAULT_TTFT_SLO_MS), help="TTFT targets, ms per category (default %(default)s)")
+    def fmt(d):
+        return ",".join(f"{c}={v:g}" for c, v in d.items())
+
+    ap.add_argument("--tpot-slo", default=fmt(DEFAULT_TPOT_SLO_MS),
+                    help="TPOT targets, ms per category (default %(default)s)")
+    ap.add_argument("--ttft-slo", default=fmt(DEFAULT_TTFT_SLO_MS),
+                    help="TTFT targets, ms per category (default %(default)s)")
     ap.add_argument("--slo-mode", choices=["absolute", "relative"], default="absolute",
                     help="relative: TPOT targets are the baseline TPOT times the paper's per-category scales")
 

@@ -91,7 +91,8 @@ def rescale_trace(rows: Sequence[TraceRow], rps: float, n: int) -> list[float]:
     return [(r.time_s - t0) * scale for r in rows]
 
 
-def fluctuating_arrivals(rps: float, duration_s: float, categories: Sequence[str], rng: random.Random) -> list[tuple[float, str]]:
+def fluctuating_arrivals(rps: float, duration_s: float, categories: Sequence[str],
+                         rng: random.Random) -> list[tuple[float, str]]:
     """Each category's rate is a raised cosine peaking at its own time; the total averages `rps`."""
     k = len(categories)
     out = []

@@ -82,7 +82,8 @@ class Band:
         return self.within_rerun(self.sim_error)
 
     def as_dict(self) -> dict:
-        return {"policy": self.policy, "level": self.level, "measured": list(self.measured), "predicted": list(self.predicted),
+        return {"policy": self.policy, "level": self.level, "measured": list(self.measured),
+                "predicted": list(self.predicted),
                 "requests": self.requests, "lo": self.lo, "hi": self.hi, "median": self.median,
                 "predicted_median": self.predicted_median, "inside": self.inside, "rerun_error": self.rerun_error,
                 "sim_error": self.sim_error, "per_repeat_error": self.per_repeat_error, "no_worse": self.no_worse}
@@ -105,12 +106,14 @@ def bands(measured: list[dict], predicted: list[dict], level_of) -> list[Band]:
 
 
 def print_bands(found: list[Band]) -> None:
-    print(f"{'policy':>12} {'level':>10} {'measured lo/median/hi':>22} {'sim':>5} (a)  {'re-run err':>10} {'sim err':>8} (b)"
+    print(f"{'policy':>12} {'level':>10} {'measured lo/median/hi':>22} {'sim':>5} (a)  "
+          f"{'re-run err':>10} {'sim err':>8} (b)"
           f" {'per-repeat err':>14}")
     for b in found:
         level = " ".join(f"{k}={v:g}" for k, v in b.level.items())
         print(f"{b.policy:>12} {level:>10} {b.lo:8.2f}/{b.median:.2f}/{b.hi:.2f}    {b.predicted_median:5.2f} "
-              f"{'yes' if b.inside else 'no ':>3}  {b.rerun_error:10.3f} {b.sim_error:8.3f} {'yes' if b.no_worse else 'no ':>3}"
+              f"{'yes' if b.inside else 'no ':>3}  {b.rerun_error:10.3f} {b.sim_error:8.3f} "
+              f"{'yes' if b.no_worse else 'no ':>3}"
               f" {b.per_repeat_error:14.3f}")
     print(f"(a) inside the measured band or within {EDGE} of it: {sum(b.inside for b in found)}/{len(found)}; "
           f"(b) no worse than a re-run: {sum(b.no_worse for b in found)}/{len(found)}; the per-repeat variant: "

@@ -5,8 +5,8 @@ draft's acceptance (the engine table scaled to what calibration runs produced pe
 Why the speed has two sources: the speed probes either side of a run (harness.bench) are cheap and
 independent of the run, but on a shared machine a run's own steps, priced by a fit from other runs,
 now and then put its speed far from the probe's (a probe caught a slow second, or the machine moved
-during the run; evidence: docs/experiments.md#sim-bands). `steps_speed` reads the speed off the run's own steps instead: only
-their level over a fit from elsewhere, so batch shapes, queueing, speculation and attainment are still
+during the run; evidence: docs/experiments.md#sim-bands). `steps_speed` reads the speed off the run's own steps instead:
+only their level over a fit from elsewhere, so batch shapes, queueing, speculation and attainment are still
 the simulator's to predict; validate reports which source priced a result.
 """
 
@@ -35,17 +35,20 @@ def speed_moved(row: dict) -> bool:
     return any(max(before[k], after[k]) > SPEED_MOVED * min(before[k], after[k]) for k in before if k in after)
 
 
-def step_fit(runs: list[dict], speeds: list[float], profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
+def step_fit(runs: list[dict], speeds: list[float], profile: CostModel,
+             fallback: EngineStepCost | None) -> EngineStepCost:
     """The step cost fitted to `runs`' recorded iterations (each run's times divided by its machine
     speed), the draft's forwards included where they speculated (EngineStepCost.from_iterations)."""
-    records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s} for row, s in zip(runs, speeds) for r in row.get("iterations", [])]
+    records = [{**r, "spec_ms": r["spec_ms"] / s, "step_ms": r["step_ms"] / s} for row, s in zip(runs, speeds)
+               for r in row.get("iterations", [])]
     if not records:
         raise SystemExit("in-run step pricing needs bench runs that recorded their iterations (a harness.bench row's "
                          "`iterations`) in more than one run; pass --step-cost profile for older results")
     return EngineStepCost.from_iterations(records, fallback)
 
 
-def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel, fallback: EngineStepCost | None) -> EngineStepCost:
+def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel,
+                  fallback: EngineStepCost | None) -> EngineStepCost:
     """The step cost fitted to every measured run's iterations but run i's own, so no run is priced by
     what it measured itself."""
     others = [j for j in range(len(measured)) if j != i]
@@ -63,11 +66,13 @@ def steps_speed(row: dict, step: EngineStepCost) -> float:
     if not timed:
         raise SystemExit(f"--speed steps: the {row['policy']} run at {row['rps']:g} rps recorded no iterations")
     measured = sum(r["step_ms"] - r["spec_ms"] for r in timed)
-    return measured / sum(step.ms(r["n"], r["context"], r["verified"] + r["prefill"], r["n"] if r["depth"] else 0, r.get("prefills", 0))
+    return measured / sum(step.ms(r["n"], r["context"], r["verified"] + r["prefill"], r["n"] if r["depth"]
+                                  else 0, r.get("prefills", 0))
                           for r in timed)
 
 
-def calibrated_acceptance(model: AcceptanceModel, runs: Sequence[dict], predict: Callable[[AcceptanceModel], list[float]],
+def calibrated_acceptance(model: AcceptanceModel, runs: Sequence[dict],
+                          predict: Callable[[AcceptanceModel], list[float]],
                           low: float = 0.25, high: float = 2.0, rounds: int = 7) -> tuple[AcceptanceModel, float]:
     """`model` with every rate scaled by the one factor at which the simulator's tokens per verification
     over `runs` (calibration bench rows that speculated, SPECULATING) match what they measured;

@@ -41,9 +41,11 @@ def as_dict(c: Check) -> dict:
 
 def print_checks(checks: list[Check], other: str = "sim") -> None:
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    print(f"{'policy':>12} {'level':>28} {'joint meas/' + other:>15} {'tpot-only meas/' + other:>19} {'TPOT p50 ms meas/' + other:>21} ok")
+    print(f"{'policy':>12} {'level':>28} {'joint meas/' + other:>15} {'tpot-only meas/' + other:>19} "
+          f"{'TPOT p50 ms meas/' + other:>21} ok")
     for c in checks:
         level = " ".join(f"{k}={v:g}" for k, v in c.level.items())
         print(f"{c.policy:>12} {level:>28} {c.measured_joint:7.2f}/{c.predicted_joint:<7.2f} "
-              f"{c.measured_tpot_only:9.2f}/{c.predicted_tpot_only:<9.2f} {fmt(c.measured_tpot_p50_ms):>10}/{fmt(c.predicted_tpot_p50_ms):<10} "
+              f"{c.measured_tpot_only:9.2f}/{c.predicted_tpot_only:<9.2f} "
+              f"{fmt(c.measured_tpot_p50_ms):>10}/{fmt(c.predicted_tpot_p50_ms):<10} "
               f"{'yes' if c.within else 'no'}")

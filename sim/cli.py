@@ -33,7 +33,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--rps", type=floats, default=[1, 2, 4, 8], help="comma-separated request rates (total)")
     ap.add_argument("--replicas", type=ints, default=[1], help="comma-separated replica counts")
     ap.add_argument("--router", default="slo", help="comma-separated: round_robin, least_loaded, slo")
-    ap.add_argument("--out", default=os.path.join(run_dir("sim"), "sweep"), help="output stem: <out>.json and <out>.png")
+    ap.add_argument("--out", default=os.path.join(run_dir("sim"), "sweep"),
+                    help="output stem: <out>.json and <out>.png")
     return ap.parse_args(argv)
 
 

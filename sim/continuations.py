@@ -42,7 +42,8 @@ def prompt_key(ids: Iterable[int]) -> str:
     return hashlib.sha1(json.dumps(list(ids)).encode()).hexdigest()
 
 
-def greedy_continuations(config: EngineConfig, prompts: Iterable[tuple[int, ...]], max_tokens: int) -> dict[tuple[int, ...], tuple[int, ...]]:
+def greedy_continuations(config: EngineConfig, prompts: Iterable[tuple[int, ...]],
+                         max_tokens: int) -> dict[tuple[int, ...], tuple[int, ...]]:
     """prompt ids -> its first `max_tokens` greedy output tokens, from the cache or generated now."""
     path = cache_file(config)
     cached: dict[str, list[int]] = json.loads(path.read_text()) if path.exists() else {}

@@ -98,7 +98,9 @@ class CpuIterationCost:
         else:
             trees = s.num_decode if s.depth else 0
             drafted = drafted_tokens(s.chain_tokens, s.depth, s.beam_tokens)
-            spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth, drafted), self.step.ms(s.num_decode, s.target_context, new_tokens, trees, s.num_prefill)
+            spec_ms, verify_ms = self.step.speculation_ms(spec, s.depth,
+                                                          drafted), self.step.ms(s.num_decode, s.target_context,
+                                                                                 new_tokens, trees, s.num_prefill)
         return spec_ms * self.speed / 1e3, verify_ms * self.speed / 1e3
 
 
@@ -115,7 +117,8 @@ def calibrated_profile(cost: CpuIterationCost) -> CostModel:
         return cost.profile_model.draft_step_ms(n) if fitted is None else fitted
     steps = {n: draft_step_ms(n) * cost.speed for n in sizes}
     line = fit_roofline(sizes, list(verify.values()))
-    return CostModel(line, fit_roofline(sizes, list(steps.values())), pick_budget(line), tuple(verify.items()), tuple(steps.items()))
+    return CostModel(line, fit_roofline(sizes, list(steps.values())), pick_budget(line),
+                     tuple(verify.items()), tuple(steps.items()))
 
 
 def cpu_cost(engine_json: str = ENGINE_JSON, speed: float = 1.0) -> tuple[CpuIterationCost, EngineConfig]:
@@ -143,7 +146,8 @@ class GpuIterationCost:
         m = self.model
         spec = 0.0
         if s.chain_tokens:
-            spec = m.draft_s(s.chain_tokens, s.draft_context, s.chain_tokens * max(1, s.draft_context // max(1, s.num_decode)))
+            spec = m.draft_s(s.chain_tokens, s.draft_context,
+                             s.chain_tokens * max(1, s.draft_context // max(1, s.num_decode)))
             per_req_ctx = s.draft_context // max(1, s.num_decode)
             spec += max(s.depth - 1, 0) * m.draft_s(s.beam_tokens, s.draft_context, s.beam_tokens * per_req_ctx)
         return spec, m.target_s(s.tree_tokens + s.prefill_tokens, s.target_context, s.attended)

@@ -112,7 +112,8 @@ def propose(rng: random.Random, model: AcceptanceModel, depth: int, width: int, 
     return p
 
 
-def accepted_path(selected: TokenTree, cand: CandidateTree | None, p: Proposal | None, truth: Sequence[int]) -> list[int]:
+def accepted_path(selected: TokenTree, cand: CandidateTree | None, p: Proposal | None,
+                  truth: Sequence[int]) -> list[int]:
     """Indices in `selected` (chosen from `cand`) of the root and the nodes the target accepts after it:
     the longest path from the root whose every node it takes. A drafted node is taken where the
     proposal's hidden pick says; a copied one (prompt lookup's, the suffix index's), or a drafted one
@@ -130,7 +131,8 @@ def accepted_path(selected: TokenTree, cand: CandidateTree | None, p: Proposal |
         if node is None:
             return depth <= len(truth) and cand.tokens[c] == truth[depth - 1]
         parent = drafted_node(cand.tokens[cand.parents[c]]) if cand.parents[c] else 0
-        return p is not None and parent is not None and p.pick[parent] >= 0 and p.child.get((parent, p.pick[parent])) == node
+        return p is not None and parent is not None and p.pick[parent] >= 0 and p.child.get((parent,
+                                                                                             p.pick[parent])) == node
 
     best: list[int] = [0]
     stack = [[0]]

@@ -47,7 +47,8 @@ def allreduce_s(gpu: Gpu, tp: int, nbytes: float) -> float:
     return ALPHA_S + 2 * (tp - 1) / tp * nbytes / (gpu.link_bytes_s * LINK_EFFICIENCY)
 
 
-def forward_s(gpu: Gpu, model: ModelShape, tp: int, tokens: int, context: int, attended: int, efficiency: float) -> float:
+def forward_s(gpu: Gpu, model: ModelShape, tp: int, tokens: int, context: int, attended: int,
+              efficiency: float) -> float:
     """Seconds of one forward (see the module docstring); 0 for an empty one."""
     if tokens <= 0:
         return 0.0
@@ -101,4 +102,5 @@ class GpuCost:
         verify = [at(self.target_s, n) for n in sizes]
         draft = [at(self.draft_s, n) for n in sizes]
         target_line, draft_line = fit_roofline(sizes, verify), fit_roofline(sizes, draft)
-        return CostModel(target_line, draft_line, pick_budget(target_line, self.max_slowdown), tuple(zip(sizes, verify)), tuple(zip(sizes, draft)))
+        return CostModel(target_line, draft_line, pick_budget(target_line, self.max_slowdown),
+                         tuple(zip(sizes, verify)), tuple(zip(sizes, draft)))

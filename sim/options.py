@@ -63,8 +63,10 @@ def ints(text: str) -> list[int]:
 def add_common(ap: argparse.ArgumentParser, **overrides) -> None:
     """The deployment and workload options; `overrides` change a command's defaults."""
     d = {**DEFAULTS, **overrides}
-    ap.add_argument("--hardware", default=d["hardware"], help="cpu, a100xN or h100xN (N: tensor-parallel GPUs per replica)")
-    ap.add_argument("--model", default=d["model"], choices=["llama70b", "qwen32b"], help="target and its draft (GPU only)")
+    ap.add_argument("--hardware", default=d["hardware"],
+                    help="cpu, a100xN or h100xN (N: tensor-parallel GPUs per replica)")
+    ap.add_argument("--model", default=d["model"], choices=["llama70b", "qwen32b"],
+                    help="target and its draft (GPU only)")
     ap.add_argument("--acceptance", default=d["acceptance"],
                     help="llama70b-1b, qwen32b-05b, engine or a JSON table (default: the model's)")
     ap.add_argument("--max-slowdown", type=float, default=d["max_slowdown"],
@@ -72,9 +74,11 @@ def add_common(ap: argparse.ArgumentParser, **overrides) -> None:
     ap.add_argument("--slo-mode", default=d["slo_mode"], choices=SLO_MODES,
                     help="absolute: the paper's 50/150 ms chat/summary targets; relative: 2x/6x the baseline TPOT")
     ap.add_argument("--arrival", default=d["arrival"],
-                    help="poisson, gamma (bursty, CV 3), azure (gamma with the Azure trace's CV), azure:TRACE.csv, fluctuating")
+                    help="poisson, gamma (bursty, CV 3), azure (gamma with the Azure trace's CV), azure:TRACE.csv, "
+                         "fluctuating")
     ap.add_argument("--duration-s", type=float, default=d["duration_s"], help="simulated seconds of arrivals")
-    ap.add_argument("--output-scale", type=float, default=d["output_scale"], help="scales the benchmark's output length ranges")
+    ap.add_argument("--output-scale", type=float, default=d["output_scale"],
+                    help="scales the benchmark's output length ranges")
     ap.add_argument("--seed", type=int, default=d["seed"])
     ap.add_argument("--scheduler", type=scheduler_settings, default=(),
                     help="SchedulerConfig fields for every policy, e.g. overload=best_effort,slo_admission=false")

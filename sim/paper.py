@@ -72,7 +72,8 @@ def compare(rows: list[dict], x_key: str, ours: str = "adaserve") -> list[Ratios
         top = lambda key: max(r[key] for r in base)  # noqa: E731
         low = lambda key: min(r[key] for r in base)  # noqa: E731
         out.append(Ratios(level, best["policy"], _div(mine["slo_attainment"], top("slo_attainment")),
-                          _div(mine["goodput_tok_s"], top("goodput_tok_s")), _div(low("violations"), mine["violations"]),
+                          _div(mine["goodput_tok_s"], top("goodput_tok_s")),
+                          _div(low("violations"), mine["violations"]),
                           _div(mine["tpot_slo_attainment"], top("tpot_slo_attainment")),
                           _div(mine["tpot_goodput_tok_s"], top("tpot_goodput_tok_s")),
                           _div(low("tpot_violations"), mine["tpot_violations"])))
@@ -88,7 +89,8 @@ def workloads(sweep: str, args: argparse.Namespace, baseline_ms: float, prompt_s
     if sweep == "rps":
         return [({"rps": rps}, reqs(rps)) for rps in args.rps]
     if sweep == "urgent_share":
-        return [({"rps": args.at_rps, "urgent_share": u}, reqs(args.at_rps, {"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2}))
+        return [({"rps": args.at_rps, "urgent_share": u},
+                 reqs(args.at_rps, {"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2}))
                 for u in URGENT_SHARES]
     return [({"rps": args.at_rps, "urgent_slo_scale": s}, reqs(args.at_rps, dict(DEFAULT_MIX), s)) for s in SLO_SCALES]
 
@@ -116,10 +118,13 @@ def main(argv=None) -> None:
     ratios = compare(rows, X_KEY[args.sweep])
     stem = os.path.join(args.out, f"paper-{args.sweep}{args.tag}")
     budget = first.cost.profile().budget
-    meta = {"scenario": first.name, "sweep": args.sweep, "slos": first.slos.describe(), "baseline_tpot_ms": first.baseline_tpot_ms,
-            "budget": budget, "acceptance": first.acceptance.name, "paper_llama70b": PAPER[args.sweep], "args": vars(args)}
+    meta = {"scenario": first.name, "sweep": args.sweep, "slos": first.slos.describe(),
+            "baseline_tpot_ms": first.baseline_tpot_ms,
+            "budget": budget, "acceptance": first.acceptance.name,
+            "paper_llama70b": PAPER[args.sweep], "args": vars(args)}
     save(stem, meta, rows, ratios=[asdict(r) for r in ratios])
-    plot_panels(rows, X_KEY[args.sweep], stem, f"{first.name}, {args.arrival} arrivals, {args.slo_mode} SLOs, B = {budget}")
+    plot_panels(rows, X_KEY[args.sweep], stem,
+                f"{first.name}, {args.arrival} arrivals, {args.slo_mode} SLOs, B = {budget}")
     print(f"{first.name}: {meta['slos']}; baseline TPOT {first.baseline_tpot_ms:.1f} ms; B = {budget}")
     print_rows(rows, list(dict.fromkeys(["rps", X_KEY[args.sweep]])))
     print_ratios(ratios, X_KEY[args.sweep], PAPER[args.sweep])
@@ -128,9 +133,11 @@ def main(argv=None) -> None:
 
 def print_ratios(ratios: list[Ratios], x_key: str, paper: dict) -> None:
     print(f"adaserve over the best baseline (paper, Llama-70B: {', '.join(f'{k} {v}' for k, v in paper.items())})")
-    print(f"{x_key:>16} {'best':>10} {'attain x':>8} {'goodput x':>9} {'fewer viol x':>12} | TPOT-only: {'attain x':>8} {'goodput x':>9} {'fewer viol x':>12}")
+    columns = f"{'attain x':>8} {'goodput x':>9} {'fewer viol x':>12}"
+    print(f"{x_key:>16} {'best':>10} {columns} | TPOT-only: {columns}")
     for r in ratios:
-        print(f"{r.level:16g} {r.best_baseline:>10} {r.attainment_x:8.2f} {r.goodput_x:9.2f} {r.fewer_violations_x:12.2f} |"
+        print(f"{r.level:16g} {r.best_baseline:>10} {r.attainment_x:8.2f} {r.goodput_x:9.2f} "
+              f"{r.fewer_violations_x:12.2f} |"
               f" {'':>10} {r.tpot_attainment_x:8.2f} {r.tpot_goodput_x:9.2f} {r.tpot_fewer_violations_x:12.2f}")
 
 

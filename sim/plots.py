@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 X_LABELS = {"rps": "requests per second", "urgent_share": "share of urgent (coding) requests",
             "urgent_slo_scale": "coding TPOT target / baseline TPOT", "replicas": "replicas"}
-PANELS = [("slo_attainment", "joint attainment (TTFT and TPOT)"), ("tpot_slo_attainment", "TPOT-only attainment (paper)"),
+PANELS = [("slo_attainment", "joint attainment (TTFT and TPOT)"),
+          ("tpot_slo_attainment", "TPOT-only attainment (paper)"),
           ("goodput_tok_s", "goodput, joint (tok/s)"), ("mean_accepted_per_verify", "tokens / verification")]
 
 
@@ -51,7 +52,8 @@ def plot_scaleout(needed: dict[str, dict[float, int | None]], curves: list[dict]
     left.legend(fontsize=7)
     for router in routers:
         for rps in loads:
-            pts = sorted((r["replicas"], r["slo_attainment"]) for r in curves if r["router"] == router and r["rps"] == rps)
+            pts = sorted((r["replicas"], r["slo_attainment"]) for r in curves
+                         if r["router"] == router and r["rps"] == rps)
             right.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=f"{router} {rps:g} rps")
     right.axhline(0.9, color="grey", lw=0.8, ls="--")
     right.set_xscale("log", base=2)

@@ -78,8 +78,10 @@ class Replica:
         spec = cfg.speculation
         self.estimator = Estimator.for_policy(profile, self.budget, self.policy, spec)  # as Engine.__init__ does
         self.target_blocks = BlockManager(cfg.kv_blocks, cfg.block_size, cfg.prefix_caching)
-        self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size, cfg.prefix_caching) if self.policy.speculative else None
-        self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator, self.target_blocks, self.draft_blocks)
+        self.draft_blocks = BlockManager(cfg.draft_blocks, cfg.block_size,
+                                         cfg.prefix_caching) if self.policy.speculative else None
+        self.scheduler = Scheduler(cfg.scheduler, spec, self.policy, self.estimator,
+                                   self.target_blocks, self.draft_blocks)
         self.copies = Copies(self.scheduler.lookup) if cfg.copies and self.scheduler.lookup.reserved else None
         self.iterations = 0
 
@@ -157,11 +159,13 @@ class Replica:
             self.target_blocks.commit_all(seq.seq_id)
             prefilled.append(Prefilled(seq, n, self._tokens(seq, 1)[0] if ends_prompt(seq, n) else None))
         shape = IterationShape(len(plan.decode), plan.depth, plan.width, chain_tokens, len(plan.decode) * plan.width,
-                               sum(len(t.tokens) for t in trees), plan.prefill_tokens, plan.context_tokens, draft_ctx, attended,
+                               sum(len(t.tokens) for t in trees), plan.prefill_tokens,
+                               plan.context_tokens, draft_ctx, attended,
                                len(plan.prefill))
         t_spec, t_verify = self.cost.durations(shape)
         end = plan.start + t_spec + t_verify
-        result = IterationResult(end, decoded, prefilled, speculation=t_spec, verification=t_verify, draft_chain_tokens=chain_tokens)
+        result = IterationResult(end, decoded, prefilled, speculation=t_spec, verification=t_verify,
+                                 draft_chain_tokens=chain_tokens)
         return InFlight(plan, result, end)
 
     def _propose(self, plan: IterationPlan) -> tuple[list[drafts.Proposal], int, int]:
@@ -170,7 +174,8 @@ class Replica:
         chains = {s.seq_id: self._chain_len(s) for s in list(plan.prefill) + plan.decode}  # before anything is read
         for seq, decoding in [(s, False) for s in plan.prefill] + [(s, True) for s in plan.decode]:
             n = chains[seq.seq_id]  # what the draft reads in its first step: draft_reads.draft_reads
-            if not drafts_now(n, decoding, plan.depth) and (read := draft_reads(n, decoding, plan.depth, bool(plan.decode))):
+            if not drafts_now(n, decoding,
+                              plan.depth) and (read := draft_reads(n, decoding, plan.depth, bool(plan.decode))):
                 ctx += blocks.num_committed(seq.seq_id)
                 blocks.append(seq.seq_id, chain_parents(0, read))
                 blocks.commit_all(seq.seq_id)
@@ -211,6 +216,7 @@ class Replica:
         return out
 
     def _chain_len(self, seq: Sequence) -> int:
-        start, end = draft_chain_span(seq, self.target_blocks.num_committed(seq.seq_id), self.draft_blocks.num_committed(seq.seq_id))
+        start, end = draft_chain_span(seq, self.target_blocks.num_committed(seq.seq_id),
+                                      self.draft_blocks.num_committed(seq.seq_id))
         return max(end - start, 0)
 

@@ -27,7 +27,8 @@ def job_of(seq: Sequence, block_size: int = 0) -> Job:
     keys, which the scheduler's prefix match then reuses)."""
     slo = seq.slo
     hints = prefix_hints(seq.tokens, block_size, seq.block_keys.setdefault(block_size, [])) if block_size else ()
-    return Job(seq.prefill_goal, None if slo.tpot_ms is None else slo.tpot_s, None if slo.ttft_ms is None else slo.ttft_s,
+    return Job(seq.prefill_goal, None if slo.tpot_ms is None else slo.tpot_s, None
+               if slo.ttft_ms is None else slo.ttft_s,
                "", hints, block_size)
 
 
@@ -38,7 +39,8 @@ class Router:
     def route(self, seq: Sequence, replicas: Seq[Replica], now: float) -> Replica:
         loads = [r.load_at(now) for r in replicas] if self.reads_loads else [None] * len(replicas)
         cfg = replicas[0].config
-        return replicas[self.choose(job_of(seq, cfg.block_size if cfg.prefix_caching and self.reads_loads else 0), loads)]
+        block_size = cfg.block_size if cfg.prefix_caching and self.reads_loads else 0
+        return replicas[self.choose(job_of(seq, block_size), loads)]
 
     def choose(self, job: Job, loads: Seq[ReplicaLoad | None], sent: Seq[list[int]] | None = None) -> int:
         """The index of the replica `job` goes to, from the replicas' loads and the prompt lengths sent to

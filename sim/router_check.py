@@ -61,7 +61,8 @@ def agreement(decisions: list[Decision], router: str) -> dict:
         first += d.replicas[i] in d.first or any(equivalent(d, i, d.replicas.index(k)) for k in d.first)
         routed += d.replicas[i] == d.routed
     n = max(len(decisions), 1)
-    return {"router": router, "decisions": len(decisions), "agrees_with_first_choice": first / n, "same_replica_as_routed": routed / n}
+    return {"router": router, "decisions": len(decisions), "agrees_with_first_choice": first / n,
+            "same_replica_as_routed": routed / n}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         decisions = read(path)
         for n in names:
             a = agreement(decisions, n)
-            print(f"| {path.name} | {n} | {a['decisions']} | {a['agrees_with_first_choice']:.3f} | {a['same_replica_as_routed']:.3f} |")
+            print(f"| {path.name} | {n} | {a['decisions']} | {a['agrees_with_first_choice']:.3f} | "
+                  f"{a['same_replica_as_routed']:.3f} |")
 
 
 if __name__ == "__main__":

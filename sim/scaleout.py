@@ -74,14 +74,16 @@ def main(argv=None) -> None:
     needed: dict[str, dict[float, int | None]] = {r: {} for r in routers}
     bar = tqdm(total=len(routers) * len(args.rps), desc=f"{sc.name} scale-out", unit="search")
     for rps in args.rps:
-        reqs = build_requests(rps, args.duration_s, sc.slos, sc.prompt_scale, args.seed, args.arrival, None, args.output_scale)
+        reqs = build_requests(rps, args.duration_s, sc.slos, sc.prompt_scale, args.seed,
+                              args.arrival, None, args.output_scale)
         for router in routers:
             seen: dict[int, float] = {}
 
             def attains(n: int) -> bool:
                 if n not in seen:
                     bar.set_postfix_str(f"{rps:g} rps {router} x{n}")
-                    row = run_all([RunSpec(args.policy, reqs, {"rps": rps}, n, router)], dep.scenario, args.seed, leave=False)[0]
+                    row = run_all([RunSpec(args.policy, reqs, {"rps": rps}, n, router)], dep.scenario,
+                                  args.seed, leave=False)[0]
                     runs.append(row)
                     seen[n] = row["slo_attainment"]
                 return seen[n] >= args.target
@@ -95,11 +97,13 @@ def main(argv=None) -> None:
     meta = {"scenario": sc.name, "policy": args.policy, "target": args.target, "slos": sc.slos.describe(),
             "budget": sc.cost.profile().budget, "args": vars(args)}
     save(args.out, meta, runs, table=table)
-    plot_scaleout(needed, runs, args.out, f"{sc.name} {args.policy}: replicas for >= {args.target:.0%} joint attainment")
+    plot_scaleout(needed, runs, args.out,
+                  f"{sc.name} {args.policy}: replicas for >= {args.target:.0%} joint attainment")
     print(f"{sc.name} {args.policy}, {args.arrival} arrivals, {args.duration_s:g} s: {meta['slos']}")
     print(f"{'rps':>6} " + " ".join(f"{r:>14}" for r in routers))
     for rps in args.rps:
-        print(f"{rps:6g} " + " ".join(f"{needed[r][rps] if needed[r][rps] is not None else '>' + str(args.max_replicas):>14}" for r in routers))
+        cells = [needed[r][rps] if needed[r][rps] is not None else ">" + str(args.max_replicas) for r in routers]
+        print(f"{rps:6g} " + " ".join(f"{c:>14}" for c in cells))
     print(f"wrote {args.out}.json and {args.out}.png")
 
 

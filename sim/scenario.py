@@ -51,7 +51,8 @@ def scenario(hardware: str, model: str = "llama70b", policy: str = "adaserve", a
     sched = SchedulerConfig(policy=policy, **{**GPU_SCHEDULER, **scheduler_overrides})
     replica = ReplicaConfig(sched, SpeculationConfig(budget=profile.budget), target_tokens // 16, draft_tokens // 16)
     baseline = profile.verify_ms(1)  # one request decoding one token per iteration: the paper's baseline TPOT
-    return Scenario(f"{hardware}-{model}-tp{dep.tp}", replica, cost, acceptance_model(acceptance or DEFAULT_FOR_MODEL[model]),
+    return Scenario(f"{hardware}-{model}-tp{dep.tp}", replica, cost,
+                    acceptance_model(acceptance or DEFAULT_FOR_MODEL[model]),
                     paper_slos(baseline, mode=slo_mode), "paper", baseline)
 
 
@@ -62,10 +63,13 @@ def _cpu(policy: str, acceptance: str | None, engine_json: str, speed: float, ov
     per_block = bytes_per_block(*CPU_TARGET_KV, cache.block_size, _bf16())
     blocks = cache.memory_mb * 2**20 // per_block
     # the trained draft has a fraction of the target's layers: its own cache never binds first
-    replica = ReplicaConfig(sched, config.speculation, blocks, 4 * blocks, cache.block_size, config.target.max_model_len,
+    replica = ReplicaConfig(sched, config.speculation, blocks, 4 * blocks, cache.block_size,
+                            config.target.max_model_len,
                             cache.prefix_caching and config.draft_cache.prefix_caching)
-    slos = SloTargets(tpot_ms={c.name: c.tpot_ms for c in sched.slo_classes}, ttft_ms={c.name: c.ttft_ms for c in sched.slo_classes})
-    return Scenario("cpu", replica, cost, acceptance_model(acceptance or "engine"), slos, "cpu", cost.profile().verify_ms(1))
+    slos = SloTargets(tpot_ms={c.name: c.tpot_ms for c in sched.slo_classes},
+                      ttft_ms={c.name: c.ttft_ms for c in sched.slo_classes})
+    return Scenario("cpu", replica, cost, acceptance_model(acceptance or "engine"), slos, "cpu",
+                    cost.profile().verify_ms(1))
 
 
 def _bf16():

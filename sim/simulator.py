@@ -55,12 +55,15 @@ class SimResult:
         return out
 
 
-def simulate(cfg: SimConfig, requests: Sequence[SimRequest], progress: Callable[[int], None] | None = None) -> SimResult:
+def simulate(cfg: SimConfig, requests: Sequence[SimRequest],
+             progress: Callable[[int], None] | None = None) -> SimResult:
     rng = random.Random(cfg.seed)  # one stream per replica, drawn from the run's seed
-    replicas = [Replica(i, cfg.replica, cfg.cost, cfg.acceptance, random.Random(rng.getrandbits(64))) for i in range(cfg.replicas)]
+    replicas = [Replica(i, cfg.replica, cfg.cost, cfg.acceptance, random.Random(rng.getrandbits(64)))
+                for i in range(cfg.replicas)]
     router: Router = make_router(cfg.router)
     q = EventQueue()
-    records = {r.request_id: RequestRecord(r.request_id, r.category, r.tpot_slo_ms, r.arrival_s, ttft_slo_ms=r.ttft_slo_ms)
+    records = {r.request_id: RequestRecord(r.request_id, r.category, r.tpot_slo_ms, r.arrival_s,
+                                           ttft_slo_ms=r.ttft_slo_ms)
                for r in requests}
     routed = [0] * len(replicas)
     waking = [False] * len(replicas)
@@ -102,7 +105,8 @@ def simulate(cfg: SimConfig, requests: Sequence[SimRequest], progress: Callable[
             elif rep.has_work():
                 waking[rep.index] = True
                 q.push(q.now + POLL_S, Kind.WAKE, rep)
-    unfinished = {s.request.request_id for rep in replicas for s in list(rep.scheduler.running) + list(rep.scheduler.waiting) + rep.inbox}
+    unfinished = {s.request.request_id for rep in replicas for s in list(rep.scheduler.running)
+                  + list(rep.scheduler.waiting) + rep.inbox}
     for rid in unfinished:
         records[rid].error = "not finished within the simulated time"
     est = [rep.estimator for rep in replicas]

@@ -92,7 +92,8 @@ def sim_requests(items, encode, stops: dict | None = None) -> list[SimRequest]:
     out = []
     for it in items:
         ids, stop = tuple(encode(it)), stops.get((it.prompt, it.chat))
-        out.append(SimRequest(it.request_id, it.category, len(ids), it.max_tokens, it.tpot_slo_ms, it.ttft_slo_ms, it.arrival_s,
+        out.append(SimRequest(it.request_id, it.category, len(ids), it.max_tokens, it.tpot_slo_ms,
+                              it.ttft_slo_ms, it.arrival_s,
                               stop if stop is not None and stop <= it.max_tokens else None, ids))
     return out
 
@@ -113,7 +114,8 @@ def stop_lengths(measured: list[dict], items_of) -> dict:
 
 def same_run(rows: list[dict], m: dict) -> dict:
     """The row of `rows` with measured run `m`'s policy, level and repeat."""
-    return next(r for r in rows if r["policy"] == m["policy"] and level_of(r) == level_of(m) and r.get("repeat") == m.get("repeat"))
+    return next(r for r in rows if r["policy"] == m["policy"] and level_of(r) == level_of(m)
+                and r.get("repeat") == m.get("repeat"))
 
 
 def compare(measured: list[dict], predicted: list[dict]) -> list[Check]:
@@ -140,7 +142,8 @@ def speed_matched(measured: list[dict], speeds: list[float], other: list[dict], 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench_json", help="a harness.bench result (runs/<date>-bench/<suite>-<sweep>.json), in-process target")
+    ap.add_argument("bench_json",
+                    help="a harness.bench result (runs/<date>-bench/<suite>-<sweep>.json), in-process target")
     ap.add_argument("--seed", type=int, default=0, help="the bench run's --seed")
     ap.add_argument("--output-scale", type=float, default=0.5, help="the bench run's --output-scale")
     ap.add_argument("--time-limit", type=float, default=90.0, help="the bench run's --time-limit (s)")
@@ -163,14 +166,14 @@ def parse(argv=None) -> argparse.Namespace:
                     help="another run of the same bench, judged by the same bar as a prediction of this one: how close "
                          "the measured system comes to itself from run to run (the bar's noise floor on this machine)")
     ap.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
-                    help="simulate the engine's copies (prompt lookup, the suffix index) on each prompt's greedy output, "
-                         "generated once with the served target (sim/continuations.py)")
+                    help="simulate the engine's copies (prompt lookup, the suffix index) on each prompt's greedy "
+                         "output, generated once with the served target (sim/continuations.py)")
     ap.add_argument("--rooflines", choices=["profile", "recorded", "calibrated"], default="profile",
-                    help="the simulated scheduler's rooflines: the profile file's; those the served engine planned with "
-                         "where the run recorded them (its startup calibration; else the file's); or measured on the "
-                         "simulated machine at start as that calibration does (sim.cost.calibrated_profile). Recorded "
-                         "ones reproduce the served iterations, yet predict attainment no better so far: as far over "
-                         "as the file's are under (docs/experiments.md#sim-twin-gap)")
+                    help="the simulated scheduler's rooflines: the profile file's; those the served engine planned "
+                         "with where the run recorded them (its startup calibration; else the file's); or measured on "
+                         "the simulated machine at start as that calibration does (sim.cost.calibrated_profile). "
+                         "Recorded ones reproduce the served iterations, yet predict attainment no better so far: as "
+                         "far over as the file's are under (docs/experiments.md#sim-twin-gap)")
     ap.add_argument("--policies", default="", help="only these policies (comma-separated; default: the run's)")
     ap.add_argument("--out", default="", help="output stem (default runs/<date>-sim-validate/validate-<bench name>)")
     return ap.parse_args(argv)
@@ -193,7 +196,8 @@ def main(argv=None) -> None:
     measured = [r for r in bench["rows"] if not keep or r["policy"] in keep]
     levels = list({level_key(level_of(r)): level_of(r) for r in measured}.values())
     prompts = builtin_prompts()
-    items = {level_key(lv): bench_items(lv, bench["duration_s"], slos, prompts, args.seed, args.output_scale) for lv in levels}
+    items = {level_key(lv): bench_items(lv, bench["duration_s"], slos, prompts, args.seed,
+                                        args.output_scale) for lv in levels}
     stops = stop_lengths(measured, lambda lv: items[level_key(lv)])
     if stops:
         print(f"{len(stops)} prompts end where the measured runs stopped them; the others run to max_tokens")
@@ -207,34 +211,41 @@ def main(argv=None) -> None:
     specs = [spec_of(r) for r in measured]
     for r, s in zip(measured, specs):
         if r.get("requests") not in (None, len(s.requests)):
-            raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, the rebuilt workload has "
+            raise SystemExit(f"{r['policy']} {level_of(r)}: the bench sent {r['requests']} requests, "
+                             f"the rebuilt workload has "
                              f"{len(s.requests)}: pass the run's --seed / duration")
     profile = CostModel.load(config.speculation.profile_path)
     fallback = EngineStepCost.from_profile(config.speculation.profile_path)
     probe = (lambda r: 1.0) if args.speed == "none" else (lambda r: probe_speed(profile, r))
-    in_run = args.step_cost == "in-run" or (args.step_cost == "auto" and len(measured) > 1 and all(r.get("iterations") for r in measured))
+    in_run = args.step_cost == "in-run" or (args.step_cost == "auto" and len(measured) > 1
+                                            and all(r.get("iterations") for r in measured))
     cal_rows = [r for path in args.fit_from for r in json.load(open(path))["rows"]]
     calibration = step_fit(cal_rows, [probe(r) for r in cal_rows], profile, fallback) if cal_rows else None
     print("target steps priced by", "a fit to " + ", ".join(args.fit_from) if calibration else
           "a fit to the other runs' iterations" if in_run else "the profile's step fit")
     probes = [probe(r) for r in measured]
-    steps = [calibration or (held_out_step(measured, probes, i, profile, fallback) if in_run else None) for i in range(len(measured))]
+    steps = [calibration or (held_out_step(measured, probes, i, profile, fallback) if in_run else None)
+             for i in range(len(measured))]
 
     def speed_of(row: dict, step) -> float:
         if args.speed != "steps":
             return probe(row)
         if step is None:
-            raise SystemExit("--speed steps reads a run's speed off a step fit: pass --fit-from or runs with iterations")
+            raise SystemExit("--speed steps reads a run's speed off a step fit: pass --fit-from or runs with "
+                             "iterations")
         return steps_speed(row, step)
     speeds = [speed_of(r, step) for r, step in zip(measured, steps)]
     print(f"machine speed per run ({args.speed}; x profile; ! where its probes before and after differ by more than "
-          f"{SPEED_MOVED - 1:.0%}):", " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))
+          f"{SPEED_MOVED - 1:.0%}):",
+          " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))
     drain_s = max(0.0, args.time_limit - bench["duration_s"])
 
     def planned(row: dict) -> CostModel | None:
-        return CostModel.from_dict(row["cost_model"]) if args.rooflines == "recorded" and row.get("cost_model") else None
+        recorded = args.rooflines == "recorded" and row.get("cost_model")
+        return CostModel.from_dict(row["cost_model"]) if recorded else None
     if args.rooflines == "recorded":
-        print(f"scheduler rooflines: as the served engine planned with in {sum(bool(r.get('cost_model')) for r in measured)} "
+        served = sum(bool(r.get("cost_model")) for r in measured)
+        print(f"scheduler rooflines: as the served engine planned with in {served} "
               f"of {len(measured)} runs, the profile file's in the others")
 
     def simulate_runs(runs: list[tuple[RunSpec, float, object, CostModel | None]], acceptance, desc: str) -> list[dict]:
@@ -242,7 +253,8 @@ def main(argv=None) -> None:
         for spec, speed, step, rooflines in runs:  # one run each: each is priced for its own speed
             def deploy(policy, speed=speed, step=step, rooflines=rooflines):
                 sc = scenario("cpu", policy=policy, engine_json=config_path, cpu_speed=speed)
-                cost = dataclasses.replace(with_step(sc.cost, step), calibrate=args.rooflines == "calibrated", planned=rooflines)
+                cost = dataclasses.replace(with_step(sc.cost, step),
+                                           calibrate=args.rooflines == "calibrated", planned=rooflines)
                 return dataclasses.replace(sc, cost=cost, acceptance=acceptance,
                                            replica=dataclasses.replace(sc.replica, copies=args.copies))
             (row,) = run_all([spec], deploy, args.seed, desc, drain_s=drain_s, leave=False)
@@ -254,38 +266,47 @@ def main(argv=None) -> None:
     if calibration and args.calibrate_acceptance and speculated:
         cal_runs = [(spec_of(r), speed_of(r, calibration), calibration, planned(r)) for r in speculated]
         acceptance, factor = calibrated_acceptance(
-            acceptance, speculated, lambda model: [r["mean_accepted_per_verify"] for r in simulate_runs(cal_runs, model, "acceptance")])
+            acceptance, speculated,
+            lambda model: [r["mean_accepted_per_verify"] for r in simulate_runs(cal_runs, model, "acceptance")])
         print(f"acceptance: {args.acceptance} x{factor:.2f}, the calibration runs' "
               f"{sum(r['mean_accepted_per_verify'] for r in speculated) / len(speculated):.2f} tokens per verification")
     rooflines = [planned(r) for r in measured]
     predicted = simulate_runs(list(zip(specs, speeds, steps, rooflines)), acceptance, "cpu vs bench")
-    band = {f: simulate_runs([(sp, v * f, st, rl) for sp, v, st, rl in zip(specs, speeds, steps, rooflines)], acceptance, f"speed x{f:g}")
+    band = {f: simulate_runs([(sp, v * f, st, rl) for sp, v, st, rl in zip(specs, speeds, steps, rooflines)],
+                             acceptance, f"speed x{f:g}")
             for f in ((1 - args.speed_band, 1 + args.speed_band) if args.speed_band else ())}
     checks = compare(measured, predicted)
     found = bands(measured, predicted, level_of)
     repeat = [r for r in json.load(open(args.repeat))["rows"] if not keep or r["policy"] in keep] if args.repeat else []
-    repeat_checks = compare(measured, speed_matched(measured, speeds, repeat, lambda o, i: speed_of(o, steps[i]))) if repeat else []
-    stem = args.out or os.path.join(run_dir("sim-validate"), "validate-" + os.path.splitext(os.path.basename(args.bench_json))[0])
+    repeat_checks = compare(measured, speed_matched(measured, speeds, repeat,
+                                                    lambda o, i: speed_of(o, steps[i]))) if repeat else []
+    stem = args.out or os.path.join(run_dir("sim-validate"), "validate-"
+                                    + os.path.splitext(os.path.basename(args.bench_json))[0])
     pricing = "calibration" if calibration else "in-run" if in_run else "profile"
     save(stem, {"bench_json": args.bench_json, "args": vars(args), "step_cost": pricing, "speed": args.speed,
                  "acceptance_factor": factor}, predicted,
          checks=[as_dict(c) for c in checks], repeat_checks=[as_dict(c) for c in repeat_checks],
          speed_band={f"{f:g}": rows for f, rows in band.items()}, bands=[b.as_dict() for b in found])
     x_key = next((k for k in SWEEP_KEYS if k in measured[0]), "rps")
-    both = [{**r, "policy": f"{r['policy']} {kind}"} for kind, rows in (("sim", predicted), ("bench", measured), ("bench, other run", repeat))
+    both = [{**r, "policy": f"{r['policy']} {kind}"}
+            for kind, rows in (("sim", predicted), ("bench", measured), ("bench, other run", repeat))
             for r in rows]
     plot_panels(both, x_key, stem, f"simulated (CPU cost model) vs measured: {args.bench_json}")
     print_checks(checks)
-    print(f"{sum(c.within for c in checks)}/{len(checks)} within the bar (attainment +-{ATTAINMENT_TOLERANCE}, TPOT p50 +-{TPOT_TOLERANCE:.0%})")
+    print(f"{sum(c.within for c in checks)}/{len(checks)} within the bar (attainment +-{ATTAINMENT_TOLERANCE}, TPOT "
+          f"p50 +-{TPOT_TOLERANCE:.0%})")
     if band:  # checks at x(1 - D), the run's speed, x(1 + D)
         rows = [(lo, c, hi) for c, lo, hi in zip(checks, *(compare(measured, r) for r in band.values()))]
-        print(f"{sum(any(c.within for c in r) for r in rows)}/{len(rows)} within the bar at the run's speed or x(1 -+ {args.speed_band:g}); "
+        print(f"{sum(any(c.within for c in r) for r in rows)}/{len(rows)} within the bar at the run's speed or x(1 -+ "
+              f"{args.speed_band:g}); "
               "joint attainment measured, then predicted at those three speeds:")
         for r in rows:
-            print(f"  {r[1].policy:>10} {' '.join(f'{k}={v:g}' for k, v in r[1].level.items())}: {r[1].measured_joint:.2f}, "
+            print(f"  {r[1].policy:>10} {' '.join(f'{k}={v:g}' for k, v in r[1].level.items())}: "
+                  f"{r[1].measured_joint:.2f}, "
                   + " / ".join(f"{c.predicted_joint:.2f}" for c in r))
     if found:
-        print("the band protocol: each level's repeats measured, and the simulator priced at each one's speed (sim/bands.py)")
+        print("the band protocol: each level's repeats measured, and the simulator priced at each one's speed "
+              "(sim/bands.py)")
         print_bands(found)
     if repeat_checks:
         print(f"the other measured run {args.repeat} as the prediction (the machine's run-to-run floor):")

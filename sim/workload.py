@@ -116,7 +116,8 @@ def arrivals(kind: str, rps: float, duration_s: float, rng: random.Random) -> tu
 
 
 def build_requests(rps: float, duration_s: float, slos: SloTargets, scale: str = "paper", seed: int = 0,
-                   arrival: str = "poisson", mix: dict[str, float] | None = None, output_scale: float = 1.0) -> list[SimRequest]:
+                   arrival: str = "poisson", mix: dict[str, float] | None = None,
+                   output_scale: float = 1.0) -> list[SimRequest]:
     rng = random.Random(seed)
     times, cats = arrivals(arrival, rps, duration_s, rng)
     prompts = {c: [("", True)] for c in DEFAULT_MIX}  # text is not simulated

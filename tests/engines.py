@@ -20,7 +20,8 @@ def small_config(policy: str, num_blocks: int = 256, max_num_seqs: int = 6, pref
     return EngineConfig(
         target_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
         draft_cache=CacheConfig(block_size=4, num_blocks=num_blocks),
-        scheduler=SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, prefill_chunk=prefill_chunk, token_budget=token_budget),
+        scheduler=SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, prefill_chunk=prefill_chunk,
+                                  token_budget=token_budget),
         speculation=SpeculationConfig(**{"budget": 24, "draft_budget": 8, "d_max": 4, "w_max": 3, **spec}),
     )
 
@@ -28,7 +29,8 @@ def small_config(policy: str, num_blocks: int = 256, max_num_seqs: int = 6, pref
 def make_engine(target_path, draft_path, policy, num_blocks=256, tokenizer=None, **spec) -> Engine:
     """An engine over tiny checkpoints (draft_path None: the target drafts for itself), EOS id 2."""
     draft = our_model(draft_path) if draft_path else None
-    return Engine(small_config(policy, num_blocks, **spec), target=our_model(target_path), draft=draft, eos_token_ids=[EOS],
+    return Engine(small_config(policy, num_blocks, **spec), target=our_model(target_path),
+                  draft=draft, eos_token_ids=[EOS],
                   tokenizer=tokenizer)
 
 
@@ -67,7 +69,8 @@ def reference(path: str, req: Request) -> list[int]:
     return out
 
 
-def run_staggered(engine: Engine, reqs: list[Request], last_chunks: dict[str, int] | None = None) -> dict[str, list[int]]:
+def run_staggered(engine: Engine, reqs: list[Request],
+                  last_chunks: dict[str, int] | None = None) -> dict[str, list[int]]:
     """Three requests arrive, then two more every iteration. `last_chunks` gets how many tokens each
     request's final iteration emitted."""
     results: dict[str, list[int]] = {}

@@ -128,11 +128,13 @@ class InferenceRequest:
 
     def exec(self, decoupled=False):
         if not SERVER_READY:
-            error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Server not ready", TritonError.UNAVAILABLE))
+            message = f"Model {self.model_name} - Server not ready"
+            error = InferenceResponse(error=TritonError(message, TritonError.UNAVAILABLE))
             return iter([error]) if decoupled else error
         if self.model_name not in MODELS:  # as Triton 2.51's Python backend words it
             error = InferenceResponse(error=TritonError(f"Model {self.model_name} - Error when running inference: "
-                                                        f"Failed for execute the inference request. Model '{self.model_name}' is not ready."))
+                                                        f"Failed for execute the inference request. Model "
+                                                        f"'{self.model_name}' is not ready."))
             return iter([error]) if decoupled else error
         result = MODELS[self.model_name](self.inputs, decoupled)
         return (_bls(r, self.requested) for r in result) if decoupled else _bls(result, self.requested)

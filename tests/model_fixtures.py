@@ -50,7 +50,8 @@ CHECKPOINT_ROOT: Path | None = None
 
 
 @functools.cache
-def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sharpen: float = 1.0, hidden_size: int | None = None) -> str:
+def tiny_checkpoint(kind: str, seed: int = 0, vocab_size: int | None = None, sharpen: float = 1.0,
+                    hidden_size: int | None = None) -> str:
     """Save a random tiny model (safetensors + config.json) and return its directory. `sharpen` scales
     the output head so next-token distributions are peaked rather than nearly uniform."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

@@ -36,7 +36,9 @@ def engine_step_cost(cfg: EngineConfig, cost: CostModel, target, draft, batches:
     from adaserve_backend.engine import Engine
 
     room = max(batches) + 1
-    blocks = lambda cache: (room + 1) * (-(-(max(contexts) + 64) // cache.block_size) + 1)  # noqa: E731  contexts and what they add
+    def blocks(cache):  # contexts and what they add
+        return (room + 1) * (-(-(max(contexts) + 64) // cache.block_size) + 1)
+
 
     def engine(policy: str) -> Engine:
         c = dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, policy=policy, max_num_seqs=room),
@@ -52,7 +54,8 @@ def engine_step_cost(cfg: EngineConfig, cost: CostModel, target, draft, batches:
         for d in depths:
             spec_points += [{**p, "spec_ms": p["spec_ms"] / speed, "verify_ms": p["verify_ms"] / speed,
                              "draft_ms": cost.draft_ms(p["n"], p["depth"], p["width"])}
-                            for p in measure_speculative_steps(engine(f"spec:{d}"), [b for b in batches if b <= 16], middle)]
+                            for p in measure_speculative_steps(engine(f"spec:{d}"),
+                                                               [b for b in batches if b <= 16], middle)]
         step = step.with_speculation(spec_points)
     return {**step.to_dict(), "speed": speed, "points": points, "speculative_points": spec_points}
 
@@ -67,8 +70,10 @@ def main() -> None:
     ap.add_argument("--step-batches", type=int, nargs="*", default=[1, 8, 16, 24, 32],
                     help="decoding requests for the whole-engine-step fit (none: skip it)")
     ap.add_argument("--step-contexts", type=int, nargs="+", default=[128, 512, 1024], help="their context lengths")
-    ap.add_argument("--step-depths", type=int, nargs="+", default=[1, 2, 4], help="draft chains for the speculative terms")
-    ap.add_argument("--step-only", action="store_true", help="keep --out's rooflines and B; re-measure the step fit only")
+    ap.add_argument("--step-depths", type=int, nargs="+", default=[1, 2, 4],
+                    help="draft chains for the speculative terms")
+    ap.add_argument("--step-only", action="store_true",
+                    help="keep --out's rooflines and B; re-measure the step fit only")
     args = ap.parse_args()
     cfg = EngineConfig.from_json(args.config) if args.config else EngineConfig()
     if args.step_only:
@@ -80,9 +85,11 @@ def main() -> None:
     verify = measure_forward(runner, sizes, per_seq=8, repeats=args.repeats, desc="target verification")
     del runner
     draft_model = target if cfg.draft is None else load_model(cfg.draft)
-    draft = measure_forward(ModelRunner(draft_model, cfg.draft_cache), sizes, per_seq=4, repeats=args.repeats, desc="draft step")
+    draft = measure_forward(ModelRunner(draft_model, cfg.draft_cache), sizes, per_seq=4,
+                            repeats=args.repeats, desc="draft step")
 
-    target_line, draft_line = fit_roofline(sizes, [verify[n] for n in sizes]), fit_roofline(sizes, [draft[n] for n in sizes])
+    target_line, draft_line = fit_roofline(sizes, [verify[n] for n in sizes]), fit_roofline(sizes,
+                                                                                            [draft[n] for n in sizes])
     model = CostModel(target_line, draft_line, pick_budget(target_line, args.max_slowdown),
                       tuple((n, verify[n]) for n in sizes), tuple((n, draft[n]) for n in sizes))
     print(f"{'tokens':>6} | {'verify ms':>9} | {'draft step ms':>13}")
@@ -91,7 +98,8 @@ def main() -> None:
     print(f"target roofline: {target_line}\ndraft roofline: {draft_line}\nbudget B = {model.budget}")
     extra = {}
     if args.step_batches:
-        step = engine_step_cost(cfg, model, target, draft_model, args.step_batches, args.step_contexts, args.step_depths)
+        step = engine_step_cost(cfg, model, target, draft_model, args.step_batches,
+                                args.step_contexts, args.step_depths)
         extra[PROFILE_KEY] = step
         print(f"engine step: {EngineStepCost.from_dict(step)}")
     save(model, cfg, args.out, extra)

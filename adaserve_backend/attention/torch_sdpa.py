@@ -57,7 +57,8 @@ def group_sequences(q_lens: Sequence[int], kv_lens: Sequence[int], overhead: int
 class PaddedGroup:
     shape: tuple[int, int, int]  # (b, max_q, max_kv)
     gather: torch.Tensor  # [b * max_kv] cache slots, flat: index_select on it is several times faster than k[gather]
-    mask: torch.Tensor | None  # [b, 1, max_q, max_kv], bool (additive when folded); None when every query sees every key
+    # [b, 1, max_q, max_kv], bool (additive when folded); None when every query sees every key
+    mask: torch.Tensor | None
     causal: bool
     q_rows: torch.Tensor | None  # rows of the padded [b * max_q] queries that are real; None: all
     tokens: torch.Tensor | None  # this group's rows of the forward's tokens; None: all, in order

@@ -2,9 +2,18 @@
 frozen dataclass with documented defaults, validated loudly when it is made."""
 
 from .engine import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, StreamingConfig, from_dict
-from .scheduling import DEFAULT_SLO_CLASSES, POLICY_NAMES, SPECULATIVE_POLICIES, SchedulerConfig, SLOClass, check_policy_name
+from .scheduling import (
+           DEFAULT_SLO_CLASSES,
+           POLICY_NAMES,
+           SPECULATIVE_POLICIES,
+           SchedulerConfig,
+           SLOClass,
+           check_policy_name,
+)
 from .speculation import LOOKUP_MAX_NGRAM, Lookup, SpeculationConfig
 
-__all__ = ["EMBEDDED_DEFAULT", "EMBEDDED_DRAFT", "CacheConfig", "EngineConfig", "ModelConfig", "StreamingConfig", "from_dict",
-           "DEFAULT_SLO_CLASSES", "POLICY_NAMES", "SPECULATIVE_POLICIES", "SchedulerConfig", "SLOClass", "check_policy_name",
+__all__ = ["EMBEDDED_DEFAULT", "EMBEDDED_DRAFT", "CacheConfig", "EngineConfig", "ModelConfig",
+           "StreamingConfig", "from_dict",
+           "DEFAULT_SLO_CLASSES", "POLICY_NAMES", "SPECULATIVE_POLICIES", "SchedulerConfig",
+           "SLOClass", "check_policy_name",
            "LOOKUP_MAX_NGRAM", "Lookup", "SpeculationConfig"]

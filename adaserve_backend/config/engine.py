@@ -15,7 +15,8 @@ from .speculation import SpeculationConfig
 T = TypeVar("T")
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
-# The draft this project trained for it (trained by tools/draft, served by models/feature_draft.py), shipped as its own tensors only.
+# The draft this project trained for it (trained by tools/draft, served by models/feature_draft.py), shipped as its own
+# tensors only.
 EMBEDDED_DRAFT = "embedded:smollm2-135m-instruct-draft"
 
 
@@ -168,5 +169,6 @@ class EngineConfig:
         profile = config.speculation.profile_path
         if profile and not os.path.isabs(profile):
             profile = os.path.join(os.path.dirname(os.path.abspath(path)), profile)
-            config = dataclasses.replace(config, speculation=dataclasses.replace(config.speculation, profile_path=profile))
+            config = dataclasses.replace(config,
+                                         speculation=dataclasses.replace(config.speculation, profile_path=profile))
         return config

@@ -44,7 +44,8 @@ class SLOClass:
 # single-request TPOT (the slow end, since the machine's speed varies from day to day; evidence:
 # docs/experiments.md#vllm-tight-coding); chat for a comfortable reading pace, summaries for much less.
 # First tokens: within 2 s for the interactive classes, 5 s for summaries (longer prompts).
-DEFAULT_SLO_CLASSES = (SLOClass("coding", 65.0, 2000.0), SLOClass("chat", 80.0, 2000.0), SLOClass("summary", 150.0, 5000.0))
+DEFAULT_SLO_CLASSES = (SLOClass("coding", 65.0, 2000.0), SLOClass("chat", 80.0, 2000.0),
+                       SLOClass("summary", 150.0, 5000.0))
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ class SchedulerConfig:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not among slo_classes")
         if self.max_num_seqs <= 0 or self.prefill_chunk <= 0 or self.token_budget <= 0:
             raise ValueError("max_num_seqs, prefill_chunk and token_budget must be positive")
-        if not all(math.isfinite(v) and v > 0 for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
+        if not all(math.isfinite(v) and v > 0
+                   for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
         if not isinstance(self.spare_decodes, bool):
             raise ValueError(f"spare_decodes must be true or false, got {self.spare_decodes!r}")

@@ -87,7 +87,8 @@ class SpeculationConfig:
         if min(self.budget, self.draft_budget, self.d_max, self.w_max, self.n_max) < 1 or self.d_min < 1:
             raise ValueError("budgets, depths, widths and n_max must be >= 1")
         if self.calibration_pool < 1:
-            raise ValueError(f"calibration_pool must be >= 1 (1: this start's calibration alone), got {self.calibration_pool}")
+            raise ValueError(f"calibration_pool must be >= 1 (1: this start's calibration alone), got "
+                             f"{self.calibration_pool}")
         if self.d_min > self.d_max:
             raise ValueError("d_min must not exceed d_max")
         if not 0 <= self.lookup_ngram <= LOOKUP_MAX_NGRAM:

@@ -54,7 +54,8 @@ class CostModel:
     def to_dict(self) -> dict:
         data = {"target": self.target.to_dict(), "draft": self.draft.to_dict(), "budget": self.budget}
         if self.verify_points:
-            data["measured"] = {"tokens": [n for n, _ in self.verify_points], "verify_ms": [ms for _, ms in self.verify_points],
+            data["measured"] = {"tokens": [n for n, _ in self.verify_points],
+                                "verify_ms": [ms for _, ms in self.verify_points],
                                 "draft_ms": [ms for _, ms in self.draft_points]}
         return data
 
@@ -85,5 +86,6 @@ def load_cost_model(path: str | None) -> CostModel | None:
         )
         return None
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"speculation.profile_path {path!r} does not exist (write it with python -m tools.profile)")
+        raise FileNotFoundError(f"speculation.profile_path {path!r} does not exist (write it with python -m "
+                                f"tools.profile)")
     return CostModel.load(path)

@@ -64,7 +64,8 @@ class EngineStepCost:
     @classmethod
     def fit(cls, points: list[dict]) -> EngineStepCost:
         """Least squares over non-speculative points {n, context, new_tokens, ms, prefills (default 0)}."""
-        rows = [[1.0, p["n"], p["context"] / 1e3, max(p["new_tokens"] - p["n"], 0), p.get("prefills", 0)] for p in points]
+        rows = [[1.0, p["n"], p["context"] / 1e3, max(p["new_tokens"] - p["n"], 0),
+                 p.get("prefills", 0)] for p in points]
         return cls(*non_negative_least_squares(rows, [p["ms"] for p in points]))
 
     def with_speculation(self, points: list[dict]) -> EngineStepCost:
@@ -72,20 +73,24 @@ class EngineStepCost:
         verify_ms, draft_ms} (adaserve_backend.profiler.measure_speculative_steps, or a served run's iterations):
         what speculation took beyond `draft_ms` (its draft forwards as the draft's roofline prices them),
         and what verification took beyond this fit's price of the same tokens."""
-        base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points], [p["spec_ms"] - p["draft_ms"] for p in points])
-        return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level, tree_per_request_ms=self._tree_term(points))
+        base, per_level = non_negative_least_squares([[1.0, p["depth"]] for p in points],
+                                                     [p["spec_ms"] - p["draft_ms"] for p in points])
+        return dataclasses.replace(self, spec_base_ms=base, spec_per_level_ms=per_level,
+                                   tree_per_request_ms=self._tree_term(points))
 
     def _tree_term(self, points: list[dict]) -> float:
         """What verifying a request's tree took beyond this fit's price of the same tokens, per request,
         from speculating points {n, verified, prefill, context, verify_ms}."""
-        (tree,) = non_negative_least_squares([[p["n"]] for p in points],
-                                             [p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"],
-                                                                       prefills=p.get("prefills", int(p["prefill"] > 0)))
-                                              for p in points])
+        def beyond(p: dict) -> float:
+            prefills = p.get("prefills", int(p["prefill"] > 0))
+            return p["verify_ms"] - self.ms(p["n"], p["context"], p["verified"] + p["prefill"], prefills=prefills)
+
+        (tree,) = non_negative_least_squares([[p["n"]] for p in points], [beyond(p) for p in points])
         return tree
 
     @classmethod
-    def from_iterations(cls, records: list[dict], fallback: EngineStepCost | None = None, min_speculative: int = 20) -> EngineStepCost:
+    def from_iterations(cls, records: list[dict], fallback: EngineStepCost | None = None,
+                        min_speculative: int = 20) -> EngineStepCost:
         """The fit from a served run's own iterations (`iteration_record`s, each step's time divided by the
         run's speed if known) instead of tools.profile's synthetic sweep: under a benchmark's load, steps
         take longer than the sweep's fit at the same machine speed (mixed contexts, churned pages, SLO
@@ -155,5 +160,6 @@ def iteration_record(stats) -> dict:
     what it produced (tokens, bonus included; drafts accepted) for comparing the simulator's yield."""
     return {"n": stats.n, "depth": stats.depth, "width": stats.width, "verified": stats.verified_tokens,
             "prefill": stats.prefill_tokens, "prefills": stats.prefills, "context": stats.context_tokens,
-            "chain": stats.draft_chain_tokens, "spec_ms": 1e3 * (stats.speculation + stats.selection), "step_ms": 1e3 * stats.step,
+            "chain": stats.draft_chain_tokens, "spec_ms": 1e3 * (stats.speculation + stats.selection),
+            "step_ms": 1e3 * stats.step,
             "accepted": stats.accepted, "drafts": sum(stats.accepted_drafts)}

@@ -186,7 +186,8 @@ class BlockManager:
             self.pool.release(s.block_table.pop())
 
     # ---- prefix caching ------------------------------------------------------------------------
-    def match(self, tokens: Sequence[int], max_tokens: int, keys: list[bytes] | None = None) -> tuple[list[int], list[bytes]]:
+    def match(self, tokens: Sequence[int], max_tokens: int,
+              keys: list[bytes] | None = None) -> tuple[list[int], list[bytes]]:
         """The cached blocks (and their keys) holding the longest prefix of `tokens`, in whole blocks
         of at most `max_tokens` tokens. `keys`: the tokens' block keys known so far (extended in place,
         so a caller that keeps them hashes each block once)."""

@@ -43,7 +43,8 @@ class KVCache:
         """[slots, kv_heads, head_dim] views of one layer's keys and values."""
         return self._layer_views[index]
 
-    def write(self, index: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, index: int, slots: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store keys and values [T, kv_heads, head_dim] at `slots` of one layer; returns its flat views."""
         k_flat, v_flat = self.layer_flat(index)
         k_flat.index_copy_(0, slots, k)

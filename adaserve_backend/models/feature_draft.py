@@ -62,7 +62,8 @@ class FusedInputLayer(DecoderLayer):
     residual stream."""
 
     def __init__(self, spec, base: DecoderLayer) -> None:
-        super().__init__(spec, base.qkv_proj.bias is not None, base.o_proj.bias is not None, base.down_proj.bias is not None)
+        super().__init__(spec, base.qkv_proj.bias is not None, base.o_proj.bias is not None,
+                         base.down_proj.bias is not None)
         self.load_state_dict(base.state_dict(), strict=False)
         h = spec.hidden_size
         self.hidden_norm = RMSNorm(h, spec.rms_norm_eps)
@@ -168,7 +169,8 @@ def save_draft(model: FeatureDraft, layout: DraftLayout, path: str) -> None:
     save_file(tensors, path, metadata={"layout": layout.to_json()})
 
 
-def trained_draft(path: str, max_len: int, target_parts=None, head_rows: int | None = None) -> tuple[FeatureDraft, DraftLayout]:
+def trained_draft(path: str, max_len: int, target_parts=None,
+                  head_rows: int | None = None) -> tuple[FeatureDraft, DraftLayout]:
     """A draft saved by save_draft, around the target's shared tensors (float32, trainable as loaded):
     what serving places on its device and what training warm-starts from. `head_rows` keeps the head's
     first rows only (ModelConfig.head_rows); the head is shared, so the saved tensors fit either way."""

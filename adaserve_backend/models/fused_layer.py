@@ -40,7 +40,8 @@ class FusedStack:
     docs/experiments.md#iteration-profile)."""
 
     pre: list[tuple]  # per layer: input norm weight, qkv (packed, pairs, q4, bias)
-    post: list[tuple]  # per layer: o_proj (packed, pairs, q4, bias), post-attention norm weight, gate_up (...), down (...)
+    # per layer: o_proj (packed, pairs, q4, bias), post-attention norm weight, gate_up (...), down (...)
+    post: list[tuple]
     packed_versions: list[tuple[torch.Tensor, int]]  # each projection's weight and the version that was packed
     generation: int  # linear.pack_generation when gathered
 
@@ -56,8 +57,9 @@ def fused_stack(model) -> FusedStack | None:
             return m._packed, m._pairs, m._blocks, m.bias
 
         stack = FusedStack(
-            [(l.input_layernorm.weight, *w(l.qkv_proj)) for l in model.layers],
-            [(*w(l.o_proj), l.post_attention_layernorm.weight, *w(l.gate_up_proj), *w(l.down_proj)) for l in model.layers],
+            [(layer.input_layernorm.weight, *w(layer.qkv_proj)) for layer in model.layers],
+            [(*w(layer.o_proj), layer.post_attention_layernorm.weight, *w(layer.gate_up_proj), *w(layer.down_proj))
+             for layer in model.layers],
             [(m.weight, m._packed_version) for m in projections(model)],
             linear.pack_generation,
         )
@@ -65,7 +67,8 @@ def fused_stack(model) -> FusedStack | None:
     return stack if all(w._version == v for w, v in stack.packed_versions) else None
 
 
-def run_layers(model, ops, stack: FusedStack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend):
+def run_layers(model, ops, stack: FusedStack, x: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, attn: AttentionBackend):
     """What LlamaModel.run returns, through the fused ops. x: the embeddings [T, hidden] (a fresh tensor:
     it becomes the residual stream, updated in place); cos, sin: [T, 1, head_dim]."""
     s, tokens = model.spec, x.shape[0]

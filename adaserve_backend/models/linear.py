@@ -53,7 +53,8 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor | None:
 class Linear(nn.Linear):
     _packed: torch.Tensor | None = None
     _pairs: torch.Tensor | None = None  # the pair kernel's packing, for products of few rows
-    _blocks: torch.Tensor | None = None  # GGUF blocks (Q4_1, Q8_0) of the same values (models/quantized.py), for the fewest rows
+    # GGUF blocks (Q4_1, Q8_0) of the same values (models/quantized.py), for the fewest rows
+    _blocks: torch.Tensor | None = None
     _packed_version = -1
 
     def prepack(self) -> None:

@@ -109,7 +109,8 @@ class DecoderLayer(nn.Module):
     def qkv(self, h: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated queries [T, heads, D], keys and values [T, kv_heads, D] of normed inputs h."""
         s = self.spec
-        qk, v = self.qkv_proj(h).split([(s.num_heads + s.num_kv_heads) * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1)
+        qk, v = self.qkv_proj(h).split([(s.num_heads + s.num_kv_heads) * s.head_dim,
+                                        s.num_kv_heads * s.head_dim], dim=-1)
         # Queries and keys rotate together: one set of kernels for both instead of two.
         qk = apply_rope(qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim), cos, sin)
         q, k = qk.split([s.num_heads, s.num_kv_heads], dim=1)
@@ -179,7 +180,8 @@ class LlamaModel(nn.Module):
 
         self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
         self.norm.weight.copy_(take("model.norm.weight"))
-        head_name = "lm_head.weight" if "lm_head.weight" in sd and not self.spec.tie_word_embeddings else "model.embed_tokens.weight"
+        own_head = "lm_head.weight" in sd and not self.spec.tie_word_embeddings
+        head_name = "lm_head.weight" if own_head else "model.embed_tokens.weight"
         head = take(head_name)
         if self.vocab_ids is not None and head.shape[0] != len(self.vocab_ids):
             head = head[self.vocab_ids]
@@ -206,14 +208,16 @@ class LlamaModel(nn.Module):
         return self.embed_tokens(input_ids)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend, features: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+        features: torch.Tensor | None = None
     ) -> torch.Tensor:
         """input_ids, positions: [T]; features: [T, feature_size] for models that take them. Returns
         final-norm hidden states [T, hidden]."""
         return self.run(input_ids, positions, attn, features)[0]
 
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend, features: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+        features: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(final-norm hidden states [T, hidden], the features a feature-conditioned draft reads for
         these tokens [T, feature_size]): the residual stream entering each of `feature_layers`,

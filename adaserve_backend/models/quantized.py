@@ -48,7 +48,8 @@ def q4_1_rows(tensors: dict, spec, gguf_path: str) -> list[dict[str, np.ndarray]
                 t = tensors.get(f"blk.{i}.{name}.weight")
                 if t is None or t.tensor_type != GGMLQuantizationType.Q4_1:
                     kind = "missing" if t is None else t.tensor_type.name
-                    raise ValueError(f"dtype q4_1 needs Q4_1 projections; blk.{i}.{name}.weight is {kind} in {gguf_path}")
+                    raise ValueError(f"dtype q4_1 needs Q4_1 projections; blk.{i}.{name}.weight is {kind} in "
+                                     f"{gguf_path}")
                 rows = np.asarray(t.data, dtype=np.uint8)
                 parts.append(unpermute_rows(rows, heads[name]) if name in heads else rows)
             layer[proj] = np.concatenate(parts)
@@ -127,7 +128,8 @@ def pack_q8_0_int8(rows: np.ndarray) -> torch.Tensor:
     out, nb = blocks.shape[:2]
     q = blocks[..., 2:].view(np.int8).reshape(out // 16, 16, nb, 8, 4).transpose(0, 2, 3, 1, 4)  # [., nb, j, column, t]
     offset = np.ascontiguousarray(128 * q.astype(np.int32).sum(axis=(2, 4)), dtype="<i4")  # [out / 16, nb, column]
-    packed = np.concatenate([block_scales(blocks, 0), offset.view(np.uint8), q.reshape(out // 16, nb, 512).view(np.uint8)], axis=-1)
+    packed = np.concatenate([block_scales(blocks, 0), offset.view(np.uint8),
+                             q.reshape(out // 16, nb, 512).view(np.uint8)], axis=-1)
     return torch.from_numpy(np.ascontiguousarray(packed).view(np.int8))
 
 

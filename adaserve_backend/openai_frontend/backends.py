@@ -55,12 +55,15 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
              "min_tokens": np.array([gen.min_tokens], dtype=np.int32), "return_num_input_tokens": np.array([True])}
     if gen.stop:
         extra["stop_words"] = np.array([s.encode() for s in gen.stop], dtype=object)
-    if gen.slo.ttft_ms is not None and "ttft_slo_ms" not in supported:  # an older model repository: never ignore a target
+    # an older model repository: never ignore a target
+    if gen.slo.ttft_ms is not None and "ttft_slo_ms" not in supported:
         raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
     if gen.tenant is not None and "tenant" in supported:  # an older repository has no suffix index to scope
         extra["tenant"] = np.array([gen.tenant.encode()], dtype=object)
-    return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms, ttft_slo_ms=gen.slo.ttft_ms,
-                            slo_class=gen.slo.slo_class, temperature=gen.temperature, seed=gen.seed, chat=False, extra=extra)
+    return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms,
+                            ttft_slo_ms=gen.slo.ttft_ms,
+                            slo_class=gen.slo.slo_class, temperature=gen.temperature,
+                            seed=gen.seed, chat=False, extra=extra)
 
 
 class TritonBackend:

@@ -32,7 +32,8 @@ class Tally:
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind, "created": self.created, "model": self.model}
+        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
+                "created": self.created, "model": self.model}
 
     def whole(self) -> dict:
         """The non-streaming response."""

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from aiohttp import web
 
 from .backends import RETRY_AFTER_S, Backend, BackendError, TritonBackend, http_error
-from .params import Generation, OpenAIError, parse, shown
 from .bodies import DONE, Tally, sse
+from .params import Generation, OpenAIError, parse, shown
 
 log = logging.getLogger("adaserve.openai")
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
@@ -62,7 +62,8 @@ class Frontend:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
-        app.add_routes([web.get("/health", self.health), web.get("/metrics", self.metrics), web.get("/v1/models", self.models),
+        app.add_routes([web.get("/health", self.health), web.get("/metrics", self.metrics),
+                        web.get("/v1/models", self.models),
                         web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat)])
         app.on_startup.append(self._connect)
         app.on_cleanup.append(self._disconnect)
@@ -100,7 +101,8 @@ class Frontend:
         if self.api_key and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                raise OpenAIError(401, "a valid API key is required (Authorization: Bearer <key>)", kind="authentication_error")
+                raise OpenAIError(401, "a valid API key is required (Authorization: Bearer <key>)",
+                                  kind="authentication_error")
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
@@ -112,7 +114,8 @@ class Frontend:
         return web.Response(text=f"# TYPE {IN_FLIGHT_GAUGE} gauge\n{IN_FLIGHT_GAUGE} {self.in_flight}\n")
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "adaserve"}]})
+        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                                              "created": 0, "owned_by": "adaserve"}]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completions")
@@ -170,7 +173,8 @@ class Frontend:
             tally.finish_reason = (reason.decode() if isinstance(reason, bytes) else str(reason)) or None
         return text
 
-    async def _sse(self, request: web.Request, gen: Generation, stream, tally: Tally, delta: str | None) -> web.StreamResponse:
+    async def _sse(self, request: web.Request, gen: Generation, stream, tally: Tally,
+                   delta: str | None) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         first = True

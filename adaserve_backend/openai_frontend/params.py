@@ -34,7 +34,8 @@ class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
                  retry_after_s: float | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.retry_after_s = status, message, param, kind, retry_after_s
+        self.status, self.message, self.param = status, message, param
+        self.kind, self.retry_after_s = kind, retry_after_s
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
@@ -150,7 +151,8 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
 def _text(content, where: str) -> str:
     if isinstance(content, str):
         return _utf8(content, where)
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
         return _utf8("".join(p["text"] for p in content), where)
     raise bad(where, f"'{where}' must be a string or a list of text parts (images and audio are not supported)")
 
@@ -183,12 +185,14 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         a, b = body.get("max_completion_tokens"), body.get("max_tokens")
         if a is not None and b is not None and a != b:
             raise bad("max_completion_tokens", "'max_completion_tokens' and 'max_tokens' disagree")
-        max_tokens = _integer(body, "max_completion_tokens" if a is not None else "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
+        max_tokens = _integer(body, "max_completion_tokens" if a is not None else "max_tokens", 1,
+                              CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []
     if (not isinstance(stop, list) or len(stop) > MAX_STOP
             or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)):
-        raise bad("stop", f"'stop' must be a string of 1-{MAX_STOP_CHARS} characters or a list of at most {MAX_STOP} of them")
+        raise bad("stop",
+                  f"'stop' must be a string of 1-{MAX_STOP_CHARS} characters or a list of at most {MAX_STOP} of them")
     for s in stop:
         _utf8(s, "stop")
     min_tokens = _integer(body, "min_tokens", 0, 0, INT32_MAX)
@@ -198,7 +202,8 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         min_tokens = max_tokens  # the engine stops neither at EOS nor at a stop string before min_tokens
     stream = _flag(body, "stream")
     options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"} or options.get("continuous_usage_stats"):
+    if (not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}
+            or options.get("continuous_usage_stats")):
         raise bad("stream_options", "'stream_options' supports only include_usage")
     if options and not stream:
         raise bad("stream_options", "'stream_options' is only allowed with stream=true")
@@ -209,7 +214,8 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     return Generation(
         prompt=prompt, messages=messages, max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
-        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k), seed=_integer(body, "seed", 0, None, 2**64 - 1),
+        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
+        seed=_integer(body, "seed", 0, None, 2**64 - 1),
         stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
         slo=_slo(body, headers or {}), tenant=_utf8(user, "user") if user is not None else None,
     )

@@ -51,10 +51,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (and Ray CPUs) per replica")
     ap.add_argument("--router", choices=sorted(ROUTERS), default="slo")
     ap.add_argument("--engine-config", default=SERVED_ENGINE_CONFIG)
-    ap.add_argument("--address", default=None, help="a running Ray cluster (auto, or ray://host:port); default: start one here")
+    ap.add_argument("--address", default=None,
+                    help="a running Ray cluster (auto, or ray://host:port); default: start one here")
     ap.add_argument("--host", default="127.0.0.1", help="the frontend's address (0.0.0.0: every interface)")
     ap.add_argument("--port", type=int, default=9000)
-    ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"as the OpenAI frontend's (default: ${API_KEY_ENV})")
+    ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                    help=f"as the OpenAI frontend's (default: ${API_KEY_ENV})")
     ap.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT)
     ap.add_argument("--served-model-name", default="adaserve")
     ap.add_argument("--record-routing", default=None, metavar="PATH",
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address=args.address, include_dashboard=False, log_to_driver=True)
     try:
-        handle = deploy(args.engine_config, args.replicas, args.threads, args.router, record_routing=args.record_routing)
+        handle = deploy(args.engine_config, args.replicas, args.threads, args.router,
+                        record_routing=args.record_routing)
         backend = RayBackend(handle, tokenizer, config.scheduler, config.target_cache.block_size)
         frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
                             args.max_in_flight)

@@ -9,12 +9,12 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+from ..chat import encode_prompt
 from ..config import SchedulerConfig
 from ..openai_frontend.backends import BackendError
 from ..openai_frontend.params import Generation
-from ..chat import encode_prompt
-from ..request import Request, SamplingParams
 from ..replica_routing import Job, prefix_hints
+from ..request import Request, SamplingParams
 from ..serving.errors import SHUTTING_DOWN, ErrorKind
 
 APP_NAME = "adaserve"
@@ -67,7 +67,8 @@ class RayBackend:
         except ValueError as e:
             raise BackendError(str(e), ErrorKind.INVALID_ARG) from None
         hints = prefix_hints(ids, self.block_size) if self.block_size else ()
-        job = Job(len(ids), slo.tpot_s if slo.tpot_ms else None, slo.ttft_s if slo.ttft_ms else None, prompt, hints, self.block_size)
+        job = Job(len(ids), slo.tpot_s if slo.tpot_ms else None, slo.ttft_s if slo.ttft_ms else None,
+                  prompt, hints, self.block_size)
         responses = self.handle.options(stream=True).generate.remote(request, job)
         self.calls.add(responses)
         stopped = asyncio.ensure_future(self.stopped.wait())

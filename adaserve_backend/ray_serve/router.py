@@ -21,12 +21,14 @@ from ..replica_routing import Job, ReplicaLoad, rank
 SENT_MEMORY_S = 30.0  # sends older than this are in any replica's published load by now
 ROUTERS = {"slo": "adaserve_backend.ray_serve.router.SLORouter",
            "pow2": "ray.serve._private.request_router.pow_2_router.PowerOfTwoChoicesRequestRouter",
-           "prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.PrefixCacheAffinityRouter"}
+           "prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router."
+                     "PrefixCacheAffinityRouter"}
 
 
 def recorded(load: ReplicaLoad, job: Job) -> dict:
     """A load as the decision log keeps it: of its cached blocks only those `job` would reuse."""
-    return {**load.as_dict(), "cached_blocks": list(job.prefix_blocks[: load.holds(job) // job.block_size] if job.block_size else ())}
+    return {**load.as_dict(),
+            "cached_blocks": list(job.prefix_blocks[: load.holds(job) // job.block_size] if job.block_size else ())}
 
 
 def job_of(pending: PendingRequest | None) -> Job:
@@ -68,7 +70,8 @@ class SLORouter(FIFOMixin, RequestRouter):
         return [[by_id[rid] for rid in tier] for tier in tiers]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
-        self._charge(pending_request.metadata.request_id, replica_id, time.time(), job_of(pending_request).prompt_tokens)
+        self._charge(pending_request.metadata.request_id, replica_id, time.time(),
+                     job_of(pending_request).prompt_tokens)
         self.choice.pop(pending_request.metadata.request_id, None)
         if (decision := self.decided.pop(pending_request.metadata.request_id, None)) is not None:
             with open(self.record, "a") as f:

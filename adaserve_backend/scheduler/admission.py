@@ -35,7 +35,8 @@ def keeps_slos(seq: Sequence, running: list[Sequence], est, config: SchedulerCon
     def held_too_long(s: Sequence) -> bool:
         return s.planned_tpot_s < pair and now - (s.admitted_time or now) >= config.exclusive_hold_s
 
-    return all(on_track(s, now, after) or (not on_track(s, now, best) and (s.planned_tpot_s < best or after <= s.planned_tpot_s))
+    return all(on_track(s, now, after)
+               or (not on_track(s, now, best) and (s.planned_tpot_s < best or after <= s.planned_tpot_s))
                for s in running if not held_too_long(s))
 
 

@@ -119,7 +119,8 @@ def missed_at(waiting: Iterable[Sequence], est: Estimator, start: float, n_decod
     return late
 
 
-def missed(waiting: Iterable[Sequence], est: Estimator, now: float, n_decode: int, prefilling: list[Sequence], chunk: int,
+def missed(waiting: Iterable[Sequence], est: Estimator, now: float, n_decode: int,
+           prefilling: list[Sequence], chunk: int,
            after_next: bool = False) -> list[tuple[Sequence, float]]:
     """missed_at for requests that start now, or (`after_next`) no sooner than after the next
     iteration: one carrying a chunk of the running prefills if any (`chunk` of their tokens done by

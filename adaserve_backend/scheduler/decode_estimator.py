@@ -116,8 +116,10 @@ class DecodeEstimator:
             old_kind = self.kind_correction.get(spec, measured)  # the first of a kind is taken as is
             self.kind_correction[spec] = ema(old_kind, measured, ITERATION_EMA)
             if spec:
-                self.depth_correction[it.depth] = ema(self.depth_correction.get(it.depth, measured), measured, ITERATION_EMA)
-            self.ride_along = ema(self.ride_along, max(1.0, it.latency / self.iteration_s(it.n, it.depth, it.width)), RIDE_ALONG_EMA)
+                self.depth_correction[it.depth] = ema(self.depth_correction.get(it.depth,
+                                                                                measured), measured, ITERATION_EMA)
+            self.ride_along = ema(self.ride_along,
+                                  max(1.0, it.latency / self.iteration_s(it.n, it.depth, it.width)), RIDE_ALONG_EMA)
         self.since_speculation = 0 if spec else self.since_speculation + 1
         self.since_plain = self.since_plain + 1 if spec else 0
         self.since_depth_explore += spec

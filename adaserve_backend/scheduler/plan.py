@@ -22,7 +22,8 @@ class IterationPlan:
     width: int = 0
     copies: bool = False  # trees may take model-free proposals (KV reserved for them), drafting or not
     failed: list[tuple[Sequence, str]] = field(default_factory=list)
-    rejected: list[tuple[Sequence, str]] = field(default_factory=list)  # first-token deadline unmeetable (overload: reject)
+    # first-token deadline unmeetable (overload: reject)
+    rejected: list[tuple[Sequence, str]] = field(default_factory=list)
     # Cached tokens the target's forward reads: each decoding request's committed context, each prefilling
     # request's committed context plus its chunk. Set by the scheduler; what the cost models call context.
     context_tokens: int = 0
@@ -123,6 +124,7 @@ class IterationStats:
             accepted=sum(len(v.tokens) for v in result.decoded), latency=result.latency,
             speculation=result.speculation, selection=result.selection, verification=result.verification,
             accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
-            context_tokens=plan.context_tokens, prefills=len(plan.prefill), draft_chain_tokens=result.draft_chain_tokens,
+            context_tokens=plan.context_tokens, prefills=len(plan.prefill),
+            draft_chain_tokens=result.draft_chain_tokens,
             predicted=predicted,
         )

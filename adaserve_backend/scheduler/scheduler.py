@@ -24,7 +24,15 @@ from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .admission import best_effort_victim, keeps_slos
 from .capacity import fits, iteration_needs, reserve
-from .deadlines import NO_CAPACITY, UNREACHABLE, edf_key, missed, note_prefill_times, predict_first_tokens, rejection_message
+from .deadlines import (
+    NO_CAPACITY,
+    UNREACHABLE,
+    edf_key,
+    missed,
+    note_prefill_times,
+    predict_first_tokens,
+    rejection_message,
+)
 from .plan import IterationPlan, IterationResult, IterationStats
 from .policies import Policy
 from .prefill_estimator import Estimator
@@ -108,7 +116,8 @@ class Scheduler:
         prefill = [s for s in self.running if not s.decoding]
         if self.policy.prefill_first and prefill:
             decode = []
-        depth, width = self.estimator.next_depth_width(len(decode)) if self.draft_blocks is not None and decode else (0, 0)
+        speculates = self.draft_blocks is not None and decode
+        depth, width = self.estimator.next_depth_width(len(decode)) if speculates else (0, 0)
         chunks = self._prefill_chunks(prefill, decode, depth, width, now)
         plan.decode, plan.depth, plan.width, plan.copies = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
@@ -117,7 +126,8 @@ class Scheduler:
             plan.draft_block_tables = {s.seq_id: self.draft_blocks.table(s.seq_id) for s in plan.scheduled}
         plan.released, self.released = self.released, []
         committed = self.target_blocks.num_committed
-        plan.context_tokens = sum(committed(s.seq_id) for s in plan.decode) + sum(committed(s.seq_id) + n for s, n in plan.prefill.items())
+        plan.context_tokens = sum(committed(s.seq_id) for s in plan.decode) + sum(committed(s.seq_id) + n
+                                                                                  for s, n in plan.prefill.items())
         return plan
 
     def update(self, plan: IterationPlan, result: IterationResult) -> list[RequestOutput]:
@@ -191,9 +201,11 @@ class Scheduler:
             fits = reserved + need <= self.target_blocks.num_free_blocks
             victim = best_effort_victim(seq, self.running)
             if len(self.running) < self.config.max_num_seqs and fits:
-                if self.slo_admission and self.running and not keeps_slos(seq, self.running, self.estimator, self.config, now):
+                if self.slo_admission and self.running and not keeps_slos(seq, self.running,
+                                                                          self.estimator, self.config, now):
                     with_slos = [s for s in self.running if not s.slo.best_effort]
-                    if victim is not None and (not with_slos or keeps_slos(seq, with_slos, self.estimator, self.config, now)):
+                    if victim is not None and (not with_slos
+                                               or keeps_slos(seq, with_slos, self.estimator, self.config, now)):
                         self._preempt(victim)  # best effort runs on what the requests with SLOs leave
                         i = self.waiting.index(seq)
                     else:
@@ -292,8 +304,10 @@ class Scheduler:
         while True:
             decode = [s for s in decode if s in self.running]
             prefill = {s: n for s, n in chunks.items() if s in self.running}
-            copied = (self.lookup.reserved if depth else self.lookup.suffix_tokens) if copies else 0  # lookup: beside beams
-            needs, draft_needs = iteration_needs(self.target_blocks, self.draft_blocks, decode, prefill, depth, width, copied)
+            # lookup: beside beams
+            copied = (self.lookup.reserved if depth else self.lookup.suffix_tokens) if copies else 0
+            needs, draft_needs = iteration_needs(self.target_blocks, self.draft_blocks, decode,
+                                                 prefill, depth, width, copied)
             if fits(self.target_blocks, needs) and fits(self.draft_blocks, draft_needs):
                 reserve(self.target_blocks, needs)
                 reserve(self.draft_blocks, draft_needs)

@@ -155,7 +155,8 @@ class EngineThread:
         self.failures = [t for t in self.failures if now - t < FAILURE_WINDOW_S] + [now]
         if len(self.failures) >= MAX_FAILURES:  # before answering: whoever hears of the failure sees it
             self.dead = True
-            log.error("the engine failed %d times within %.0f s: refusing requests", len(self.failures), FAILURE_WINDOW_S)
+            log.error("the engine failed %d times within %.0f s: refusing requests",
+                      len(self.failures), FAILURE_WINDOW_S)
             self._guarded(self.hooks.died)
         try:
             for out in self.engine.fail_all(INTERNAL_ERROR):

@@ -13,7 +13,8 @@ def check_draft_fits(target, draft) -> None:
         raise ValueError(f"the draft's vocabulary ({d.vocab_size} tokens) differs from the target's ({t.vocab_size})")
     if draft.takes_features and d.hidden_size != t.hidden_size:
         raise ValueError(
-            f"the draft reads the target's features of size {d.hidden_size}, the target's hidden size is {t.hidden_size}"
+            f"the draft reads the target's features of size {d.hidden_size}, the target's hidden size is "
+            f"{t.hidden_size}"
         )
     taps = getattr(draft, "target_layers", ())
     if taps and not all(0 <= i < t.num_layers for i in taps):
@@ -23,7 +24,8 @@ def check_draft_fits(target, draft) -> None:
 def check_tokenizers_match(target_tokenizer, draft_tokenizer) -> None:
     """Same ids must mean the same text (a draft checkpoint of its own ships its own tokenizer)."""
     if draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
-        raise ValueError("the draft's tokenizer differs from the target's: the same token ids would mean different text")
+        raise ValueError("the draft's tokenizer differs from the target's: the same token ids would mean different "
+                         "text")
 
 
 def check_draft_tokenizer(config, target_tokenizer) -> None:

@@ -59,9 +59,9 @@ def select_tokens(
 def slo_customized_selection(
     cands: Sequence[CandidateTree], a_caps: Sequence[float], params: SelectionParams
 ) -> tuple[list[list[int]], int]:
-    """Each request, the largest A_cap first (as the paper), takes its best nodes until its expected accepted tokens reach
-    A_cap, its tree holds n_max nodes, or the budget is spent. Returns the selections and the budget
-    left."""
+    """Each request, the largest A_cap first (as the paper), takes its best nodes until its expected
+    accepted tokens reach A_cap, its tree holds n_max nodes, or the budget is spent. Returns the
+    selections and the budget left."""
     n = len(cands)
     selected: list[list[int]] = [[0] for _ in range(n)]
     budget = params.budget - n

@@ -25,7 +25,8 @@ def choose_trees(
     # would not save it, and they cost every other request time. The throughput phase still gives it
     # whatever pays.
     a_caps = [
-        min(required_accepted(plan.start - s.first_token_time, t_spec, s.planned_tpot_s, len(s.output) - 1), c.height() + 1)
+        min(required_accepted(plan.start - s.first_token_time, t_spec, s.planned_tpot_s,
+                              len(s.output) - 1), c.height() + 1)
         if on_track(s, plan.start, best) else ROOT_CREDIT
         for s, c in zip(plan.decode, cands)
     ]
@@ -39,5 +40,6 @@ def choose_trees(
     params = SelectionParams(max(estimator.budget, n), spec.n_max, iteration_ms, estimator.calibration())
     selections = select_tokens(cands, a_caps, params)
     if depth:  # the draft's calibration is measured on iterations that draft (Estimator.record)
-        estimator.record_selection(sum(expected_accepted(c, nodes) - ROOT_CREDIT for c, nodes in zip(cands, selections)))
+        estimator.record_selection(sum(expected_accepted(c, nodes) - ROOT_CREDIT
+                                       for c, nodes in zip(cands, selections)))
     return [TokenTree.from_selection(c, nodes) for c, nodes in zip(cands, selections)]

@@ -43,7 +43,8 @@ def ends_prompt(seq: Sequence, n: int) -> bool:
 
 
 def target_inputs(plan: IterationPlan, trees: list[TokenTree]) -> list[SeqInput]:
-    inputs = [SeqInput(s.seq_id, t.tokens, parents=t.parents, num_logits=len(t.tokens)) for s, t in zip(plan.decode, trees)]
+    inputs = [SeqInput(s.seq_id, t.tokens, parents=t.parents, num_logits=len(t.tokens))
+              for s, t in zip(plan.decode, trees)]
     for s, n in plan.prefill.items():
         inputs.append(SeqInput(s.seq_id, s.tokens[s.prefilled : s.prefilled + n], num_logits=int(ends_prompt(s, n))))
     return inputs
@@ -63,7 +64,8 @@ def verify(
     for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
         try:
             top = tops[out.offsets[i] : out.offsets[i + 1]]
-            result.decoded.append(_accept(seq, tree, cands[i] if cands else None, out.of(i), top, out.features_of(i), target, draft))
+            result.decoded.append(_accept(seq, tree, cands[i] if cands else None, out.of(i), top,
+                                          out.features_of(i), target, draft))
         except Exception as e:
             result.failed.append((seq, _failure(seq, e)))
     for j, (seq, n) in enumerate(plan.prefill.items(), start=len(plan.decode)):
@@ -78,7 +80,8 @@ def verify(
     return result
 
 
-def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list[int], features, target: ModelRunner, draft) -> Verified:
+def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list[int], features,
+            target: ModelRunner, draft) -> Verified:
     depths = tree.depths()
     acc = accept(tree, lambda node: choose(seq, logits[node], len(seq.output) + depths[node], tops[node]))
     target.commit(seq.seq_id, acc.path)

@@ -55,7 +55,8 @@ class TritonEngineLoop(EngineHooks):
         self.pb = pb
         self.shutdown_probe = ShutdownProbe(pb, model_name)
         config = load_engine_config(model_dir)
-        self.driver = EngineThread((lambda: engine) if engine is not None else (lambda: Engine.from_config(config)), self)
+        build = (lambda: engine) if engine is not None else (lambda: Engine.from_config(config))
+        self.driver = EngineThread(build, self)
         self.engine = self.driver.engine
         self.tokenizer = self.engine.tokenizer
         classes = [c.name for c in config.scheduler.slo_classes] + ["custom", BEST_EFFORT]
@@ -118,7 +119,8 @@ class TritonEngineLoop(EngineHooks):
         except (ValueError, Overloaded) as e:
             with self.lock:
                 del self.active[request_id]
-            self.responses.error(sender, str(e), ErrorKind.INVALID_ARG if isinstance(e, ValueError) else ErrorKind.UNAVAILABLE)
+            kind = ErrorKind.INVALID_ARG if isinstance(e, ValueError) else ErrorKind.UNAVAILABLE
+            self.responses.error(sender, str(e), kind)
 
     def shutdown(self) -> None:
         """Stop the loop after its current step; it ends every request with a final error response."""
@@ -156,7 +158,8 @@ class TritonEngineLoop(EngineHooks):
                 self._record(out)
             except Exception:
                 log.exception("recording metrics failed")
-        if (error := output_error(out)) is not None:  # a rejection never follows a data response (the scheduler's promise)
+        # a rejection never follows a data response (the scheduler's promise)
+        if (error := output_error(out)) is not None:
             self.responses.error(a.sender, error[1], error[0])
             return
         if a.options.stream:
@@ -206,10 +209,11 @@ class TritonEngineLoop(EngineHooks):
         first = out.first_token_time or out.emit_time
         ttft = None if rejected else first - out.arrival_time
         tpot = tpot_seconds(first, out.emit_time, out.num_output_tokens)
+        tpot_attained = not rejected and attains(tpot, out.slo.tpot_ms)
         self.metrics.on_finish(Finished(
-            out.slo.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot, out.emit_time - out.arrival_time,
-            out.stats.queue_wait_s, attains_ttft(ttft, out.slo.ttft_ms), not rejected and attains(tpot, out.slo.tpot_ms),
-            rejected, out.stats.overload, out.stats.predicted_ttft_s,
+            out.slo.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot,
+            out.emit_time - out.arrival_time, out.stats.queue_wait_s, attains_ttft(ttft, out.slo.ttft_ms),
+            tpot_attained, rejected, out.stats.overload, out.stats.predicted_ttft_s,
         ))
 
 

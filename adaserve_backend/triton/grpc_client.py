@@ -19,7 +19,8 @@ DTYPES = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32):
 
 
 def ensemble_tensors(prompt: str, max_tokens: int, stream: bool = True, tpot_slo_ms: float | None = None,
-                     slo_class: str | None = None, temperature: float = 0.0, seed: int | None = None, chat: bool = False,
+                     slo_class: str | None = None, temperature: float = 0.0,
+                     seed: int | None = None, chat: bool = False,
                      extra: dict | None = None, ttft_slo_ms: float | None = None) -> dict[str, np.ndarray]:
     """The named inputs, as sent (the server validates them: slo.SLO); `extra` maps further input names
     to numpy arrays. Token counts and the finish reason are always asked for (clients score with them)."""
@@ -115,14 +116,16 @@ class EnsembleClient:
         async for result, error in self.client.stream_infer(requests, headers={"triton_grpc_error": "true"}):
             if error is not None:
                 status = str(error.status() or "").removeprefix("StatusCode.") if hasattr(error, "status") else ""
-                raise EnsembleError(error.message() if hasattr(error, "message") else str(error), ErrorKind.from_grpc(status))
+                raise EnsembleError(error.message() if hasattr(error, "message") else str(error),
+                                    ErrorKind.from_grpc(status))
             response = result.get_response()
             names = {o.name for o in response.outputs}
             if ERROR_OUTPUT in names:  # the `adaserve` model called directly: its error output, the kind in a tag
                 kind, message = untag_error(result.as_numpy(ERROR_OUTPUT).reshape(-1)[0].decode("utf-8", "replace"))
                 raise EnsembleError(message, kind)
             extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names - {TEXT_OUTPUT, *ID_OUTPUTS}}
-            text = "".join(t.decode("utf-8") for t in result.as_numpy(TEXT_OUTPUT).reshape(-1)) if TEXT_OUTPUT in names else ""
+            text = "".join(t.decode("utf-8")
+                           for t in result.as_numpy(TEXT_OUTPUT).reshape(-1)) if TEXT_OUTPUT in names else ""
             if text or extra:
                 yield text, extra
             if response.parameters["triton_final_response"].bool_param:

@@ -22,7 +22,6 @@ from .. import PROJECT_ROOT
 from ..child_process import ServerProcess
 
 
-
 def pytriton_root() -> Path:
     import importlib.util
 
@@ -62,7 +61,8 @@ def server_environment() -> dict[str, str]:
     env.pop("VIRTUAL_ENV", None)
     if sys.prefix != sys.base_prefix:
         venv_bin = Path(sys.prefix).resolve() / "bin"
-        env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() != venv_bin)
+        path = [d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() != venv_bin]
+        env["PATH"] = os.pathsep.join(path)
     return env
 
 
@@ -82,7 +82,8 @@ def server_command(
     libs = root.parent.parent / "nvidia_pytriton.libs"
     env = server_environment()
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), *site.getsitepackages(), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None,
+                                               [str(PROJECT_ROOT), *site.getsitepackages(), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = [
@@ -113,9 +114,11 @@ def add_server_arguments(ap: argparse.ArgumentParser) -> None:
 
 def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None,
                   host: str = "127.0.0.1") -> ServerProcess:
-    argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http, grpc, metrics, host=host)
+    argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http,
+                               grpc, metrics, host=host)
     return ServerProcess("adaserve (tritonserver)", argv, env, f"http://localhost:{http}/v2/health/ready",
-                         f"http://localhost:{metrics}/metrics", ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
+                         f"http://localhost:{metrics}/metrics",
+                         ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
 
 
 def main() -> None:
@@ -123,7 +126,8 @@ def main() -> None:
     add_server_arguments(ap)
     ap.add_argument("--log-verbose", type=int, default=0)
     args = ap.parse_args()
-    argv, env = server_command(args.model_repository, args.http_port, args.grpc_port, args.metrics_port, args.log_verbose,
+    argv, env = server_command(args.model_repository, args.http_port, args.grpc_port,
+                               args.metrics_port, args.log_verbose,
                                args.host)
     os.execve(argv[0], argv, env)
 

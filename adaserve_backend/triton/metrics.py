@@ -51,27 +51,41 @@ class EngineMetrics:
             self._families.append(F(name=name, description=description, kind=kind))
             return self._families[-1]
 
-        hist = lambda name, desc, buckets: family(name, desc, F.HISTOGRAM).Metric(labels={}, buckets=buckets)  # noqa: E731
+        def hist(name, desc, buckets):
+            return family(name, desc, F.HISTOGRAM).Metric(labels={}, buckets=buckets)
+
         self.ttft = hist("adaserve_time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
-        self.tpot = hist("adaserve_time_per_output_token_seconds", "Mean time per output token after the first", LATENCY_BUCKETS)
+        self.tpot = hist("adaserve_time_per_output_token_seconds",
+                         "Mean time per output token after the first", LATENCY_BUCKETS)
         self.e2e = hist("adaserve_e2e_request_latency_seconds", "Arrival to last token", LATENCY_BUCKETS)
-        self.accepted = hist("adaserve_accepted_tokens_per_verification", "Tokens produced by one tree verification (bonus included)", ACCEPTED_BUCKETS)
+        self.accepted = hist("adaserve_accepted_tokens_per_verification",
+                             "Tokens produced by one tree verification (bonus included)", ACCEPTED_BUCKETS)
         counter = family("adaserve_prompt_tokens_total", "Prompt tokens of finished requests", F.COUNTER)
         self.prompt_tokens = counter.Metric(labels={})
-        self.generation_tokens = family("adaserve_generation_tokens_total", "Generated tokens", F.COUNTER).Metric(labels={})
-        self.step_error = hist("adaserve_step_time_measured_over_predicted", "A decode step's wall time over the estimator's "
+        self.generation_tokens = family("adaserve_generation_tokens_total", "Generated tokens",
+                                        F.COUNTER).Metric(labels={})
+        self.step_error = hist("adaserve_step_time_measured_over_predicted",
+                               "A decode step's wall time over the estimator's "
                                "prediction before it ran", RATIO_BUCKETS)
-        self.ttft_error = hist("adaserve_ttft_measured_over_predicted", "An admitted request's time to first token over what "
+        self.ttft_error = hist("adaserve_ttft_measured_over_predicted",
+                               "An admitted request's time to first token over what "
                                "admission predicted", RATIO_BUCKETS)
-        self.queue_wait = hist("adaserve_queue_wait_seconds", "Arrival to admission (rejected: to the rejection)", QUEUE_BUCKETS)
-        per_class = lambda name, desc: {c: family(name, desc, F.COUNTER).Metric(labels={"slo_class": c}) for c in slo_classes}  # noqa: E731
+        self.queue_wait = hist("adaserve_queue_wait_seconds",
+                               "Arrival to admission (rejected: to the rejection)", QUEUE_BUCKETS)
+        def per_class(name, desc):
+            return {c: family(name, desc, F.COUNTER).Metric(labels={"slo_class": c}) for c in slo_classes}
+
         self.requests = per_class("adaserve_requests_total", "Ended requests per SLO class, rejected ones included")
         self.attained = per_class("adaserve_slo_attained_total", "Requests that met both their TTFT and TPOT targets")
-        self.ttft_attained = per_class("adaserve_ttft_slo_attained_total", "Requests whose first token came within the TTFT target")
-        self.tpot_attained = per_class("adaserve_tpot_slo_attained_total", "Requests that met their TPOT target (rejected: not)")
+        self.ttft_attained = per_class("adaserve_ttft_slo_attained_total",
+                                       "Requests whose first token came within the TTFT target")
+        self.tpot_attained = per_class("adaserve_tpot_slo_attained_total",
+                                       "Requests that met their TPOT target (rejected: not)")
         reasons = (UNREACHABLE, NO_CAPACITY)
-        rejected = family("adaserve_requests_rejected_total", "Requests rejected because no admissible schedule met their first-token deadline", F.COUNTER)
-        late = family("adaserve_requests_best_effort_total", "Requests kept past a first-token deadline admission gave up (overload best_effort)", F.COUNTER)
+        rejected = family("adaserve_requests_rejected_total",
+                          "Requests rejected because no admissible schedule met their first-token deadline", F.COUNTER)
+        late = family("adaserve_requests_best_effort_total",
+                      "Requests kept past a first-token deadline admission gave up (overload best_effort)", F.COUNTER)
         self.rejected = {r: rejected.Metric(labels={"reason": r}) for r in reasons}
         self.best_effort = {r: late.Metric(labels={"reason": r}) for r in reasons}
         gauge = lambda name, desc: family(name, desc, F.GAUGE).Metric(labels={})  # noqa: E731
@@ -81,12 +95,15 @@ class EngineMetrics:
         self.blocks_used = gauge("adaserve_kv_blocks_used", "Target KV cache blocks in use")
         self.blocks_free = gauge("adaserve_kv_blocks_free", "Target KV cache blocks free")
         self.budget = gauge("adaserve_token_budget", "Tokens verified per iteration (B)")
-        self.prefix_queried = counter_metric("adaserve_prefix_cache_queried_tokens_total", "Prompt tokens starting requests looked up in the prefix cache")
-        self.prefix_hit = counter_metric("adaserve_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache (not prefilled)")
+        self.prefix_queried = counter_metric("adaserve_prefix_cache_queried_tokens_total",
+                                             "Prompt tokens starting requests looked up in the prefix cache")
+        self.prefix_hit = counter_metric("adaserve_prefix_cache_hit_tokens_total",
+                                         "Prompt tokens served from the prefix cache (not prefilled)")
         self._prefix_seen = (0, 0)
         self.depth = gauge("adaserve_speculation_depth", "Draft beam depth d of the last iteration")
         self.width = gauge("adaserve_speculation_width", "Draft beam width w of the last iteration")
-        self.engine_up = gauge(ENGINE_UP, "1 while the engine loop runs; 0 once it failed for good (requests are refused)")
+        self.engine_up = gauge(ENGINE_UP,
+                               "1 while the engine loop runs; 0 once it failed for good (requests are refused)")
         self.engine_up.set(1)
 
     def engine_failed(self) -> None:

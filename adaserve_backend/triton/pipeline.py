@@ -76,7 +76,8 @@ class BLSPipeline:
         self.retired: deque[tuple[float, object]] = deque()  # (when, BLS stream), oldest first
         self._aborted: set[str] = set()
         self._stopped_at: float | None = None
-        self.watcher = CancellationWatcher("adaserve-cancel-watch", self.lock, self._cancellation_candidates, self.active.get,
+        self.watcher = CancellationWatcher("adaserve-cancel-watch", self.lock,
+                                           self._cancellation_candidates, self.active.get,
                                            self._cancel, lambda: self.stopping, self._between_sweeps).start()
 
     def submit(self, request) -> None:
@@ -98,7 +99,8 @@ class BLSPipeline:
         # memory, and the server aborts (the failure: boost lock_exception, SIGABRT).
         with self.idle:
             if not self.idle.wait_for(lambda: self.runs == 0, timeout=DRAIN_TIMEOUT_S):
-                log.warning("pipeline shutdown: %d request threads still reading after %.0f s", self.runs, DRAIN_TIMEOUT_S)
+                log.warning("pipeline shutdown: %d request threads still reading after %.0f s",
+                            self.runs, DRAIN_TIMEOUT_S)
 
     def _answer_all(self) -> None:
         """End every client request still waiting with a final error: the server is stopping and
@@ -135,7 +137,8 @@ class BLSPipeline:
         shutting_down = False
         try:
             ids = self._preprocess(request)
-            inputs = [pb.Tensor("input_ids", ids), pb.Tensor("request_id", np.array([request_id.encode()], dtype=object)),
+            inputs = [pb.Tensor("input_ids", ids),
+                      pb.Tensor("request_id", np.array([request_id.encode()], dtype=object)),
                       pb.Tensor("arrival_time_ns", np.array([arrival_ns], dtype=np.int64)),
                       pb.Tensor(ACK_INPUT, np.array([True]))]  # frees the backend's thread at once (config.pbtxt)
             for name in INPUT_NAMES[1:]:
@@ -144,7 +147,8 @@ class BLSPipeline:
                     inputs.append(pb.Tensor(name, t.as_numpy()))
             rendering = [TEXT_OUTPUT] if self.scheduler_text else ["output_ids", "context_ids"]  # for postprocessing
             wanted = ["is_final", ERROR_OUTPUT, *PASS_THROUGH, *rendering]
-            stream = opened = pb.InferenceRequest(model_name="adaserve", inputs=inputs, requested_output_names=wanted).exec(decoupled=True)
+            stream = opened = pb.InferenceRequest(model_name="adaserve", inputs=inputs,
+                                                  requested_output_names=wanted).exec(decoupled=True)
             for response in stream:
                 if (error := response_error(response)) is not None:
                     stream = None
@@ -172,7 +176,8 @@ class BLSPipeline:
             return pb.InferenceResponse(error=error)
         finally:
             if stream is not None:  # we stopped listening before its end (postprocessing failed...)
-                if not (shutting_down or self.shutdown_probe.stopped):  # a stopping server refuses BLS; the scheduler ends it
+                # a stopping server refuses BLS; the scheduler ends it
+                if not (shutting_down or self.shutdown_probe.stopped):
                     self._abort(request_id)  # frees its KV blocks
                 self._drain(stream)
             self._retire(opened)
@@ -207,7 +212,8 @@ class BLSPipeline:
         pb = self.pb
         inputs = [pb.Tensor(name, t.as_numpy()) for name in ("text_input", "apply_chat_template")
                   if (t := pb.get_input_tensor_by_name(request, name)) is not None]
-        response = pb.InferenceRequest(model_name="preprocessing", inputs=inputs, requested_output_names=["input_ids"]).exec()
+        response = pb.InferenceRequest(model_name="preprocessing", inputs=inputs,
+                                       requested_output_names=["input_ids"]).exec()
         if response.has_error():
             message = response.error().message()
             raise (RuntimeError if SERVER_NOT_READY in message else ValueError)(message)
@@ -216,13 +222,15 @@ class BLSPipeline:
     def _postprocess(self, tensors: dict):
         pb = self.pb
         if TEXT_OUTPUT in tensors:  # rendered by the scheduler model
-            return pb.InferenceResponse(output_tensors=[pb.Tensor(name, tensors[name].as_numpy()) for name in (TEXT_OUTPUT, *PASS_THROUGH) if name in tensors])
+            return pb.InferenceResponse(output_tensors=[pb.Tensor(name, tensors[name].as_numpy())
+                                                        for name in (TEXT_OUTPUT, *PASS_THROUGH) if name in tensors])
         inputs = [pb.Tensor(name, t.as_numpy()) for name, t in tensors.items() if name != "is_final"]
         wanted = [TEXT_OUTPUT, *[n for n in PASS_THROUGH if n in tensors]]
         response = pb.InferenceRequest(model_name="postprocessing", inputs=inputs, requested_output_names=wanted).exec()
         if response.has_error():
             raise RuntimeError(response.error().message())
-        return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy()) for t in response.output_tensors()])
+        return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy())
+                                                    for t in response.output_tensors()])
 
     def _send(self, sender, request_id: str, response) -> None:
         """A data response, unless the request was already answered (its sender may be freed)."""
@@ -270,7 +278,8 @@ class BLSPipeline:
         pb = self.pb
         try:
             tensor = pb.Tensor("abort_request_id", np.array([request_id.encode()], dtype=object))
-            stream = pb.InferenceRequest(model_name="adaserve", inputs=[tensor], requested_output_names=[]).exec(decoupled=True)
+            stream = pb.InferenceRequest(model_name="adaserve", inputs=[tensor],
+                                         requested_output_names=[]).exec(decoupled=True)
             self._retire(stream)
             for _ in stream:
                 pass

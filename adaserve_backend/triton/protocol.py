@@ -209,7 +209,8 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
     return request, options
 
 
-def response_tensors(out: RequestOutput, options: ResponseOptions, rendered: Rendered, clock_offset_ns: int) -> dict[str, np.ndarray]:
+def response_tensors(out: RequestOutput, options: ResponseOptions, rendered: Rendered,
+                     clock_offset_ns: int) -> dict[str, np.ndarray]:
     """Tensors of one response. Only what the client asked for is included."""
     t: dict[str, np.ndarray] = {
         "output_ids": np.asarray(rendered.ids, dtype=np.int32),

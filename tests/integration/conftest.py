@@ -32,7 +32,8 @@ class Server:
 
     def metric(self, name: str) -> float:
         text = urllib.request.urlopen(f"http://localhost:{self.metrics}/metrics", timeout=10).read().decode()
-        values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{")]
+        values = [float(line.split()[-1]) for line in text.splitlines()
+                  if line.startswith(name + " ") or line.startswith(name + "{")]
         if not values:
             raise KeyError(name)
         return sum(values)

@@ -65,11 +65,13 @@ def test_greedy_completion_equals_the_grpc_path_streaming_or_not(triton_server, 
                                             stream_options={"include_usage": True}))
     assert_same_start("".join(c.choices[0].text for c in chunks if c.choices), grpc_text)
     assert chunks[-1].choices == [] and 1 <= chunks[-1].usage.completion_tokens <= 24
-    assert whole.usage.prompt_tokens == 5 and whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    assert whole.usage.prompt_tokens == 5
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
 
 
 def test_ignore_eos_gives_exactly_max_tokens(client):
-    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 12 and out.choices[0].finish_reason == "length"
 
 
@@ -79,7 +81,8 @@ def test_chat_uses_the_chat_template_streaming_or_not(triton_server, client):
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=16, temperature=0)
     assert whole.choices[0].message.role == "assistant"
     assert_same_start(whole.choices[0].message.content, grpc_text)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True))
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16,
+                                                 temperature=0, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert_same_start("".join(c.choices[0].delta.content or "" for c in chunks), grpc_text)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
@@ -96,10 +99,13 @@ def test_stop_strings_end_the_text_before_them(client):
 
 
 def test_slo_fields_in_the_body_and_as_headers(frontend, client):
-    body = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_body={"tpot_slo_ms": 500, "slo_class": "chat"})
-    headed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_headers={"x-slo-tpot-ms": "500"})
+    body = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0,
+                                     extra_body={"tpot_slo_ms": 500, "slo_class": "chat"})
+    headed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0,
+                                       extra_headers={"x-slo-tpot-ms": "500"})
     assert body.choices[0].text == headed.choices[0].text
-    req = urllib.request.Request(frontend + "/v1/completions", data=json.dumps({"model": MODEL, "prompt": "Hi", "tpot_slo_ms": 50}).encode(),
+    req = urllib.request.Request(frontend + "/v1/completions",
+                                 data=json.dumps({"model": MODEL, "prompt": "Hi", "tpot_slo_ms": 50}).encode(),
                                  headers={"x-slo-tpot-ms": "60", "Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req)
@@ -107,12 +113,16 @@ def test_slo_fields_in_the_body_and_as_headers(frontend, client):
 
 
 def test_ttft_targets_are_accepted_and_an_unmeetable_one_is_a_503_with_retry_after(frontend, client):
-    body = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_body={"ttft_slo_ms": 60000})
-    headed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, extra_headers={"x-slo-ttft-ms": "60000"})
+    body = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0,
+                                     extra_body={"ttft_slo_ms": 60000})
+    headed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0,
+                                       extra_headers={"x-slo-ttft-ms": "60000"})
     assert body.choices[0].text == headed.choices[0].text
     for stream in (False, True):
-        req = urllib.request.Request(frontend + "/v1/completions", headers={"x-slo-ttft-ms": "1", "Content-Type": "application/json"},
-                                     data=json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 4, "stream": stream}).encode())
+        req = urllib.request.Request(frontend + "/v1/completions",
+                                     headers={"x-slo-ttft-ms": "1", "Content-Type": "application/json"},
+                                     data=json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 4,
+                                                      "stream": stream}).encode())
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req)
         error = json.loads(e.value.read())["error"]
@@ -162,7 +172,8 @@ def test_a_client_that_disconnects_frees_the_request(triton_server, frontend):
 
 def test_the_frontend_process_starts_and_answers(tmp_path):
     """The module entry point parses its arguments (a server it cannot reach is simply not ready)."""
-    out = subprocess.run([sys.executable, "-m", "adaserve_backend.openai_frontend", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "adaserve_backend.openai_frontend", "--help"],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--triton-url" in out.stdout
 
 
@@ -185,7 +196,8 @@ def test_hostile_requests_against_the_real_server_get_4xx_json_and_it_keeps_serv
             conn.close()
         # 503: a valid request whose target this server cannot meet (e.g. "5" ms to the first token)
         error = json.loads(text)["error"] if resp.status >= 400 else None
-        assert resp.status < 500 or (resp.status == 503 and error["type"] == "server_overloaded"), f"{name}: {resp.status} {text[:300]!r}"
+        overloaded = resp.status == 503 and error["type"] == "server_overloaded"
+        assert resp.status < 500 or overloaded, f"{name}: {resp.status} {text[:300]!r}"
         assert error is None or error["message"], name
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
     assert out.choices[0].text

@@ -31,15 +31,18 @@ def ray_app(tmp_path_factory):
     from adaserve_backend.ray_serve.app import deploy
 
     served = json.loads((ROOT / "model_repository/adaserve/1/engine.json").read_text())
-    served["speculation"] = {"profile_path": str(ROOT / "model_repository/adaserve/1/profile-cpu.json"), "calibrate": False}
-    served["target_cache"], served["draft_cache"] = {"block_size": 128, "memory_mb": 64}, {"block_size": 128, "memory_mb": 16}
+    profile = str(ROOT / "model_repository/adaserve/1/profile-cpu.json")
+    served["speculation"] = {"profile_path": profile, "calibrate": False}
+    served["target_cache"] = {"block_size": 128, "memory_mb": 64}
+    served["draft_cache"] = {"block_size": 128, "memory_mb": 16}
     path = tmp_path_factory.mktemp("ray") / "engine.json"
     routing_log = path.with_name("routing.jsonl")
     path.write_text(json.dumps(served))
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # workers inherit this environment
     try:
-        yield deploy(str(path), replicas=2, threads=1, router="slo", stats_period_s=0.1, record_routing=str(routing_log)), \
+        yield deploy(str(path), replicas=2, threads=1, router="slo", stats_period_s=0.1,
+                     record_routing=str(routing_log)), \
             str(path), routing_log
     finally:
         serve.shutdown()
@@ -95,7 +98,8 @@ def test_requests_are_served_and_spread_over_both_replicas(ray_app):
                                                                 "max_tokens": 8, "temperature": 0})
         bad = await client.post("/v1/completions", json={"prompt": "x", "slo_class": "nope"})
         streams = [[] for _ in range(4)]
-        await asyncio.gather(*(stream_events(client, {"prompt": PROMPT, "max_tokens": 48, "ignore_eos": True}, s) for s in streams))
+        await asyncio.gather(*(stream_events(client, {"prompt": PROMPT, "max_tokens": 48,
+                                                      "ignore_eos": True}, s) for s in streams))
         return resp.status, whole, chat.status, bad.status, streams
 
     status, whole, chat, bad, streams = run(ray_app, scenario)
@@ -120,7 +124,8 @@ def test_a_replica_killed_mid_stream_fails_its_streams_and_the_rest_go_on(ray_ap
         # Long prompts, each its own: the router charges each send's prompt to its replica, so four
         # spread over both (four short prompts may all fit on the replica whose first token is soonest).
         streams = [[] for _ in range(4)]
-        tasks = [asyncio.create_task(stream_events(client, {"prompt": f"{i}. {LONG_PROMPT}", "max_tokens": 300, "ignore_eos": True}, s))
+        tasks = [asyncio.create_task(stream_events(client, {"prompt": f"{i}. {LONG_PROMPT}",
+                                                            "max_tokens": 300, "ignore_eos": True}, s))
                  for i, s in enumerate(streams)]
         while sum(1 for s in streams if s) < 4:  # every stream under way
             await asyncio.sleep(0.05)
@@ -140,7 +145,8 @@ def test_a_replica_killed_mid_stream_fails_its_streams_and_the_rest_go_on(ray_ap
 def test_a_stop_ends_every_stream_with_a_final_answer(ray_app):
     async def scenario(client, frontend):
         streams = [[] for _ in range(2)]
-        tasks = [asyncio.create_task(stream_events(client, {"prompt": PROMPT, "max_tokens": 300, "ignore_eos": True}, s))
+        tasks = [asyncio.create_task(stream_events(client,
+                                                   {"prompt": PROMPT, "max_tokens": 300, "ignore_eos": True}, s))
                  for s in streams]
         while not all(streams):
             await asyncio.sleep(0.05)

@@ -84,9 +84,11 @@ def test_http_generate_and_generate_stream(triton_server):
     base = f"http://localhost:{triton_server.http}/v2/models/ensemble"
     body = {"text_input": "The capital of France is", "max_tokens": 12, "exclude_input_in_output": True}
     one = json.loads(urllib.request.urlopen(urllib.request.Request(
-        base + "/generate", data=json.dumps({**body, "stream": False}).encode(), headers={"Content-Type": "application/json"}), timeout=300).read())
+        base + "/generate", data=json.dumps({**body, "stream": False}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=300).read())
     raw = urllib.request.urlopen(urllib.request.Request(
-        base + "/generate_stream", data=json.dumps({**body, "stream": True}).encode(), headers={"Content-Type": "application/json"}), timeout=300).read().decode()
+        base + "/generate_stream", data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=300).read().decode()
     events = [json.loads(line[len("data: "):]) for line in raw.splitlines() if line.startswith("data: ")]
     assert len(events) > 1
     assert "".join(e["text_output"] for e in events) == one["text_output"]
@@ -104,7 +106,8 @@ def bad_requests():
     yield "nan slo", build_inputs(grpcclient, **ok, tpot_slo_ms=float("nan"))
     yield "unknown slo_class", build_inputs(grpcclient, **ok, slo_class="platinum")
     yield "negative temperature", build_inputs(grpcclient, **ok, temperature=-1.0)
-    yield "undecodable bytes", build_inputs(grpcclient, **ok, extra={"text_input": np.array([b"\xff\xfe\xfd"], dtype=object)})
+    yield "undecodable bytes", build_inputs(grpcclient, **ok,
+                                            extra={"text_input": np.array([b"\xff\xfe\xfd"], dtype=object)})
     yield "wrong dtype", build_inputs(grpcclient, **ok, extra={"max_tokens": np.array([4.0], dtype=np.float32)})
     yield "wrong shape", build_inputs(grpcclient, **ok, extra={"text_input": np.array([b"a", b"b"], dtype=object)})
 
@@ -115,7 +118,8 @@ def test_the_scheduler_model_takes_text_and_streams_text_to_a_direct_client(trit
 
     from adaserve_backend.triton.grpc_client import EnsembleClient, EnsembleError
 
-    results, error = stream_call(triton_server.grpc_url, build_inputs(grpcclient, "Count from one to ten:", 24, stream=True), model="adaserve")
+    results, error = stream_call(triton_server.grpc_url,
+                                 build_inputs(grpcclient, "Count from one to ten:", 24, stream=True), model="adaserve")
     assert error is None, error
     chunks = texts(results)
     assert len(chunks) > 1 and all(chunks[:-1]) and "\ufffd" not in "".join(chunks)
@@ -184,7 +188,8 @@ def test_perf_analyzer_streams_against_the_server(triton_server):
     env = {**os.environ, "LD_LIBRARY_PATH": f"{cudart}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     data = Path(__file__).parents[2] / "perf_analyzer_configs" / "ensemble_stream.json"
     out = subprocess.run(
-        [str(perf), "-m", "ensemble", "-i", "grpc", "-u", triton_server.grpc_url, "--streaming", "--input-data", str(data),
+        [str(perf), "-m", "ensemble", "-i", "grpc", "-u", triton_server.grpc_url, "--streaming",
+         "--input-data", str(data),
          "--concurrency-range", "1", "--measurement-mode", "count_windows", "--measurement-request-count", "2",
          # perf_analyzer reports only once three windows agree within this (max/min); a starved CPU moved one
          # window's first-token latency over 11x (999%), and this test is about streaming, not stability.
@@ -220,7 +225,8 @@ def test_a_rejected_request_gets_a_clear_unavailable_error_at_once_while_the_oth
             # The streams beside the refusal get a first-token target no busy machine misses (the chat
             # class's own 2 s is missed on a starved one, and then refused too); their class still applies.
             relaxed = {"ttft_slo_ms": np.array([60000.0], dtype=np.float32)}
-            return await asyncio.gather(collect(slo_class="chat", extra=relaxed), refused(extra={"ttft_slo_ms": np.array([1.0], dtype=np.float32)}),
+            return await asyncio.gather(collect(slo_class="chat", extra=relaxed),
+                                        refused(extra={"ttft_slo_ms": np.array([1.0], dtype=np.float32)}),
                                         collect(extra=relaxed), refused(max_tokens=0))
         finally:
             await client.close()
@@ -228,7 +234,8 @@ def test_a_rejected_request_gets_a_clear_unavailable_error_at_once_while_the_oth
     before = _metric_or_zero(triton_server, "adaserve_requests_rejected_total")
     first, (rejected, took), second, (bad, _) = asyncio.run(run())
     assert rejected.status == "UNAVAILABLE", (rejected.status, rejected.message)
-    assert rejected.message.startswith("server cannot meet ttft_slo_ms=1 at the current load (predicted first token in ")
+    assert rejected.message.startswith("server cannot meet ttft_slo_ms=1 at the current load "
+                                       "(predicted first token in ")
     assert took < 30  # answered at once, not after the others' streams
     assert len([t for t in first if t]) > 1 and len([t for t in second if t]) > 1
     assert bad.status == "INVALID_ARGUMENT" and "max_tokens" in bad.message

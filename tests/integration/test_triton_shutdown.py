@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.integration.conftest import build_inputs
 from adaserve_backend.triton.launch import triton_server as triton_server_process
-from tests.integration.conftest import free_ports
+from tests.integration.conftest import build_inputs, free_ports
 
 pytestmark = pytest.mark.slow
 

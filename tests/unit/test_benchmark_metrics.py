@@ -31,14 +31,16 @@ def test_joint_attainment_needs_ttft_and_tpot_over_all_sent_requests():
     recs = [
         # TTFT 1.0 s within 2 s, TPOT (1.9 - 1.0) / 9 = 100 ms within 100 ms: attained
         R("ok", "chat", 100.0, arrival=0.0, first_token=1.0, last_token=1.9, output_tokens=10, ttft_slo_ms=2000.0),
-        # a late first token (TTFT 3 s > 2 s) with a fine TPOT: a violation, though the paper's TPOT-only measure counts it
+        # a late first token (TTFT 3 s > 2 s) with a fine TPOT: a violation, though the paper's TPOT-only measure counts
+        # it
         R("late", "chat", 100.0, arrival=0.0, first_token=3.0, last_token=3.9, output_tokens=10, ttft_slo_ms=2000.0),
         # a quick first token but TPOT 200 ms > 100 ms: a violation under both
         R("slow", "chat", 100.0, arrival=0.0, first_token=0.1, last_token=1.9, output_tokens=10, ttft_slo_ms=2000.0),
         # a single token within its TTFT target attains (no TPOT to miss)
         R("one", "coding", 10.0, arrival=0.0, first_token=0.5, last_token=0.5, output_tokens=1, ttft_slo_ms=600.0),
         # rejected by the server: sent, never served, a violation
-        R("rejected", "coding", 10.0, arrival=0.0, error="UNAVAILABLE: cannot meet the target at the current load", ttft_slo_ms=600.0),
+        R("rejected", "coding", 10.0, arrival=0.0,
+          error="UNAVAILABLE: cannot meet the target at the current load", ttft_slo_ms=600.0),
         # streamed a while, then the time limit ended it: unfinished, a violation even though its times so far were fine
         R("unfinished", "summary", 1e3, arrival=0.0, first_token=0.2, last_token=0.3, output_tokens=2,
           error="not finished within the time limit", ttft_slo_ms=5000.0),
@@ -66,7 +68,8 @@ def test_a_record_without_ttft_target_is_scored_on_tpot_alone():
 
 def test_attainment_timeline_windows_by_arrival():
     ok = dict(first_token=0.0, last_token=0.0, output_tokens=1)
-    recs = [RequestRecord("a", "coding", 10.0, arrival=100.0, **ok), RequestRecord("b", "chat", 10.0, arrival=104.0, error="x"),
+    recs = [RequestRecord("a", "coding", 10.0, arrival=100.0, **ok),
+            RequestRecord("b", "chat", 10.0, arrival=104.0, error="x"),
             RequestRecord("c", "chat", 10.0, arrival=111.0, **ok)]
     line = attainment_timeline(recs, window_s=5.0)
     assert [w["start_s"] for w in line] == [0.0, 10.0]
@@ -101,7 +104,8 @@ def test_arrival_processes_hit_their_rate():
 
 def test_workload_mix_and_absolute_slo_targets():
     prompts = {c: [(f"{c} prompt", False)] for c in ("coding", "chat", "summary")}
-    slos = SloTargets(tpot_ms={"coding": 40.0, "chat": 70.0, "summary": 150.0}, ttft_ms={"coding": 1000.0, "chat": 2000.0, "summary": 6000.0})
+    slos = SloTargets(tpot_ms={"coding": 40.0, "chat": 70.0, "summary": 150.0},
+                      ttft_ms={"coding": 1000.0, "chat": 2000.0, "summary": 6000.0})
     items = build_workload([0.1 * i for i in range(3000)], slos, prompts=prompts, seed=1)
     share = {c: sum(i.category == c for i in items) / len(items) for c in ("coding", "chat", "summary")}
     assert share["coding"] == pytest.approx(0.6, abs=0.03) and share["chat"] == pytest.approx(0.2, abs=0.03)
@@ -115,7 +119,8 @@ def test_slo_targets_from_the_command_line():
     add_slo_arguments(ap)
     args = ap.parse_args(["--tpot-slo", "coding=45, chat=90", "--ttft-slo", "summary=8000"])
     slos = slo_targets_from_args(args)
-    assert slos.tpot("coding") == 45.0 and slos.tpot("chat") == 90.0 and slos.tpot("summary") == DEFAULT_TPOT_SLO_MS["summary"]
+    assert slos.tpot("coding") == 45.0 and slos.tpot("chat") == 90.0
+    assert slos.tpot("summary") == DEFAULT_TPOT_SLO_MS["summary"]
     assert slos.ttft("summary") == 8000.0 and slos.ttft("coding") == DEFAULT_TTFT_SLO_MS["coding"]
     assert slos.with_tpot_scale({"coding": 2.0}).tpot("coding") == 90.0  # the SLO-scale sweep: x coding's target
     # the paper's relative mode: TPOT targets scale with a baseline, TTFT targets stay absolute
@@ -126,7 +131,8 @@ def test_slo_targets_from_the_command_line():
         slo_targets_from_args(ap.parse_args(["--slo-mode", "relative"]))
 
 
-@pytest.mark.parametrize("text, message", [("coding=0", "positive"), ("coding=nan", "positive"), ("poetry=50", "unknown category"),
+@pytest.mark.parametrize("text, message",
+                         [("coding=0", "positive"), ("coding=nan", "positive"), ("poetry=50", "unknown category"),
                                            ("coding:50", "CATEGORY=MS"), ("coding=fast", "not a number")])
 def test_bad_slo_targets_are_refused_with_a_clear_message(text, message):
     with pytest.raises(ValueError, match=message):
@@ -140,7 +146,8 @@ def test_tiny_end_to_end_run_scores_every_request():
     from tests.unit.test_engine import make_engine
 
     path = tiny_checkpoint("llama")
-    items = [WorkItem(f"t{i}", ["coding", "chat"][i % 2], "unused", False, 6, [5.0, 1e6][i % 2], 0.05 * i) for i in range(8)]
+    items = [WorkItem(f"t{i}", ["coding", "chat"][i % 2], "unused", False, 6, [5.0, 1e6][i % 2],
+                      0.05 * i) for i in range(8)]
     for policy in ("adaserve", "continuous"):
         engine = make_engine(path, path, policy)
         records, wall = run_inprocess(engine, lambda item: [5, 6, 7, int(item.request_id[1:]) + 10], items, 60)

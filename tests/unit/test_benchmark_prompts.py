@@ -31,7 +31,8 @@ def test_every_category_has_a_family_of_distinct_prompts():
         assert len(texts) >= 100, cat
         assert len(set(texts)) == len(texts), f"{cat}: duplicate prompts"
     # code is completed raw; questions and passages go through the chat template
-    assert {cat: {chat for _, chat in items} for cat, items in bench.items()} == {"coding": {False}, "chat": {True}, "summary": {True}}
+    assert {cat: {chat for _, chat in items} for cat, items in bench.items()} == {"coding": {False},
+                                                                                  "chat": {True}, "summary": {True}}
     assert all(t.startswith("def ") and '"""' in t for t, _ in bench["coding"])
     assert all(t.endswith("?") for t, _ in bench["chat"])
 

@@ -25,7 +25,8 @@ def test_many_cycles_leak_nothing():
             sid = rng.randrange(12)
             region = len(bm.seq(sid).region_parents) if bm.has(sid) else 0
             n = rng.randint(1, 9)
-            parents = chain_parents(region, n) if rng.random() < 0.5 else [rng.randrange(-1, region + i) for i in range(n)]
+            parents = chain_parents(region,
+                                    n) if rng.random() < 0.5 else [rng.randrange(-1, region + i) for i in range(n)]
             if bm.can_append(sid, n):
                 bm.append(sid, parents)
                 live.add(sid)
@@ -90,7 +91,8 @@ def test_commit_moves_the_path_next_to_the_prefix_and_frees_the_rest():
 
 
 def test_kv_move_copies_every_layer():
-    kv = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, num_blocks=2, block_size=2, dtype=torch.float32, device="cpu")
+    kv = KVCache(num_layers=2, num_kv_heads=1, head_dim=2, num_blocks=2, block_size=2,
+                 dtype=torch.float32, device="cpu")
     kv.data.copy_(torch.arange(kv.data.numel(), dtype=torch.float32).view_as(kv.data))
     before = kv.data.clone()
     kv.move([3, 2], [0, 3])

@@ -44,7 +44,8 @@ def test_without_a_default_class_a_request_without_targets_is_best_effort():
 
 
 @pytest.mark.parametrize("fields", [dict(tpot_ms=-5.0), dict(tpot_ms=float("nan")), dict(ttft_ms=0.0),
-                                    dict(ttft_ms=float("inf")), dict(tpot_ms=True), dict(slo_class=""), dict(tpot_ms="50")])
+                                    dict(ttft_ms=float("inf")), dict(tpot_ms=True),
+                                    dict(slo_class=""), dict(tpot_ms="50")])
 def test_an_slo_is_validated_where_it_is_made(fields):
     with pytest.raises(ValueError, match=r"^(tpot_slo_ms|ttft_slo_ms|slo_class) must be"):
         SLO(**fields)

@@ -39,7 +39,8 @@ def test_cost_model_round_trip_and_prediction(tmp_path):
 def test_predictions_go_through_the_measured_points(tmp_path):
     line = Roofline(60.0, 8, 2.0)
     points = ((1, 55.0), (2, 61.0), (8, 73.0), (16, 85.0))
-    assert [through_points(points, line, n) for n in (1, 2, 5, 8, 12, 16, 20)] == [55.0, 61.0, 67.0, 73.0, 79.0, 85.0, 93.0]
+    assert [through_points(points, line, n) for n in (1, 2, 5, 8, 12, 16, 20)] == [55.0, 61.0,
+                                                                                   67.0, 73.0, 79.0, 85.0, 93.0]
     assert through_points((), line, 20) == line.predict(20)
     draft_points = ((1, 1.5), (2, 1.6), (8, 2.0), (16, 3.0))
     model = CostModel(line, Roofline(2.0, 4, 0.5), budget=12, verify_points=points, draft_points=draft_points)

@@ -29,7 +29,8 @@ def deadline_scheduler(estimator=None, **config) -> Scheduler:
 
 def arrive(sched: Scheduler, rid: str, clock: Clock, ttft_ms: float, tpot_ms: float = 100.0, prompt: int = 8,
            max_tokens: int = 4) -> Sequence:
-    s = Sequence.start(Request(rid, [5] * prompt, max_tokens=max_tokens), next(_ids), SLO(tpot_ms, ttft_ms), clock.now, frozenset())
+    s = Sequence.start(Request(rid, [5] * prompt, max_tokens=max_tokens), next(_ids),
+                       SLO(tpot_ms, ttft_ms), clock.now, frozenset())
     sched.add(s)
     return s
 
@@ -79,7 +80,8 @@ def test_a_request_no_schedule_can_serve_on_time_is_rejected_at_arrival_with_the
     outs = step(sched, clock)
     (rejected,) = [o for o in outs if o.request_id == "long"]
     assert rejected.finished and rejected.finish_reason == FinishReason.REJECTED and not rejected.new_token_ids
-    assert rejected.error == "server cannot meet ttft_slo_ms=2000 at the current load (predicted first token in 3100 ms)"
+    assert rejected.error == ("server cannot meet ttft_slo_ms=2000 at the current load "
+                              "(predicted first token in 3100 ms)")
     assert rejected.stats.overload == UNREACHABLE and rejected.stats.queue_wait_s == 0.0
     assert sched.overloads == {UNREACHABLE: 1} and sched.running == [ok] and long not in sched.waiting
 
@@ -179,7 +181,8 @@ def test_first_tokens_set_a_floor_under_prefill_pacing():
     assert urgent_chunk([a, b], now, 0.1) == 40
     assert urgent_chunk([a], now + 2.0, 0.1) == 300  # late already: all of it now
     est = steep_estimator()
-    assert math.isclose(est.first_token_s(0, 600, 256), 2 * est.prefill_iteration_s(0, 256) + est.prefill_iteration_s(0, 88))
+    assert math.isclose(est.first_token_s(0, 600, 256), 2 * est.prefill_iteration_s(0, 256)
+                        + est.prefill_iteration_s(0, 88))
     assert est.first_token_s(2, 10, 256) > est.first_token_s(0, 10, 256)  # riding along decode costs the iteration
 
 
@@ -204,4 +207,5 @@ def test_a_request_unfinished_after_max_request_s_ends_with_an_error_and_frees_i
         outs += step(sched, clock)
     (final,) = [o for o in outs if o.finished]
     assert final.finish_reason == FinishReason.ERROR and "timed out" in final.error
-    assert 1.0 < clock.now - slow.arrival < 1.1 and sched.target_blocks.num_free_blocks == sched.target_blocks.num_blocks
+    assert 1.0 < clock.now - slow.arrival < 1.1
+    assert sched.target_blocks.num_free_blocks == sched.target_blocks.num_blocks

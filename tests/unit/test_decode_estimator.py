@@ -12,9 +12,9 @@ from adaserve_backend.scheduler.decode_estimator import (
     PLAIN_EXPLORE_EVERY,
     SPEC_MIN_SAMPLES,
 )
-from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationStats
 from adaserve_backend.scheduler.policies import make_policy
+from adaserve_backend.scheduler.prefill_estimator import Estimator
 
 SPEC = SpeculationConfig(budget=16)
 # A CPU-like profile: a verification of t tokens costs 30 ms + 1 ms per token, a draft step 4 ms.
@@ -161,7 +161,8 @@ def serve(est: Estimator, iterations: int, slowdown) -> list[int]:
             continue
         it = spec_iteration(est, 1, depth, width, [min(depth, 1 + i % 2)])
         slow = slowdown(depth)
-        est.record(IterationStats(**{**it.__dict__, "latency": it.latency * slow, "verification": it.verification * slow}))
+        est.record(IterationStats(**{**it.__dict__, "latency": it.latency * slow,
+                                     "verification": it.verification * slow}))
     return planned
 
 

@@ -39,7 +39,8 @@ def test_rope_in_place_matches_apply_rope(head_dim):
     cos = torch.cat([angles.cos()] * 2, dim=-1).bfloat16()
     signed_sin = torch.cat([-angles.sin(), angles.sin()], dim=-1).bfloat16()
     ref = x.clone()
-    ref[:, : heads * head_dim] = apply_rope(x[:, : heads * head_dim].view(tokens, heads, head_dim), cos[:, None], signed_sin[:, None]).reshape(tokens, -1)
+    ref[:, : heads * head_dim] = apply_rope(x[:, : heads * head_dim].view(tokens, heads, head_dim), cos[:, None],
+                                            signed_sin[:, None]).reshape(tokens, -1)
     ops.rope_in_place(x, cos, signed_sin, heads, head_dim)
     assert torch.equal(x, ref)  # the two unrotated heads (values) untouched
 
@@ -98,7 +99,8 @@ def test_eagle3_draft_fused_forward_matches_its_python_layers():
     from adaserve_backend.models.feature_draft import DraftLayout, base_draft
 
     path = tiny_checkpoint("llama")
-    draft = base_draft(DraftLayout(path, layers=[1], head_vocab=list(range(100)), feature_layers=[0, 1, 2]), max_len=256)
+    draft = base_draft(DraftLayout(path, layers=[1], head_vocab=list(range(100)),
+                                   feature_layers=[0, 1, 2]), max_len=256)
     with torch.no_grad():
         for p in draft.parameters():  # an untrained fusion is zero: make every input matter
             p.add_(torch.randn_like(p) * 0.02)
@@ -154,14 +156,16 @@ def test_pair_kernel_matches_a_float32_product_for_every_row_count(bias):
         for m in (1, 2, 3, 4, 5, 7, 9, 16, 33):
             x = torch.randn(m, k).bfloat16()
             ref = x.float() @ w.float().T + (b.float() if bias else 0)
-            torch.testing.assert_close(ops.pair_linear(x, pairs, b).float(), ref.bfloat16().float(), rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(ops.pair_linear(x, pairs, b).float(),
+                                       ref.bfloat16().float(), rtol=1e-2, atol=1e-2)
     layer = linear.Linear(96, 80, bias=bias).bfloat16()
     layer.prepack()
     assert layer._pairs is not None
     with torch.inference_mode():
         for m in (1, 16, min(ops.pair_rows + 1, 64)):
             x = torch.randn(m, 96).bfloat16()
-            torch.testing.assert_close(layer(x).float(), F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float()),
+            torch.testing.assert_close(layer(x).float(), F.linear(x.float(), layer.weight.float(), None
+                                                                  if layer.bias is None else layer.bias.float()),
                                        rtol=2e-2, atol=2e-2)
     odd = linear.Linear(96, 72).bfloat16()  # 72 columns: not whole blocks of 16, oneDNN alone
     odd.prepack()

@@ -29,7 +29,8 @@ ORACLE_CASES = {
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "embedded" else c for c in ORACLE_CASES])
+@pytest.mark.parametrize("case",
+                         [pytest.param(c, marks=pytest.mark.slow) if c == "embedded" else c for c in ORACLE_CASES])
 def test_greedy_matches_transformers(case, policy):
     """Greedy outputs equal transformers' greedy generate, token for token, and every block is freed."""
     pair, options, load = ORACLE_CASES[case]
@@ -172,7 +173,8 @@ def test_iteration_records_carry_context_prefills_and_the_whole_step(policy):
     assert all(plan.context_tokens == expected for plan, expected in plans)
     decoding = [plan for plan, _ in plans if plan.decode]
     stats = list(engine.iteration_stats)
-    assert len(stats) == len(decoding) and any(s.prefills for s in stats) != engine.policy.prefill_first  # chunks ride along unless prefill goes first
+    # chunks ride along unless prefill goes first
+    assert len(stats) == len(decoding) and any(s.prefills for s in stats) != engine.policy.prefill_first
     assert [(s.context_tokens, s.prefills) for s in stats] == [(p.context_tokens, len(p.prefill)) for p in decoding]
     assert all(s.step >= s.latency > 0 for s in stats)
     # the draft's first step reads at least each drafting request's root; plain steps run no draft
@@ -192,10 +194,13 @@ def test_prompt_lookup_grafts_copies_and_greedy_stays_exact(lookup_ngram, suffix
 
     grafted = []
     real_graft = copies.graft
-    monkeypatch.setattr(copies, "graft", lambda tree, tokens, *a, **k: (grafted.append(len(tokens)), real_graft(tree, tokens, *a, **k)))
+    monkeypatch.setattr(copies, "graft",
+                        lambda tree, tokens, *a, **k: (grafted.append(len(tokens)), real_graft(tree, tokens, *a, **k)))
     target = tiny_checkpoint("llama")
-    engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=lookup_ngram, suffix_tokens=suffix_tokens)
-    reqs = [Request(f"r{i}", [7 + i, 40, 41, 42, 43, 44] * 3 + [7 + i, 40], max_tokens=12, slo=SLO(tpot_ms=20.0)) for i in range(4)]
+    engine = make_engine(target, tiny_checkpoint("llama", seed=1), "adaserve", lookup_ngram=lookup_ngram,
+                         suffix_tokens=suffix_tokens)
+    reqs = [Request(f"r{i}", [7 + i, 40, 41, 42, 43, 44] * 3 + [7 + i, 40], max_tokens=12,
+                    slo=SLO(tpot_ms=20.0)) for i in range(4)]
     got = run_staggered(engine, reqs)
     for r in reqs:
         assert got[r.request_id] == reference(target, r), r.request_id

@@ -31,7 +31,8 @@ def engine_for(target: str, draft: str, policy: str = "adaserve", num_blocks: in
 
 
 @torch.no_grad()
-def exact_distribution(path: str, params: SamplingParams, dtype: torch.dtype = torch.float32) -> dict[tuple[int, ...], float]:
+def exact_distribution(path: str, params: SamplingParams,
+                       dtype: torch.dtype = torch.float32) -> dict[tuple[int, ...], float]:
     """P(first three tokens) under the model's own sampling with `params` (logits computed in `dtype`,
     filtered by test_acceptance's numpy oracle, not the production filter)."""
     hf = hf_reference(path).to(dtype)
@@ -106,7 +107,8 @@ def test_hundreds_of_requests_with_cancellations_and_preemptions_leak_nothing():
     for i in range(200):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 30))]
         sampling = SamplingParams(temperature=rng.choice([0.0, 0.8]), seed=i)
-        engine.add_request(Request(f"q{i}", prompt, max_tokens=rng.randint(1, 20), sampling=sampling, slo=SLO(tpot_ms=rng.choice([20.0, 80.0]))))
+        engine.add_request(Request(f"q{i}", prompt, max_tokens=rng.randint(1, 20), sampling=sampling,
+                                   slo=SLO(tpot_ms=rng.choice([20.0, 80.0]))))
         submitted.append(f"q{i}")
         if rng.random() < 0.2:
             victim = rng.choice(submitted)

@@ -32,8 +32,10 @@ def test_the_converted_config_and_tokenizer_are_the_ggufs_own(tmp_path, monkeypa
     text = "Héllo, wörld! def f(x):\n    return x ** 2  # 😀 <|im_start|>user"
     assert tokenizer(text).input_ids == direct_tokenizer(text).input_ids
     messages = [{"role": "user", "content": "hi"}]
-    assert tokenizer.apply_chat_template(messages, tokenize=False) == direct_tokenizer.apply_chat_template(messages, tokenize=False)
-    assert (tokenizer.eos_token_id, tokenizer.bos_token_id) == (direct_tokenizer.eos_token_id, direct_tokenizer.bos_token_id)
+    chat = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert chat == direct_tokenizer.apply_chat_template(messages, tokenize=False)
+    assert (tokenizer.eos_token_id, tokenizer.bos_token_id) == (direct_tokenizer.eos_token_id,
+                                                                direct_tokenizer.bos_token_id)
 
     # Read from the cache, not converted again.
     done = next(tmp_path.glob("gguf/*/config.done"))

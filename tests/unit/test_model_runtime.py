@@ -153,7 +153,8 @@ def test_tree_grown_over_several_forwards_like_draft_beam_search(kind):
     runner.commit_all(0)
     # step 1: uncommitted catch-up chain ending in the root; steps 2-4: two beams per level
     levels = [(prompt[-3:], None)]
-    levels += [(random_ids(path, 2, seed=40), [2, 2]), (random_ids(path, 2, seed=41), [3, 3]), (random_ids(path, 2, seed=42), [4, 5])]
+    levels += [(random_ids(path, 2, seed=40), [2, 2]), (random_ids(path, 2, seed=41), [3, 3]),
+               (random_ids(path, 2, seed=42), [4, 5])]
     parents, tokens = [], []
     for toks, par in levels:
         out = runner.forward([SeqInput(0, toks, parents=par, num_logits=len(toks))])
@@ -169,7 +170,8 @@ def test_tree_grown_over_several_forwards_like_draft_beam_search(kind):
 def test_bfloat16_forward_tracks_float32():
     path = tiny_checkpoint("llama")
     ids = random_ids(path, 30, seed=5)
-    runners = [ModelRunner(our_model(path, dtype), CacheConfig(block_size=4, memory_mb=8)) for dtype in ("float32", "bfloat16")]
+    runners = [ModelRunner(our_model(path, dtype), CacheConfig(block_size=4, memory_mb=8))
+               for dtype in ("float32", "bfloat16")]
     outs = [r.forward([SeqInput(0, ids, num_logits=len(ids))]).logits for r in runners]
     assert outs[1].dtype == torch.float32
     assert (outs[0] - outs[1]).abs().max().item() < 0.1 * outs[0].abs().max().item()
@@ -236,7 +238,8 @@ def test_rejects_bad_inputs_before_touching_state():
     assert runner.blocks.num_free_blocks == free and not runner.blocks.has(0)
 
 
-@pytest.mark.skipif(not (ops := __import__("adaserve_backend.models.linear", fromlist=["kernels"]).kernels()) or not ops.pair_gemm,
+@pytest.mark.skipif(not (ops := __import__("adaserve_backend.models.linear",
+                                           fromlist=["kernels"]).kernels()) or not ops.pair_gemm,
                     reason="bfloat16 products of any row count take one kernel only with AVX512-BF16")
 @pytest.mark.parametrize("dtype", ["bfloat16", "q4_1_int8"])
 def test_logits_do_not_depend_on_how_a_context_was_computed(dtype):
@@ -268,7 +271,8 @@ def test_logits_do_not_depend_on_how_a_context_was_computed(dtype):
     chain = runner.forward([SeqInput(1, ids[P : P + N], parents=list(range(-1, N - 1)), num_logits=N)]).logits
     assert torch.equal(chain, torch.stack(decoded))
     fresh(2, P, 5)  # other chunk boundaries, then a tree: path root -> 2 -> 4 beside hidden nodes 1 and 3
-    tree = runner.forward([SeqInput(2, [ids[P], 7, ids[P + 1], 9, ids[P + 2]], parents=[-1, 0, 0, 1, 2], num_logits=5)]).logits
+    tree = runner.forward([SeqInput(2, [ids[P], 7, ids[P + 1], 9, ids[P + 2]],
+                                    parents=[-1, 0, 0, 1, 2], num_logits=5)]).logits
     assert torch.equal(tree[[0, 2, 4]], torch.stack(decoded[:3]))
     fresh(3, P + 3, 11)
     assert torch.equal(runner.forward([SeqInput(3, ids[P + 3 : P + 4])]).logits[0], decoded[3])

@@ -19,11 +19,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adaserve_backend import PROJECT_ROOT
 from adaserve_backend.openai_frontend.backends import TritonBackend
 from adaserve_backend.openai_frontend.http_app import MAX_BODY_BYTES, Frontend
 from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.triton.grpc_client import EnsembleError, infer_inputs
-from adaserve_backend import PROJECT_ROOT
 from adaserve_backend.triton.protocol import parse_request
 from adaserve_backend.triton.repository import load_repository_tokenizer
 
@@ -128,7 +128,8 @@ def hostile_cases() -> list[tuple[str, tuple]]:
         ("json string", post("hello")),
         ("json null", post(None)),
         ("bytes not utf-8", post(b'{"prompt": "\xff\xfe"}', raw=True)),
-        ("unknown charset", ("POST", "/v1/completions", json.dumps(OK).encode(), {"Content-Type": "application/json; charset=klingon"})),
+        ("unknown charset",
+         ("POST", "/v1/completions", json.dumps(OK).encode(), {"Content-Type": "application/json; charset=klingon"})),
         ("latin-1 charset", ("POST", "/v1/completions", '{"prompt": "caf\u00e9"}'.encode("latin-1"),
                              {"Content-Type": "application/json; charset=latin-1"})),
         ("no content type", ("POST", "/v1/completions", json.dumps(OK).encode(), {})),
@@ -140,8 +141,10 @@ def hostile_cases() -> list[tuple[str, tuple]]:
         ("PUT on chat", ("PUT", "/v1/chat/completions", json.dumps(CHAT).encode(), {})),
         ("unknown path", ("POST", "/v1/embeddings", json.dumps(OK).encode(), {})),
         ("lone surrogate prompt", post(b'{"prompt": "\\ud800 hi", "max_tokens": 4}', raw=True)),
-        ("lone surrogate chat", post(b'{"messages": [{"role": "user", "content": "\\udfff"}]}', path="/v1/chat/completions", raw=True)),
-        ("lone surrogate chat part", post(b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud83d"}]}]}',
+        ("lone surrogate chat",
+         post(b'{"messages": [{"role": "user", "content": "\\udfff"}]}', path="/v1/chat/completions", raw=True)),
+        ("lone surrogate chat part",
+         post(b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud83d"}]}]}',
                                           path="/v1/chat/completions", raw=True)),
         ("lone surrogate stop", post(b'{"prompt": "hi", "stop": ["\\ud800"]}', raw=True)),
         ("lone surrogate slo_class", post(b'{"prompt": "hi", "slo_class": "\\ud800"}', raw=True)),
@@ -159,7 +162,8 @@ def hostile_cases() -> list[tuple[str, tuple]]:
         ("messages empty", post({"messages": []}, path="/v1/chat/completions")),
         ("messages not a list", post({"messages": "hi"}, path="/v1/chat/completions")),
         ("message without role", post({"messages": [{"content": "hi"}]}, path="/v1/chat/completions")),
-        ("message image", post({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        ("message image",
+         post({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                                path="/v1/chat/completions")),
         ("message tool role", post({"messages": [{"role": "tool", "content": "x"}]}, path="/v1/chat/completions")),
         ("prompt list of ids", post({"prompt": [1, 2, 3]})),
@@ -200,7 +204,8 @@ def check(results) -> None:
     for (name, _), (status, body, ctype) in zip(CASES, answers):
         assert status < 500, f"{name}: {status} {body}"
         if status >= 400:
-            assert ctype == "application/json" and isinstance(body, dict) and body["error"]["message"], f"{name}: {body}"
+            assert ctype == "application/json" and isinstance(body,
+                                                              dict) and body["error"]["message"], f"{name}: {body}"
     assert normal[0] == 200 and normal[1]["choices"][0]["text"] == "Hi", normal
 
 
@@ -227,17 +232,20 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
                     max_leaves=12)
 FIELD_VALUES = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats()
                 | st.text(max_size=20) | st.lists(st.text(max_size=5), max_size=3) | JSON)
-SCHEMA = st.fixed_dictionaries({}, optional={n: FIELD_VALUES for n in NUMBERS + STRINGS + ("stream", "ignore_eos", "messages")})
+SCHEMA = st.fixed_dictionaries({}, optional={n: FIELD_VALUES for n in NUMBERS + STRINGS
+                                             + ("stream", "ignore_eos", "messages")})
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(bodies=st.lists(st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), JSON | SCHEMA),
                        min_size=1, max_size=4))
 def test_fuzzed_bodies_never_get_a_500(tokenizer, bodies):
     results = send_all(tokenizer, [post(body, path=path) for path, body in bodies])
     *answers, normal = results
     for (path, body), (status, parsed, ctype) in zip(bodies, answers):
-        assert status < 500 and (status < 400 or (ctype == "application/json" and parsed["error"]["message"])), (body, status)
+        explained = ctype == "application/json" and parsed["error"]["message"]
+        assert status < 500 and (status < 400 or explained), (body, status)
     assert normal[0] == 200
 
 
@@ -254,7 +262,8 @@ def test_health_reports_an_engine_that_stopped_running(tokenizer, up, status):
         app = web.Application()
         app.add_routes([web.get("/metrics", metrics)])
         async with TestServer(app) as triton_metrics:
-            frontend = frontend_without_triton(tokenizer, lambda m: "", metrics_url=str(triton_metrics.make_url("/metrics")))
+            frontend = frontend_without_triton(tokenizer, lambda m: "",
+                                               metrics_url=str(triton_metrics.make_url("/metrics")))
             async with TestClient(TestServer(frontend.app())) as client:
                 return (await client.get("/health")).status
 

@@ -105,7 +105,8 @@ def test_more_generations_than_the_frontend_takes_get_a_503_with_retry_after(tok
             return answer
 
     answer = asyncio.run(main())
-    assert b" 503 " in answer.split(b"\r\n")[0] and b"Retry-After: 1" in answer and b"server_overloaded" in answer, answer
+    assert b" 503 " in answer.split(b"\r\n")[0], answer
+    assert b"Retry-After: 1" in answer and b"server_overloaded" in answer, answer
 
 
 @pytest.fixture(scope="module")

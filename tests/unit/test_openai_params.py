@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adaserve_backend.openai_frontend.backends import BackendError, ensemble_request, http_error
-from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
 from adaserve_backend.openai_frontend.bodies import Tally, sse
+from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
 from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.slo import SLO
 
@@ -15,14 +15,17 @@ def test_completion_parameters_map_to_the_ensemble():
     g = parse({"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "seed": 3,
                "stop": ["\n\n", "END"], "min_tokens": 2, "stream": True, "stream_options": {"include_usage": True},
                "n": 1, "logprobs": None, "user": "u1"}, "completions")
-    assert (g.prompt, g.max_tokens, g.temperature, g.top_p, g.top_k, g.seed, g.stop, g.min_tokens) == ("Hi", 7, 0.5, 0.9, 20, 3, ("\n\n", "END"), 2)
+    assert (g.prompt, g.max_tokens, g.temperature, g.top_p, g.top_k, g.seed, g.stop,
+            g.min_tokens) == ("Hi", 7, 0.5, 0.9, 20, 3, ("\n\n", "END"), 2)
     assert g.stream and g.include_usage and g.messages is None
     t = ensemble_request(g, g.prompt, supported=set())
     assert t["text_input"][0] == b"Hi" and t["max_tokens"][0] == 7 and t["seed"][0] == 3 and t["top_k"][0] == 20
     assert list(t["stop_words"]) == [b"\n\n", b"END"] and t["min_tokens"][0] == 2 and not t["apply_chat_template"][0]
-    assert t["temperature"][0] == pytest.approx(0.5) and t["top_p"][0] == pytest.approx(0.9) and t["return_num_input_tokens"][0]
+    assert t["temperature"][0] == pytest.approx(0.5) and t["top_p"][0] == pytest.approx(0.9)
+    assert t["return_num_input_tokens"][0]
     assert g.tenant == "u1" and "tenant" not in t  # a repository without the input: nothing to scope
-    assert ensemble_request(g, g.prompt, supported={"tenant"})["tenant"][0] == b"u1"  # OpenAI's `user` scopes the suffix index
+    # OpenAI's `user` scopes the suffix index
+    assert ensemble_request(g, g.prompt, supported={"tenant"})["tenant"][0] == b"u1"
 
 
 def test_defaults_follow_openai():
@@ -34,7 +37,8 @@ def test_defaults_follow_openai():
 
 def test_chat_messages_max_completion_tokens_and_ignore_eos():
     g = parse({"messages": [{"role": "developer", "content": "Be brief."},
-                            {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}],
+                            {"role": "user",
+                             "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}],
                "max_completion_tokens": 9, "ignore_eos": True}, "chat")
     assert g.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"})
     assert g.max_tokens == 9 and g.min_tokens == 9  # ignore_eos: no stop before max_tokens
@@ -89,7 +93,8 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"messages": []}, {}, "messages"),
     ({"messages": [{"role": "tool", "content": "x"}]}, {}, "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, {}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6}, {}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6},
+     {}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, {}, "tools"),
 ])
 def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
@@ -107,16 +112,19 @@ def test_backend_errors_map_by_their_kind_only():
     assert http_error(BackendError("internal error: looks like a failure", ErrorKind.INVALID_ARG)).status == 400
     assert http_error(BackendError("input 'seed' must hold exactly one value", ErrorKind.INTERNAL)).status == 500
     assert http_error(BackendError("no kind")).status == 500
-    assert ErrorKind.from_grpc("RESOURCE_EXHAUSTED") is ErrorKind.UNAVAILABLE and ErrorKind.from_grpc("") is ErrorKind.INTERNAL
+    assert ErrorKind.from_grpc("RESOURCE_EXHAUSTED") is ErrorKind.UNAVAILABLE
+    assert ErrorKind.from_grpc("") is ErrorKind.INTERNAL
 
 
 def test_response_shapes():
     t = Tally("chat", "m", text="Hello", prompt_tokens=5, completion_tokens=2, finish_reason="stop")
     whole = t.whole()
-    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
+    assert whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
     assert whole["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     assert t.chunk("He", first=True)["choices"][0]["delta"] == {"role": "assistant", "content": "He"}
-    assert t.chunk(finish_reason="length")["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+    assert t.chunk(finish_reason="length")["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                                             "finish_reason": "length"}
     assert t.usage_chunk()["choices"] == [] and t.usage_chunk()["object"] == "chat.completion.chunk"
     c = Tally("completions", "m", text="abc")
     assert c.whole()["object"] == "text_completion" and c.chunk("b")["choices"][0]["text"] == "b"

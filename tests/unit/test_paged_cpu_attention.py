@@ -1,7 +1,7 @@
 """The C++ kernel that reads the paged cache in place (attention/paged_cpu.py) against torch's SDPA
 backend on the same cache and metadata: decode steps, token trees spanning several query chunks, a
-causal chunk, blocks of 4 to 128 slots, head dims 32 to 128; float32 to rounding, bfloat16 to its precision. The kernel is
-also checked end to end against transformers in test_model_runtime.py."""
+causal chunk, blocks of 4 to 128 slots, head dims 32 to 128; float32 to rounding, bfloat16 to its precision. The kernel
+is also checked end to end against transformers in test_model_runtime.py."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def tree(rng: random.Random, n: int) -> list[int]:
     return [-1] + [rng.randrange(max(0, i - 3), i) for i in range(1, n)]
 
 
-@pytest.mark.parametrize("dtype,tol,dim", [(torch.float32, 1e-5, DIM), (torch.bfloat16, 2e-2, 32), (torch.bfloat16, 2e-2, DIM),
+@pytest.mark.parametrize("dtype,tol,dim",
+                         [(torch.float32, 1e-5, DIM), (torch.bfloat16, 2e-2, 32), (torch.bfloat16, 2e-2, DIM),
                                            (torch.bfloat16, 2e-2, 96), (torch.bfloat16, 2e-2, 128)])
 @pytest.mark.parametrize("block_size", [4, 16, 128])
 def test_kernel_matches_sdpa(dtype, tol, dim, block_size):
@@ -48,7 +49,8 @@ def test_kernel_matches_sdpa(dtype, tol, dim, block_size):
     ours.plan(meta)
     ref.plan(meta)
     for layer in range(2):
-        torch.testing.assert_close(ours.forward(layer, q, k, v).float(), ref.forward(layer, q, k, v).float(), atol=tol, rtol=tol)
+        torch.testing.assert_close(ours.forward(layer, q, k, v).float(),
+                                   ref.forward(layer, q, k, v).float(), atol=tol, rtol=tol)
 
 
 def test_auto_picks_the_kernel_for_bf16_only_and_falls_back_without_it(monkeypatch):

@@ -61,8 +61,10 @@ def shared_prefix_requests(vocab: int, n: int = 8, prefix: int = 22, seed: int =
     """A common prefix (a system prompt) and a short distinct question each."""
     g = torch.Generator().manual_seed(seed)
     system = torch.randint(3, vocab, (prefix,), generator=g).tolist()
-    return [Request(f"r{i}", system + torch.randint(3, vocab, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist(),
-                    max_tokens=int(torch.randint(4, 13, (1,), generator=g)), slo=SLO(tpot_ms=[20.0, 50.0, 150.0][i % 3]))
+    return [Request(f"r{i}", system
+                    + torch.randint(3, vocab, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist(),
+                    max_tokens=int(torch.randint(4, 13, (1,), generator=g)),
+                    slo=SLO(tpot_ms=[20.0, 50.0, 150.0][i % 3]))
             for i in range(n)]
 
 
@@ -79,7 +81,8 @@ def feature_draft(target: str, tmp_path):
 def test_requests_sharing_a_prefix_reuse_its_blocks_and_greedy_stays_exact(policy, draft, num_blocks, tmp_path):
     target = tiny_checkpoint("llama")
     model = our_model(target)
-    drafter = {"self": model, "feature": feature_draft(target, tmp_path) if draft == "feature" else None, None: None}[draft]
+    drafter = {"self": model, "feature": feature_draft(target, tmp_path) if draft == "feature"
+               else None, None: None}[draft]
     config = small_config(policy, num_blocks)
     engine = Engine(config, target=model, draft=drafter, eos_token_ids=[EOS])
     reqs = shared_prefix_requests(model.spec.vocab_size)
@@ -111,7 +114,8 @@ def test_a_waiting_request_is_predicted_with_the_prefill_its_cached_prefix_saves
         if cached:
             filled(blocks, 10**6, prompt[:16])  # an earlier request's 16 tokens, now idle in the cache
             blocks.free(10**6)
-        sched = Scheduler(SchedulerConfig(prefill_chunk=256, overload="reject"), SPEC, make_policy("adaserve"), est, blocks, None)
+        sched = Scheduler(SchedulerConfig(prefill_chunk=256, overload="reject"), SPEC,
+                          make_policy("adaserve"), est, blocks, None)
         decoding(running(sched, seq(60))[0], 10, 0.6)  # on track at 50 ms per token, not at 92: it holds admissions
         s = Sequence(Request("w", prompt, max_tokens=4), 777, SLO(100.0, 1000.0), START, frozenset(), None, len(prompt))
         sched.add(s)

@@ -53,7 +53,8 @@ def test_an_engine_that_calibrates_plans_with_what_it_measured_and_starts_warm(t
 
     path = tiny_checkpoint("llama")
     cfg = small_config("adaserve", num_blocks=1024)
-    cfg = dataclasses.replace(cfg, speculation=dataclasses.replace(cfg.speculation, calibrate=True, profile_path="/no/such/file",
+    cfg = dataclasses.replace(cfg, speculation=dataclasses.replace(cfg.speculation, calibrate=True,
+                                                                   profile_path="/no/such/file",
                                                                   calibration_pool=3))
     monkeypatch.setenv("ADASERVE_CACHE_DIR", str(tmp_path))
     engine = Engine(cfg, target=our_model(path), draft=our_model(path), eos_token_ids=[EOS])
@@ -65,7 +66,8 @@ def test_an_engine_that_calibrates_plans_with_what_it_measured_and_starts_warm(t
     assert not engine.has_work() and engine.decode_iterations > 0 and not engine.iteration_stats
     assert_all_blocks_free(engine)
     est = engine.estimator  # what random tokens yield is forgotten; what the steps cost is kept
-    assert not est.tried and not est.by_load and est.scored == 0 and est.explore_every == est.__class__(None, 1, None).explore_every
+    assert not est.tried and not est.by_load and est.scored == 0
+    assert est.explore_every == est.__class__(None, 1, None).explore_every
     assert est.t_iter > 0 and est.kind_correction
     import gc  # the startup heap is frozen: no full collection walks it while requests are served
 

@@ -173,7 +173,8 @@ def test_the_embedded_model_in_q8_0_computes_its_quantized_values_at_every_row_c
         return torch.cat([first, step])
 
     blocked = logits(model)
-    for m in [getattr(lyr, p) for lyr in model.layers for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")] + [model.lm_head]:
+    for m in [getattr(lyr, p) for lyr in model.layers
+              for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")] + [model.lm_head]:
         m._blocks = None  # the bfloat16 pair kernel on the same values
     from adaserve_backend.models import linear
 

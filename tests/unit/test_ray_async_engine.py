@@ -1,6 +1,7 @@
-"""A replica's engine driver (ray_serve/async_engine.py over serving/engine_thread.py) over a tiny engine, no Ray: outputs equal the
-engine's own, a consumer that leaves aborts its request and frees its blocks, a failing step fails
-only what was in flight, a dead engine and a full queue refuse at once."""
+"""A replica's engine driver (ray_serve/async_engine.py over serving/engine_thread.py) over a tiny
+engine, no Ray: outputs equal the engine's own, a consumer that leaves aborts its request and frees
+its blocks, a failing step fails only what was in flight, a dead engine and a full queue refuse at
+once."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import asyncio
 import pytest
 
 from adaserve_backend.ray_serve.async_engine import AsyncEngine
-from adaserve_backend.serving.engine_thread import MAX_FAILURES
 from adaserve_backend.request import FinishReason, Overloaded, Request
+from adaserve_backend.serving.engine_thread import MAX_FAILURES
 from tests.engines import assert_all_blocks_free, make_engine
 from tests.model_fixtures import tiny_checkpoint
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from adaserve_backend.request import Request
 from adaserve_backend.replica_routing import Job, ReplicaLoad, measure_load, prefix_hints, rank, slack
+from adaserve_backend.request import Request
 from adaserve_backend.slo import SLO
 from tests.engines import make_engine
 from tests.model_fixtures import tiny_checkpoint
@@ -75,7 +75,8 @@ def test_a_replica_holding_the_prompts_prefix_gives_the_earlier_first_token():
     hints = prefix_hints(ids, 16)
     assert len(hints) == 62 and hints == prefix_hints(ids + [7], 16)[:62]  # the last token's block is never reused
     job = Job(1000, 0.05, 1.0, prefix_blocks=hints, block_size=16)
-    cold, warm = load(first=0.10), ReplicaLoad(2, 0, 16, 2, 0.15, 0.001, 0.03, at=100.0, cached_blocks=("x",) + hints[:40])
+    cold, warm = load(first=0.10), ReplicaLoad(2, 0, 16, 2, 0.15, 0.001, 0.03, at=100.0,
+                                               cached_blocks=("x",) + hints[:40])
     assert warm.holds(job) == 640 and cold.holds(job) == 0
     assert rank(job, {"cold": cold, "warm": warm}) == [["warm"], ["cold"]]  # 0.15 + 0.36 s against 0.10 + 1.0 s
     assert ReplicaLoad.from_dict(warm.as_dict()) == warm

@@ -12,9 +12,9 @@ from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
 from adaserve_backend.kv_cache import BlockManager
 from adaserve_backend.request import FinishReason, Request
-from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationResult, Prefilled, Verified
 from adaserve_backend.scheduler.policies import make_policy
+from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.scheduler import NO_ROOM, Scheduler
 from adaserve_backend.sequence import Sequence
 from adaserve_backend.slo import SLO
@@ -219,7 +219,8 @@ def test_preemption_frees_the_newest_or_loosest_and_a_lone_misfit_fails():
         plan = sched.schedule(START)  # each decode token needs a block of its own
         survivor, evicted = ((loose, tight)[1 - victim], (loose, tight)[victim])
         assert sched.num_preemptions == 1 and plan.decode == [survivor], policy
-        assert list(sched.waiting) == [evicted] and evicted.prefilled == 0 and evicted.prefill_goal == 7  # all but the root
+        # all but the root
+        assert list(sched.waiting) == [evicted] and evicted.prefilled == 0 and evicted.prefill_goal == 7
         assert not sched.target_blocks.has(evicted.seq_id)
 
     sched = scheduler(TableEstimator(), num_blocks=2)
@@ -259,7 +260,8 @@ def lifecycle_scheduler(policy="continuous", num_blocks=1024, **config) -> tuple
 
 
 def start(sched: Scheduler, request_id: str, prompt: int, clock: Clock, **kw) -> Sequence:
-    s = Sequence.start(Request(request_id, [5] * prompt, **kw), next(_ids), SLO(tpot_ms=100.0), clock.now, frozenset({2}))
+    s = Sequence.start(Request(request_id, [5] * prompt, **kw), next(_ids),
+                       SLO(tpot_ms=100.0), clock.now, frozenset({2}))
     sched.add(s)
     return s
 
@@ -284,7 +286,8 @@ def test_a_request_is_chunked_prefilled_decoded_and_finished_by_update():
         assert [o.new_token_ids for o in outs] == ([[9]] if last else [])
     assert chunks == [256, 256, 88] and s.first_token_time == clock.now and s.decoding
     # prefill-only steps are recorded apart from the decode iterations (a step fit needs both)
-    assert not sched.iteration_stats and [(it.n, it.prefill_tokens, it.prefills, it.step) for it in sched.prefill_stats] == [
+    assert not sched.iteration_stats and [(it.n, it.prefill_tokens, it.prefills, it.step)
+                                          for it in sched.prefill_stats] == [
         (0, 256, 1, 0.05), (0, 256, 1, 0.05), (0, 88, 1, 0.05)]
 
     plan = sched.schedule(clock.now)
@@ -324,7 +327,8 @@ def test_a_preempted_request_reprefills_without_emitting_again():
     clock.tick()
     new = start(sched, "new", prompt=8, clock=clock)
     plan = sched.schedule(clock.now)
-    assert {k: len(t) for k, t in plan.block_tables.items()} == {old.seq_id: 2, new.seq_id: 2}  # reserved for the chunks
+    # reserved for the chunks
+    assert {k: len(t) for k, t in plan.block_tables.items()} == {old.seq_id: 2, new.seq_id: 2}
     # what the runner's prefill writes into them: two full blocks each; another request holds one more
     sched.target_blocks.reserve(-1, 4)
     for seq_id, n in ((old.seq_id, 8), (new.seq_id, 8), (-1, 4)):

@@ -167,7 +167,9 @@ def test_goodput_prefix_maximizes_expected_tokens_per_ms():
     best = max(range(len(gains) + 1), key=lambda k: (1.0 + sum(gains[:k])) / linear(1 + k))
     assert goodput_prefix(1, 1.0, gains, linear) == best == 3
     # a CPU: one token takes a fast path, two to seven cost more than eight
-    cpu = lambda v: {1: 55.0, 2: 80.0, 3: 78.0, 4: 74.0, 5: 72.0, 6: 71.0, 7: 70.0}.get(v, 69.0 + 2.0 * (v - 8))  # noqa: E731
+    def cpu(v):
+        return {1: 55.0, 2: 80.0, 3: 78.0, 4: 74.0, 5: 72.0, 6: 71.0, 7: 70.0}.get(v, 69.0 + 2.0 * (v - 8))
+
     assert goodput_prefix(1, 1.0, [0.03] * 8, cpu) == 0  # weak guesses: no speculation
     assert goodput_prefix(1, 1.0, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.01, 0.01], cpu) == 7  # past the 2..7 hump
 
@@ -178,7 +180,9 @@ def test_goodput_selection_keeps_the_slo_phase_and_trims_the_rest():
     slo, left = slo_customized_selection([FIG5_R0, FIG5_R1], caps, costly)
     assert throughput_selection([FIG5_R0, FIG5_R1], slo, left, costly) == [sorted(s) for s in slo]
     free = SelectionParams(budget=8, n_max=8, iteration_ms=lambda v: 10.0)
-    assert select_tokens([FIG5_R0, FIG5_R1], caps, free) == select_tokens([FIG5_R0, FIG5_R1], caps, SelectionParams(8, 8))
+    assert select_tokens([FIG5_R0, FIG5_R1], caps, free) == select_tokens([FIG5_R0, FIG5_R1],
+                                                                          caps, SelectionParams(8, 8))
     # calibration scales scores into probabilities: an overconfident draft needs more nodes for A = 2
     half = SelectionParams(budget=8, n_max=8, calibration=0.5)
-    assert len(slo_customized_selection([FIG5_R0], [2.0], half)[0][0]) > len(slo_customized_selection([FIG5_R0], [2.0], costly)[0][0])
+    assert len(slo_customized_selection([FIG5_R0], [2.0],
+                                        half)[0][0]) > len(slo_customized_selection([FIG5_R0], [2.0], costly)[0][0])

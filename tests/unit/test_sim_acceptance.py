@@ -120,7 +120,8 @@ def test_a_copy_that_agrees_with_the_draft_merges_into_its_nodes():
         truth = (5, 6, 7)
         p = drafts.propose(rng, PRESETS["llama70b-1b"], 2, 2, None, truth)
         before = len(p.tree)
-        accepted = len(drafts.accepted_path(TokenTree.from_selection(p.tree, list(range(before))), p.tree, p, truth)) - 1
+        accepted = len(drafts.accepted_path(TokenTree.from_selection(p.tree,
+                                                                     list(range(before))), p.tree, p, truth)) - 1
         graft(p.tree, list(truth), [0.9] * 3)
         assert len(p.tree) - before == 3 - accepted
         everything = TokenTree.from_selection(p.tree, list(range(len(p.tree))))

@@ -31,7 +31,9 @@ def test_no_worse_than_a_re_run_of_the_real_system():
 
 def test_bands_group_the_repeats_of_each_policy_and_level():
     rows = [{"rps": r, "repeat": k, "policy": p, "requests": 10, "slo_attainment": 0.5 + 0.1 * k}
-            for r in (1.0, 2.0) for p in ("a", "b") for k in range(3)] + [{"rps": 3.0, "policy": "a", "slo_attainment": 1.0}]
+            for r in (1.0, 2.0) for p in ("a", "b")
+            for k in range(3)] + [{"rps": 3.0, "policy": "a", "slo_attainment": 1.0}]
     found = bands(rows, [{**r, "slo_attainment": 0.6} for r in rows], validate.level_of)
-    assert [(b.policy, b.level) for b in found] == [("a", {"rps": 1.0}), ("b", {"rps": 1.0}), ("a", {"rps": 2.0}), ("b", {"rps": 2.0})]
+    assert [(b.policy, b.level) for b in found] == [("a", {"rps": 1.0}), ("b", {"rps": 1.0}),
+                                                    ("a", {"rps": 2.0}), ("b", {"rps": 2.0})]
     assert all(b.measured == pytest.approx((0.5, 0.6, 0.7)) and b.inside and b.no_worse for b in found)

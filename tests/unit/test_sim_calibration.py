@@ -9,22 +9,27 @@ from adaserve_backend.cost_model.step_cost import EngineStepCost
 from sim.acceptance import acceptance_model
 from sim.calibration import calibrated_acceptance, speculating_runs, steps_speed
 
-STEP = EngineStepCost(base_ms=10.0, per_request_ms=1.0, per_1k_context_ms=2.0, per_extra_token_ms=0.5, tree_per_request_ms=1.0)
+STEP = EngineStepCost(base_ms=10.0, per_request_ms=1.0, per_1k_context_ms=2.0,
+                      per_extra_token_ms=0.5, tree_per_request_ms=1.0)
 
 
 def record(n, context, verified, depth=0, spec_ms=0.0, factor=1.0):
     target = STEP.ms(n, context, verified, n if depth else 0)
-    return {"n": n, "context": context, "verified": verified, "prefill": 0, "prefills": 0, "depth": depth, "width": 2 if depth else 0,
+    return {"n": n, "context": context, "verified": verified, "prefill": 0, "prefills": 0, "depth": depth,
+            "width": 2 if depth else 0,
             "chain": 0, "spec_ms": spec_ms, "step_ms": factor * target + spec_ms}
 
 
 def test_a_runs_speed_is_its_steps_over_the_fits_price_of_the_same_steps():
     # decodes and speculating steps (whose drafting is not the target's part) on a machine 1.3x slower
-    its = [record(n, 100 * n, n) for n in range(1, 9)] + [record(n, 100 * n, 4 * n, depth=2, spec_ms=7.0) for n in range(1, 5)]
-    assert steps_speed({"iterations": [{**r, "step_ms": 1.3 * (r["step_ms"] - r["spec_ms"]) + r["spec_ms"]} for r in its]}, STEP) == pytest.approx(1.3)
+    its = [record(n, 100 * n, n)
+           for n in range(1, 9)] + [record(n, 100 * n, 4 * n, depth=2, spec_ms=7.0) for n in range(1, 5)]
+    assert steps_speed({"iterations": [{**r, "step_ms": 1.3 * (r["step_ms"] - r["spec_ms"]) + r["spec_ms"]}
+                                       for r in its]}, STEP) == pytest.approx(1.3)
     assert steps_speed({"iterations": its}, STEP) == pytest.approx(1.0)
     # a slow tail counts by its time: one step in four twice as long is 1.25x the time, not the median's 1x
-    tail = [{**r, "step_ms": 2 * r["step_ms"]} if i % 4 == 0 else r for i, r in enumerate(record(8, 800, 8) for _ in range(8))]
+    tail = [{**r, "step_ms": 2 * r["step_ms"]} if i % 4 == 0 else r
+            for i, r in enumerate(record(8, 800, 8) for _ in range(8))]
     assert steps_speed({"iterations": tail}, STEP) == pytest.approx(1.25)
     with pytest.raises(SystemExit, match="recorded no iterations"):
         steps_speed({"policy": "adaserve", "rps": 4.0, "iterations": []}, STEP)

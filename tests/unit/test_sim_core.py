@@ -143,7 +143,8 @@ def test_a_request_ends_where_its_workload_stops_it(policy):
     iteration's several tokens too) and the engine's output processor ends the request; the scheduler
     still saw max_tokens."""
     sc = scenario("a100x4", "llama70b", policy)
-    reqs = [SimRequest(f"r{i}", "chat", 100, 64, 50.0, 2000.0, 0.1 * i, stop) for i, stop in enumerate([1, 2, 7, 30, None, 64, 80])]
+    reqs = [SimRequest(f"r{i}", "chat", 100, 64, 50.0, 2000.0, 0.1 * i, stop)
+            for i, stop in enumerate([1, 2, 7, 30, None, 64, 80])]
     res = simulate(SimConfig(sc.replica, sc.cost, sc.acceptance, 1, "round_robin", 0), reqs)
     got = {r.request_id: (r.output_tokens, r.finish_reason) for r in res.records}
     assert got == {"r0": (1, "stop"), "r1": (2, "stop"), "r2": (7, "stop"), "r3": (30, "stop"), "r4": (64, "length"),
@@ -270,7 +271,8 @@ def test_a_repeated_prompt_is_copied_from_the_suffix_index_and_outputs_are_the_t
     ids, truth = tuple(range(3, 103)), tuple(range(500, 540))
 
     def run_two(copies: bool, continuation):
-        reqs = [SimRequest(f"r{i}", "summary", 100, 40, 150.0, 5000.0, 5.0 * i, None, ids, continuation) for i in range(2)]
+        reqs = [SimRequest(f"r{i}", "summary", 100, 40, 150.0, 5000.0, 5.0 * i, None, ids,
+                           continuation) for i in range(2)]
         replica = dataclasses.replace(sc.replica, copies=copies)
         res = simulate(SimConfig(replica, sc.cost, sc.acceptance, drain_s=30.0), reqs)
         return res.mean_accepted, res.iterations

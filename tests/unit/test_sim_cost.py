@@ -62,7 +62,8 @@ def test_cpu_cost_is_the_engine_configs_profile():
     assert spec * 1e3 == pytest.approx(cost.step.speculation_ms(p.draft_step_ms(2) + 2 * p.draft_step_ms(4), 3))
     assert isinstance(cost, CpuIterationCost)
     no_fit = CpuIterationCost(p)  # a profile taken without the whole-step fit: the rooflines alone
-    assert [x * 1e3 for x in no_fit.durations(shape)] == pytest.approx([p.draft_step_ms(2) + 2 * p.draft_step_ms(4), p.verify_ms(15)])
+    assert [x * 1e3 for x in no_fit.durations(shape)] == pytest.approx([p.draft_step_ms(2)
+                                                                        + 2 * p.draft_step_ms(4), p.verify_ms(15)])
 
 
 def test_a_measured_runs_speed_scales_every_cpu_duration_and_the_calibrated_profile():
@@ -102,13 +103,15 @@ def test_cpu_steps_cost_more_with_requests_and_context_than_tokens_alone_say():
 
 def test_step_fit_recovers_its_coefficients_and_stays_non_negative():
     truth = EngineStepCost(15.0, 0.5, 2.0, 0.15, 5.0)  # a prefilling request: 5 ms beside its tokens
-    points = [{"n": n, "context": n * c, "new_tokens": n + p, "prefills": int(p > 0), "ms": truth.ms(n, n * c, n + p, prefills=int(p > 0))}
+    points = [{"n": n, "context": n * c, "new_tokens": n + p, "prefills": int(p > 0),
+               "ms": truth.ms(n, n * c, n + p, prefills=int(p > 0))}
               for n in (1, 8, 16, 32) for c in (128, 512, 1024) for p in (0, 16, 128)]
     fit = EngineStepCost.fit(points)
     for got, want in zip(fit.to_dict().values(), truth.to_dict().values()):
         assert got == pytest.approx(want, abs=1e-6)
     # context that costs nothing but noise (slightly negative) is dropped, not priced below zero
-    noisy = [{**p, "ms": p["ms"] - truth.per_1k_context_ms * p["context"] / 1e3 - 1e-4 * p["context"] / 1e3} for p in points]
+    noisy = [{**p, "ms": p["ms"] - truth.per_1k_context_ms * p["context"] / 1e3
+              - 1e-4 * p["context"] / 1e3} for p in points]
     fit = EngineStepCost.fit(noisy)
     assert fit.per_1k_context_ms == 0 and min(fit.to_dict().values()) >= 0
 
@@ -117,7 +120,8 @@ def test_speculative_terms_are_what_the_draft_roofline_and_the_step_fit_leave_ov
     step = EngineStepCost(15.0, 0.5, 2.0, 0.15)
     draft = lambda n, d, w: 1.0 * d + 0.1 * n * d  # noqa: E731  the draft's forwards alone
     points = [{"n": n, "depth": d, "width": 1, "verified": n * (d + 1), "prefill": 0, "context": n * 500,
-               "spec_ms": draft(n, d, 1) + 2.0 + 1.5 * d, "verify_ms": step.ms(n, n * 500, n * (d + 1)) + 0.4 * n, "draft_ms": draft(n, d, 1)}
+               "spec_ms": draft(n, d, 1) + 2.0 + 1.5 * d, "verify_ms": step.ms(n, n * 500, n * (d + 1)) + 0.4 * n,
+               "draft_ms": draft(n, d, 1)}
               for n in (1, 4, 8, 16) for d in (1, 2, 4)]
     fit = step.with_speculation(points)
     assert (fit.spec_base_ms, fit.spec_per_level_ms, fit.tree_per_request_ms) == pytest.approx((2.0, 1.5, 0.4))
@@ -140,17 +144,20 @@ def test_a_served_runs_iterations_give_the_step_fit_whole_steps_included():
                     chain = 2 * n + p  # caught-up chains and the prefill chunk ride along the first step
                     spec = truth.speculation_ms(0.0, d, chain + max(d - 1, 0) * n * w) if d else 0.0
                     verify = truth.ms(n, n * c, n * (d + 1) + p, trees=n if d else 0, prefills=k)
-                    records.append({"n": n, "depth": d, "width": w, "verified": n * (d + 1), "prefill": p, "prefills": k,
+                    records.append({"n": n, "depth": d, "width": w, "verified": n * (d + 1),
+                                    "prefill": p, "prefills": k,
                                     "context": n * c, "chain": chain, "spec_ms": spec, "step_ms": spec + verify})
     fit = EngineStepCost.from_iterations(records)
     for got, want in zip(fit.to_dict().values(), truth.to_dict().values()):
         assert got == pytest.approx(want, abs=1e-6)
-    assert fit.draft_step_ms(10) == pytest.approx(0.9) and fit.speculation_ms(0.0, 0, 10) == pytest.approx(0.9)  # a chain read alone
+    # a chain read alone
+    assert fit.draft_step_ms(10) == pytest.approx(0.9) and fit.speculation_ms(0.0, 0, 10) == pytest.approx(0.9)
     fallback = EngineStepCost(0, 0, 0, 0, spec_base_ms=9.0, spec_per_level_ms=8.0, tree_per_request_ms=7.0)
     plain = EngineStepCost.from_iterations([r for r in records if not r["depth"]] + records[1:3], fallback)
     assert (plain.base_ms, plain.spec_base_ms, plain.tree_per_request_ms) == pytest.approx((15.0, 9.0, 7.0))
     assert plain.draft_step_ms(10) is None and plain.speculation_ms(3.0, 2, 50) == pytest.approx(3.0 + 9.0 + 16.0)
-    assert EngineStepCost.from_iterations([{**r, "step_ms": 0.0} for r in records[:5]] + records) == fit  # untimed: skipped
+    # untimed: skipped
+    assert EngineStepCost.from_iterations([{**r, "step_ms": 0.0} for r in records[:5]] + records) == fit
 
 
 def test_validation_never_prices_a_run_with_its_own_iterations():
@@ -159,8 +166,11 @@ def test_validation_never_prices_a_run_with_its_own_iterations():
 
     _, config = cpu_cost()
     profile = CostModel.load(config.speculation.profile_path)
-    row = lambda ms: {"iterations": [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0,  # noqa: E731
-                                      "context": 100 * n, "chain": 0, "spec_ms": 0.0, "step_ms": ms + n} for n in range(1, 20)]}
+    def row(ms):
+        return {"iterations": [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0,
+                                "context": 100 * n, "chain": 0, "spec_ms": 0.0, "step_ms": ms + n}
+                               for n in range(1, 20)]}
+
     runs = [row(10.0), row(10.0), row(1000.0)]
     assert held_out_step(runs, [1.0, 1.0, 1.0], 2, profile, None).base_ms == pytest.approx(10.0)
     assert held_out_step(runs, [1.0, 1.0, 1.0], 0, profile, None).base_ms > 100  # run 2 priced run 0

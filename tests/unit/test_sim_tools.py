@@ -88,7 +88,8 @@ def test_validation_ends_each_prompt_where_the_measured_runs_stopped_it():
                 {"rps": 1.0, "outputs": {"w0": [13, "stop"]}}]
     stops = validate.stop_lengths(measured, lambda lv: items[lv["rps"]])
     assert stops == {("a", True): 13}  # the median of its three stops; a length-capped or unfinished one is unknown
-    reqs = validate.sim_requests(items[1.0] + [WorkItem("w3", "chat", "a", True, 10, 50.0, 1.0)], lambda it: [0] * 5, stops)
+    reqs = validate.sim_requests(items[1.0] + [WorkItem("w3", "chat", "a", True, 10, 50.0, 1.0)],
+                                 lambda it: [0] * 5, stops)
     assert [r.stop_after for r in reqs] == [13, None, None, None]  # past w3's max_tokens: it ends by length
 
 
@@ -115,7 +116,8 @@ def tokenless_bench(tmp_path, monkeypatch, rows: list[dict]):
             return [0] * 40
 
     monkeypatch.setattr(harness.bench, "InProcess", Tokenless)
-    bench = {"suite": "quick", "target": "inprocess", "slo_targets": dataclasses.asdict(SloTargets()), "duration_s": 10.0,
+    bench = {"suite": "quick", "target": "inprocess",
+             "slo_targets": dataclasses.asdict(SloTargets()), "duration_s": 10.0,
              "config": "model_repository/adaserve/1/engine.json", "sweep": "rps", "rows": rows}
     path = tmp_path / "quick-rps.json"
     path.write_text(json.dumps(bench))
@@ -123,7 +125,8 @@ def tokenless_bench(tmp_path, monkeypatch, rows: list[dict]):
 
 
 def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
-    rows = [{"rps": 1.0, "policy": p, "requests": 10, "slo_attainment": 1.0, "tpot_slo_attainment": 1.0, "tpot_ms_p50": 15.0}
+    rows = [{"rps": 1.0, "policy": p, "requests": 10, "slo_attainment": 1.0,
+             "tpot_slo_attainment": 1.0, "tpot_ms_p50": 15.0}
             for p in ("adaserve", "continuous")]
     path, bench = tokenless_bench(tmp_path, monkeypatch, rows)
     validate.main([str(path), "--no-copies", "--out", str(tmp_path / "v")])
@@ -143,7 +146,8 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     # runs that recorded their iterations are priced by a fit to the other runs' (here: 100 ms steps)
     for r in rows:
         r.pop("speed_probe_ms")
-        r["iterations"] = [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0, "context": 60 * n,
+        r["iterations"] = [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0,
+                            "prefills": 0, "context": 60 * n,
                             "chain": 0, "spec_ms": 0.0, "step_ms": 100.0} for n in range(1, 11)]
     path.write_text(json.dumps({**bench, "rows": rows}))
     validate.main([str(path), "--no-copies", "--out", str(tmp_path / "in-run")])
@@ -154,9 +158,11 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     # priced by another bench's iterations (a calibration run: 50 ms steps), none of this one's; the run
     # judged against itself as a repeat is within the bar everywhere
     calibration = tmp_path / "calibration.json"
-    calibration.write_text(json.dumps({**bench, "rows": [{**r, "iterations": [{**it, "step_ms": 50.0} for it in r["iterations"]]}
+    calibration.write_text(json.dumps({**bench,
+                                       "rows": [{**r, "iterations": [{**it, "step_ms": 50.0} for it in r["iterations"]]}
                                                           for r in rows]}))
-    validate.main([str(path), "--fit-from", str(calibration), "--repeat", str(path), "--no-copies", "--out", str(tmp_path / "cal")])
+    validate.main([str(path), "--fit-from", str(calibration), "--repeat", str(path), "--no-copies",
+                   "--out", str(tmp_path / "cal")])
     cal = json.load(open(tmp_path / "cal.json"))
     assert cal["meta"]["step_cost"] == "calibration"
     for in_run_check, cal_check in zip(in_run["checks"], cal["checks"]):
@@ -164,7 +170,8 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     assert [c["within"] for c in cal["repeat_checks"]] == [True, True]
     # the runs' speed read off their own steps (100 ms where the calibration's fit prices 50): twice the
     # fit's, priced as the calibration-only run above read at twice the speed; and at +-10% beside it
-    validate.main([str(path), "--fit-from", str(calibration), "--speed", "steps", "--speed-band", "0.1", "--no-copies", "--out", str(tmp_path / "steps")])
+    validate.main([str(path), "--fit-from", str(calibration), "--speed", "steps", "--speed-band", "0.1", "--no-copies",
+                   "--out", str(tmp_path / "steps")])
     steps = json.load(open(tmp_path / "steps.json"))
     assert [r["machine_speed"] for r in steps["rows"]] == pytest.approx([2.0, 2.0], rel=0.02)
     assert steps["meta"]["speed"] == "steps" and steps["meta"]["acceptance_factor"] is None  # nothing speculated
@@ -174,12 +181,15 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     # a calibration run that speculated: the acceptance table is scaled to its tokens per verification
     for accepted in (1.3, 2.5):
         rows_ = json.load(open(calibration))["rows"]
-        calibration.write_text(json.dumps({**bench, "rows": [{**r, "mean_accepted_per_verify": accepted if r["policy"] == "adaserve" else 1.0}
+        calibration.write_text(json.dumps({**bench, "rows": [{**r, "mean_accepted_per_verify": accepted
+                                                              if r["policy"] == "adaserve" else 1.0}
                                                               for r in rows_]}))
-        validate.main([str(path), "--fit-from", str(calibration), "--no-copies", "--out", str(tmp_path / f"acc{accepted}")])
+        validate.main([str(path), "--fit-from", str(calibration), "--no-copies", "--out",
+                       str(tmp_path / f"acc{accepted}")])
     low, high = (json.load(open(tmp_path / f"acc{a}.json")) for a in (1.3, 2.5))
     assert 0.25 < low["meta"]["acceptance_factor"] < high["meta"]["acceptance_factor"] < 2.0
-    assert [r["mean_accepted_per_verify"] for r in low["rows"]][0] < [r["mean_accepted_per_verify"] for r in high["rows"]][0]
+    assert [r["mean_accepted_per_verify"] for r in low["rows"]][0] < [r["mean_accepted_per_verify"]
+                                                                      for r in high["rows"]][0]
 
 
 def test_relative_speed_is_the_geometric_mean_of_the_probes_over_the_profile():
@@ -193,13 +203,15 @@ def test_scheduler_settings_reach_every_replica():
     from sim.options import Deploy, scheduler_settings
 
     pairs = scheduler_settings("overload=best_effort,slo_admission=false,max_num_seqs=32,admission_headroom=1.0")
-    assert pairs == (("overload", "best_effort"), ("slo_admission", False), ("max_num_seqs", 32), ("admission_headroom", 1.0))
+    assert pairs == (("overload", "best_effort"), ("slo_admission", False), ("max_num_seqs", 32),
+                     ("admission_headroom", 1.0))
     sched = Deploy("a100x4", "llama70b", None, 1.3, "relative", pairs).scenario("adaserve").replica.scheduler
     assert (sched.overload, sched.slo_admission, sched.max_num_seqs) == ("best_effort", False, 32)
 
 
 def test_validate_judges_a_repeated_bench_by_its_bands(tmp_path, monkeypatch):
-    rows = [{"rps": 1.0, "repeat": k, "policy": "continuous", "requests": 10, "slo_attainment": a, "tpot_slo_attainment": a,
+    rows = [{"rps": 1.0, "repeat": k, "policy": "continuous", "requests": 10, "slo_attainment": a,
+             "tpot_slo_attainment": a,
              "tpot_ms_p50": 15.0} for k, a in enumerate((0.9, 1.0, 1.0))]
     path, _ = tokenless_bench(tmp_path, monkeypatch, rows)
     validate.main([str(path), "--step-cost", "profile", "--no-copies", "--out", str(tmp_path / "v")])

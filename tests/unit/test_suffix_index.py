@@ -7,7 +7,7 @@ import pytest
 
 from adaserve_backend.speculation.copy_rates import CopyRates
 from adaserve_backend.speculation.lookup import graft
-from adaserve_backend.speculation.suffix_index import KEY_LENGTHS, SuffixIndex, prior
+from adaserve_backend.speculation.suffix_index import SuffixIndex, prior
 from adaserve_backend.speculation.token_tree import CandidateTree, TokenTree
 
 ANSWER = list(range(100, 140))
@@ -73,7 +73,8 @@ def test_memory_is_bounded_and_finished_requests_go_first():
         assert index.num_tokens <= 100
     for i in range(1, 27):  # evicted: their keys went with them, nothing of theirs is proposed
         assert index.propose("", list(range(2000 + 40 * i, 2000 + 40 * i + 20)), 3, flat_rate).tokens == []
-    assert index.propose("", list(range(1000, 1010)), 3, flat_rate).tokens == [1010, 1011, 1012]  # the running one stayed
+    # the running one stayed
+    assert index.propose("", list(range(1000, 1010)), 3, flat_rate).tokens == [1010, 1011, 1012]
     for i in range(30, 40):  # unfinished ones too are evicted once nothing else is left
         index.extend(i, "", list(range(5000 + 100 * i, 5000 + 100 * i + 90)))
     assert index.num_tokens <= 100

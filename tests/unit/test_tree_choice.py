@@ -4,9 +4,9 @@ the estimator's predictions (no model; requests on a fake clock as in test_sched
 from __future__ import annotations
 
 from adaserve_backend.config import SpeculationConfig
-from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.scheduler.plan import IterationPlan
 from adaserve_backend.scheduler.policies import make_policy
+from adaserve_backend.scheduler.prefill_estimator import Estimator
 from adaserve_backend.speculation.token_tree import CandidateTree
 from adaserve_backend.speculation.tree_choice import choose_trees
 from tests.unit.test_decode_estimator import COST

@@ -24,7 +24,8 @@ FINAL = fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 def preprocessing(inputs, decoupled):
     text = inputs["text_input"].reshape(-1)[0].decode()
-    return fake_pb.InferenceResponse([fake_pb.Tensor("input_ids", np.asarray([3 + ord(c) % 250 for c in text], dtype=np.int32))])
+    return fake_pb.InferenceResponse([fake_pb.Tensor("input_ids",
+                                                     np.asarray([3 + ord(c) % 250 for c in text], dtype=np.int32))])
 
 
 def postprocessing(inputs, decoupled):
@@ -52,7 +53,8 @@ def served(monkeypatch, detokenizer):
             loop.streams.append(req.sender)
         return req.sender
 
-    monkeypatch.setattr(fake_pb, "MODELS", {"preprocessing": preprocessing, "adaserve": adaserve, "postprocessing": postprocessing})
+    monkeypatch.setattr(fake_pb, "MODELS",
+                        {"preprocessing": preprocessing, "adaserve": adaserve, "postprocessing": postprocessing})
     pipeline = BLSPipeline(fake_pb, detokenizer=detokenizer)
     yield pipeline, loop
     pipeline.shutdown()
@@ -61,7 +63,8 @@ def served(monkeypatch, detokenizer):
 
 
 def client(text, max_tokens):
-    return fake_pb.Request(text_input=np.asarray([text.encode()], dtype=object), max_tokens=np.asarray([max_tokens], dtype=np.int32),
+    return fake_pb.Request(text_input=np.asarray([text.encode()], dtype=object),
+                           max_tokens=np.asarray([max_tokens], dtype=np.int32),
                            stream=np.asarray([True]))
 
 
@@ -82,7 +85,8 @@ def kv_free(loop, timeout=20) -> bool:
 def test_streams_through_the_pipeline_with_one_final(served, monkeypatch, detokenizer):
     pipeline, loop = served
     calls = []
-    monkeypatch.setitem(fake_pb.MODELS, "postprocessing", lambda inputs, decoupled: calls.append(1) or postprocessing(inputs, decoupled))
+    monkeypatch.setitem(fake_pb.MODELS, "postprocessing",
+                        lambda inputs, decoupled: calls.append(1) or postprocessing(inputs, decoupled))
     req = client("hello", 12)
     pipeline.submit(req)
     assert req.sender.finished.wait(60)
@@ -103,10 +107,12 @@ def test_an_unknown_detokenizer_fails_loudly():
 
 @pytest.mark.parametrize("detokenizer", ["postprocessing"])
 @pytest.mark.parametrize("stopping, answer, code, stream_code", [
-    (False, "internal error (the server's log has the details)", "INTERNAL", ErrorKind.CANCELLED),  # the pipeline aborts it
+    # the pipeline aborts it
+    (False, "internal error (the server's log has the details)", "INTERNAL", ErrorKind.CANCELLED),
     (True, "the server is shutting down", "UNAVAILABLE", ErrorKind.UNAVAILABLE),  # the scheduler model ends it itself
 ])
-def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, monkeypatch, stopping, answer, code, stream_code):
+def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, monkeypatch, stopping,
+                                                                        answer, code, stream_code):
     """The scheduler model's stream is ended and read to its end: an abandoned BLS stream keeps both
     models alive, and a stopping server then waits out its exit timeout."""
     pipeline, loop = served
@@ -139,7 +145,8 @@ def test_a_failing_postprocessing_ends_the_request_and_frees_its_blocks(served, 
             if stopping:  # as Triton stops: BLS refused, the models no longer ready
                 monkeypatch.setattr(fake_pb, "SERVER_READY", False)
                 released.set()
-            return fake_pb.InferenceResponse(error=fake_pb.TritonError("Server not ready" if stopping else "detokenizer exploded"))
+            return fake_pb.InferenceResponse(error=fake_pb.TritonError("Server not ready" if stopping
+                                                                       else "detokenizer exploded"))
         return postprocessing(inputs, decoupled)
 
     monkeypatch.setitem(fake_pb.MODELS, "postprocessing", failing)
@@ -232,7 +239,8 @@ def test_a_client_is_answered_only_after_its_scheduler_stream_ended(served, monk
 
     monkeypatch.setattr(req.sender, "send", recording_send)
     stopped_at, notice = [float("inf")], loop.shutdown_probe.stopping  # a step of a real model takes a while
-    monkeypatch.setattr(loop.shutdown_probe, "stopping", lambda fresh=False: time.monotonic() > stopped_at[0] + 0.5 and notice(fresh))
+    monkeypatch.setattr(loop.shutdown_probe, "stopping",
+                        lambda fresh=False: time.monotonic() > stopped_at[0] + 0.5 and notice(fresh))
     stopped_at[0] = time.monotonic()
     monkeypatch.setattr(fake_pb, "SERVER_READY", False)
     assert req.sender.finished.wait(10)
@@ -246,7 +254,8 @@ def test_bad_input_keeps_its_invalid_arg_code_through_the_pipeline(served, monke
     pipeline.submit(req)
     assert req.sender.finished.wait(30)
     (resp, flags), = req.sender.sent
-    assert resp.error().code() == fake_pb.TritonError.INVALID_ARG and "max_tokens" in resp.error().message() and flags == FINAL
+    assert resp.error().code() == fake_pb.TritonError.INVALID_ARG and flags == FINAL
+    assert "max_tokens" in resp.error().message()
     monkeypatch.setitem(fake_pb.MODELS, "preprocessing", lambda inputs, decoupled: fake_pb.InferenceResponse(
         error=fake_pb.TritonError("text_input must hold exactly one string, got 2", fake_pb.TritonError.INVALID_ARG)))
     req = client("hello", 4)

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
+from adaserve_backend.chat import encode_prompt
 from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.models import load_tokenizer, locate
 from adaserve_backend.request import FinishReason, RequestOutput, RequestStats
 from adaserve_backend.serving.detokenize import Rendered, StreamState, text_delta
-from adaserve_backend.chat import encode_prompt
 from adaserve_backend.triton.protocol import ResponseOptions, parse_request, prompt_ids, response_tensors
 
 
@@ -111,13 +111,15 @@ def test_parse_request_rejects_bad_input_clearly(tensors, message):
 
 
 def test_response_carries_only_what_was_asked():
-    out = RequestOutput("r", [1], finished=True, finish_reason=FinishReason.STOP, arrival_time=1.0, first_token_time=1.5,
+    out = RequestOutput("r", [1], finished=True, finish_reason=FinishReason.STOP,
+                        arrival_time=1.0, first_token_time=1.5,
                         emit_time=2.0, num_prompt_tokens=3, num_output_tokens=4, stats=RequestStats(3, 8, 2))
     plain = response_tensors(out, ResponseOptions(), Rendered([7], [1], "é"), 0)
     assert set(plain) == {"output_ids", "context_ids", "text_output", "is_final"} and plain["is_final"][0]
     assert plain["text_output"][0].decode() == "é"
     full = response_tensors(out, ResponseOptions(True, False, True, True, True, True), Rendered([], [1], ""), 10)
-    assert type(full["finish_reason"][0]) is str and full["finish_reason"][0] == "stop" and full["num_output_tokens"][0] == 4
+    assert type(full["finish_reason"][0]) is str and full["finish_reason"][0] == "stop"
+    assert full["num_output_tokens"][0] == 4
     assert full["acceptance_rate"][0] == pytest.approx(0.25) and full["emit_time_ns"][0] == 2_000_000_010
 
 
@@ -146,7 +148,8 @@ def test_the_front_model_imports_neither_torch_nor_the_engine():
     import subprocess
     import sys
 
-    code = "import sys, adaserve_backend.triton.pipeline; print(sorted(m for m in ('torch', 'adaserve_backend.engine') if m in sys.modules))"
+    code = ("import sys, adaserve_backend.triton.pipeline; "
+            "print(sorted(m for m in ('torch', 'adaserve_backend.engine') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -155,6 +158,7 @@ def test_the_serving_process_imports_no_offline_tools():
     import subprocess
     import sys
 
-    code = "import sys, adaserve_backend.triton.engine_loop; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tools'))"
+    code = ("import sys, adaserve_backend.triton.engine_loop; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tools'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -10,15 +10,16 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from harness.servers import ServerProcess, free_ports, gauge_values, llamacpp_server, wait_idle
 from benchmarks.vs_peers import LLAMACPP_SYSTEMS, SYSTEMS, arrivals_for, priorities
 from benchmarks.vs_peers_report import markdown_table, paired, plot, plot_repeats
+from harness.servers import ServerProcess, free_ports, gauge_values, llamacpp_server, wait_idle
 from harness.slo_targets import SloTargets
 
 
 def test_vllm_priority_follows_the_tpot_targets():
     assert priorities(SloTargets()) == {"coding": 0, "chat": 1, "summary": 2}
-    assert priorities(SloTargets(tpot_ms={"coding": 300.0, "chat": 20.0, "summary": 100.0})) == {"chat": 0, "summary": 1, "coding": 2}
+    assert priorities(SloTargets(tpot_ms={"coding": 300.0, "chat": 20.0,
+                                          "summary": 100.0})) == {"chat": 0, "summary": 1, "coding": 2}
 
 
 def test_arrivals_are_reproducible_and_at_rate():
@@ -75,9 +76,12 @@ def test_gauges_sum_over_labels():
 def test_a_server_process_is_ready_when_healthy_and_always_stopped(tmp_path):
     (port,) = free_ports(1)
     # the child starts a grandchild: stopping must end the whole process group
-    script = (f"import subprocess, sys, http.server; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
-              f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()")
-    proc = ServerProcess("toy", [sys.executable, "-c", script], {}, f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/none",
+    script = ("import subprocess, sys, http.server; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+              f"http.server.ThreadingHTTPServer(('127.0.0.1', {port}), "
+              f"http.server.SimpleHTTPRequestHandler).serve_forever()")
+    proc = ServerProcess("toy", [sys.executable, "-c", script], {}, f"http://127.0.0.1:{port}/",
+                         f"http://127.0.0.1:{port}/none",
                          ("busy",), tmp_path / "toy.log")
     with proc:
         assert proc.proc.poll() is None
@@ -86,7 +90,8 @@ def test_a_server_process_is_ready_when_healthy_and_always_stopped(tmp_path):
 
 
 def test_a_server_that_dies_at_start_reports_its_log(tmp_path):
-    proc = ServerProcess("broken", [sys.executable, "-c", "print('bad flag'); raise SystemExit(2)"], {}, "http://127.0.0.1:1/",
+    proc = ServerProcess("broken", [sys.executable, "-c", "print('bad flag'); raise SystemExit(2)"],
+                         {}, "http://127.0.0.1:1/",
                          "http://127.0.0.1:1/", (), tmp_path / "broken.log")
     with pytest.raises(RuntimeError, match="exited with 2(.|\n)*bad flag"):
         proc.start(timeout_s=30)
@@ -104,7 +109,8 @@ def test_report_table_and_plot(tmp_path):
 
 def test_repeated_runs_are_compared_run_by_run(tmp_path):
     def run(ours: float, theirs: float, levels=(6.0, 8.0)):
-        return [{"system": s, "rps": r, "slo_attainment": v} for r in levels for s, v in (("ours", ours), ("pow2", theirs))]
+        return [{"system": s, "rps": r, "slo_attainment": v} for r in levels
+                for s, v in (("ours", ours), ("pow2", theirs))]
     runs = [run(0.9, 0.8), run(0.7, 0.75), run(1.0, 1.0, levels=(4.0,))]
     diffs = paired(runs, "pow2")
     assert set(diffs) == {("ours", 6.0), ("ours", 8.0), ("ours", 4.0)}

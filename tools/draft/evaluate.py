@@ -51,7 +51,8 @@ SERVED_LOOKUP = SpeculationConfig.lookup_ngram
 FIRST_LOOKUP = 3
 SHAPES = [("chain d=4", "spec:4", 4, 1, 0), ("tree d=4 w=2", "adaserve", 4, 2, 0),
           ("tree d=4 w=4", "adaserve", 4, 4, 0), ("tree d=6 w=2", "adaserve", 6, 2, 0),
-          ("chain d=4 +lookup", "adaserve", 4, 1, SERVED_LOOKUP), ("tree d=4 w=4 +lookup 3-grams", "adaserve", 4, 4, FIRST_LOOKUP),
+          ("chain d=4 +lookup", "adaserve", 4, 1, SERVED_LOOKUP),
+          ("tree d=4 w=4 +lookup 3-grams", "adaserve", 4, 4, FIRST_LOOKUP),
           ("tree d=4 w=4 +lookup", "adaserve", 4, 4, SERVED_LOOKUP)]
 
 
@@ -84,7 +85,8 @@ def engine_for(target, draft, policy: str, depth: int, width: int, eos, ngram: i
     return Engine(cfg, target=target, draft=draft, eos_token_ids=eos)
 
 
-def run_one_by_one(engine: Engine, prompts: list[list[int]], max_tokens: int, slo_ms: float = 1e-3) -> tuple[list[list[int]], list[float]]:
+def run_one_by_one(engine: Engine, prompts: list[list[int]], max_tokens: int,
+                   slo_ms: float = 1e-3) -> tuple[list[list[int]], list[float]]:
     """Each prompt alone (one request at a time; by default the tightest SLO, so the SLO phase takes
     n_max nodes every iteration); returns outputs and TPOTs (s)."""
     outs, tpots = [], []
@@ -109,7 +111,8 @@ def main() -> None:
     ap.add_argument("--per-family", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--steps", type=int, default=4, help="depths whose agreement is reported")
-    ap.add_argument("--config", default="model_repository/adaserve/1/engine.json", help="the engine compared at one request")
+    ap.add_argument("--config", default="model_repository/adaserve/1/engine.json",
+                    help="the engine compared at one request")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the one-request comparison")
     ap.add_argument("--out", default=os.path.join(run_dir("draft-eval"), "draft_eval.json"))
     args = ap.parse_args()
@@ -129,7 +132,8 @@ def main() -> None:
             ids = [encode(tokenizer, p)[-320:] for p in prompts if p.family == fam]
             outs = continuations(target, ids, args.max_tokens, [0.0] * len(ids), eos, batch=8)
             seqs = [a + b for a, b in zip(ids, outs)]
-            row = {"prompts": len(ids), "top1_by_depth": agreement(draft_f32, target_f32, seqs, [len(a) for a in ids], args.steps)}
+            row = {"prompts": len(ids),
+                   "top1_by_depth": agreement(draft_f32, target_f32, seqs, [len(a) for a in ids], args.steps)}
             for name, policy, d, w, ngram in SHAPES:
                 engine = engine_for(target, draft, policy, d, w, eos, ngram)
                 run_one_by_one(engine, ids, args.max_tokens)
@@ -146,7 +150,8 @@ def main() -> None:
         # the served engine (its knobs and profile) at one request: adaserve (with and without lookup)
         # vs continuous, in interleaved rounds (every other one reversed: a shared machine's speed drifts)
         one = [encode(tokenizer, p)[-320:] for fam in families for p in [q for q in prompts if q.family == fam][:2]]
-        entry["one_request"] = one_request(EngineConfig.from_json(args.config), target, draft, eos, one, args.max_tokens, args.rounds)
+        entry["one_request"] = one_request(EngineConfig.from_json(args.config), target, draft, eos, one,
+                                           args.max_tokens, args.rounds)
         report["drafts"][path] = entry
         print(json.dumps(entry, indent=1))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
@@ -155,12 +160,16 @@ def main() -> None:
     print(table(report))
 
 
-def one_request(served: EngineConfig, target, draft, eos, prompts: list[list[int]], max_tokens: int, rounds: int) -> dict:
+def one_request(served: EngineConfig, target, draft, eos, prompts: list[list[int]],
+                max_tokens: int, rounds: int) -> dict:
     """Mean TPOT per variant and round, each prompt alone; ratios of the rounds' sums."""
-    variants = {"continuous": (dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous")), None),
-                "adaserve": (served, draft),
-                "adaserve, lookup 3-grams": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=FIRST_LOOKUP)), draft),
-                "adaserve, no prompt lookup": (dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=0)), draft)}
+    def lookup(ngram: int) -> EngineConfig:
+        return dataclasses.replace(served, speculation=dataclasses.replace(served.speculation, lookup_ngram=ngram))
+
+    continuous = dataclasses.replace(served, scheduler=dataclasses.replace(served.scheduler, policy="continuous"))
+    variants = {"continuous": (continuous, None), "adaserve": (served, draft),
+                "adaserve, lookup 3-grams": (lookup(FIRST_LOOKUP), draft),
+                "adaserve, no prompt lookup": (lookup(0), draft)}
     tpot = {name: [] for name in variants}
     accepted = {name: [] for name in variants}
     outs = {}
@@ -172,7 +181,8 @@ def one_request(served: EngineConfig, target, draft, eos, prompts: list[list[int
             tpot[name].append(1e3 * statistics.mean(tpots))
             accepted[name].append(engine.mean_accepted())
     base = sum(tpot["continuous"])
-    return {name: {"tpot_ms_rounds": tpot[name], "tpot_ratio": sum(tpot[name]) / base, "accepted_per_verify_rounds": accepted[name],
+    return {name: {"tpot_ms_rounds": tpot[name], "tpot_ratio": sum(tpot[name]) / base,
+                   "accepted_per_verify_rounds": accepted[name],
                    "same_outputs_share": sum(a == c for a, c in zip(outs[name], outs["continuous"])) / len(prompts)}
             for name in variants}
 
@@ -181,7 +191,8 @@ def table(report: dict) -> str:
     """The README's per-family table: one row per family, a column group per draft."""
     drafts = list(report["drafts"])
     fams = sorted(next(iter(report["drafts"].values()))["families"])
-    lines = ["| family | " + " | ".join(f"{os.path.basename(d)}: top-1 by depth; tok/verify " + " / ".join(n for n, *_ in SHAPES) for d in drafts) + " |",
+    lines = ["| family | " + " | ".join(f"{os.path.basename(d)}: top-1 by depth; tok/verify "
+                                        + " / ".join(n for n, *_ in SHAPES) for d in drafts) + " |",
              "|---|" + "---|" * len(drafts)]
     for fam in fams:
         cells = []

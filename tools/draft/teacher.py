@@ -27,7 +27,8 @@ def continuations(
     )
     engine = Engine(cfg, target=target, eos_token_ids=eos_ids)
     for i, (ids, temp) in enumerate(zip(prompts, temperatures)):
-        engine.add_request(Request(str(i), ids, max_tokens=max_tokens, sampling=SamplingParams(temperature=temp, seed=seed_offset + i)))
+        engine.add_request(Request(str(i), ids, max_tokens=max_tokens,
+                                   sampling=SamplingParams(temperature=temp, seed=seed_offset + i)))
     out: dict[str, list[int]] = {}
     with tqdm(total=len(prompts), desc="target continuations") as bar:
         for o in engine.drain():
@@ -47,7 +48,8 @@ def padded_batch(seqs: Sequence[list[int]], pad: int = 0) -> tuple[torch.Tensor,
     return ids, mask
 
 
-def dense_run(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def dense_run(model: LlamaModel, ids: torch.Tensor,
+              features: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced (final hidden states [B, T, H], features a draft reads [B, T, F]: LlamaModel.run)
     for right-padded ids [B, T] (differentiable); features [B, T, F] for a feature-conditioned model."""
     b, t = ids.shape
@@ -97,7 +99,8 @@ def teacher_data(target: LlamaModel, seqs: Sequence[list[int]], k: int, batch_to
         top = torch.topk(logp, k, dim=-1)
         for row, i in enumerate(chunk):
             n = len(seqs[i])
-            result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16), feats[row, :n].to(torch.bfloat16).clone())
+            result[i] = (top.indices[row, :n].to(torch.int32), top.values[row, :n].to(torch.float16),
+                         feats[row, :n].to(torch.bfloat16).clone())
         bar.update(sum(len(seqs[i]) for i in chunk))
         start = end
     bar.close()

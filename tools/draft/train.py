@@ -188,7 +188,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--teacher-only", action="store_true", help="stop after stage 2 (while shards are still generated)")
-    ap.add_argument("--shard", type=int, default=0, help="with --teacher-only: this process takes shards i %% of == shard")
+    ap.add_argument("--shard", type=int, default=0,
+                    help="with --teacher-only: this process takes shards i %% of == shard")
     ap.add_argument("--of", type=int, default=1)
     ap.add_argument("--layers", type=int, help="decoder layers (default: the --init draft's, else 1)")
     ap.add_argument("--init", help="warm start: a draft saved by this command (its head vocabulary and weights)")
@@ -267,7 +268,8 @@ def main() -> None:
     choices = collections.Counter(t for _, _, plen, (tid, _, _) in train for t in tid[plen - 1 :, 0].tolist())
     covered = sum(choices[t] for t in set(head_vocab)) / max(sum(choices.values()), 1)
     print(f"head vocabulary: {len(head_vocab)} tokens cover {covered:.1%} of the target's output choices; "
-          f"{len(train)} sequences, {sum(len(s) for _, s, _, _ in train)} tokens" + (f"; warm start from {args.init}" if args.init else ""))
+          f"{len(train)} sequences, {sum(len(s) for _, s, _, _ in train)} tokens"
+          + (f"; warm start from {args.init}" if args.init else ""))
 
     # 5: train
     params = trainable(draft)
@@ -281,7 +283,8 @@ def main() -> None:
     curves = {"step": [], "loss": [], "train_top1": [], "eval": [], "timings": timings}
     bar = tqdm(total=total, desc="training draft (TTT)")
     done = 0
-    curves["eval"].append({"step": 0, "agreement": agreement_by_family(draft, evaluation, soft, args.steps, args.batch_tokens)})
+    curves["eval"].append({"step": 0,
+                           "agreement": agreement_by_family(draft, evaluation, soft, args.steps, args.batch_tokens)})
     for epoch in range(args.epochs):
         for group in training_batches([len(s) for _, s, _, _ in train], args.batch_tokens, rng):
             batch = collate([(train[i][1], train[i][2], train[i][3]) for i in group], soft, args.prompt_weight)

@@ -28,7 +28,8 @@ def shifted_rows(x: torch.Tensor, j: int, first: int = 0) -> torch.Tensor:
     return torch.cat([out, x.new_zeros(x.shape[0], pad, *x.shape[2:])], dim=1) if pad else out
 
 
-def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+def unrolled(draft: FeatureDraft, ids: torch.Tensor, taps: torch.Tensor, steps: int,
+             start: int = 0) -> list[torch.Tensor]:
     """Final-norm outputs of steps 0..steps-1: [B, T, H] for step 0, [B, T - start, H] (rows start..T-1)
     for the others. ids [B, T]; taps [B, T, k*H] with row i the target's taps at position i-1 (zeros
     at row 0). Each decoder layer keeps its own keys per step; a layer's feature is the residual stream

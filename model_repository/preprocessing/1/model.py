@@ -17,9 +17,11 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                tensors = {name: t.as_numpy() for name in TEXT_INPUTS if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+                tensors = {name: t.as_numpy() for name in TEXT_INPUTS
+                           if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None}
                 tensor = pb_utils.Tensor("input_ids", np.asarray(prompt_ids(tensors, self.tokenizer), dtype=np.int32))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
             except ValueError as e:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)))
+                error = pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
         return responses
