@@ -1,18 +1,15 @@
 """What the OpenAI frontend serves from: a backend turns one parsed `Generation` into a stream of text
-deltas. Two exist: Triton's ensemble over gRPC (`make serve`), and engine replicas on Ray Serve behind
-an SLO-aware router (adaserve_backend/ray_serve, `make serve-ray`). Both end every request the same
-way: a `BackendError` of an ErrorKind (serving/errors.py), which the frontend maps to one HTTP answer."""
+deltas. Two exist: Triton's ensemble over gRPC (triton_backend.py, `make serve`), and engine replicas
+on Ray Serve behind an SLO-aware router (adaserve_backend/ray_serve, `make serve-ray`). Both end every
+request the same way: a `BackendError` of an ErrorKind (serving/errors.py), which the frontend maps
+to one HTTP answer."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-import numpy as np
-
 from ..serving.errors import ErrorKind
-from ..triton.grpc_client import EnsembleClient, EnsembleError, ensemble_tensors
-from ..triton.metrics import ENGINE_UP
 from .params import Generation, OpenAIError
 
 RETRY_AFTER_S = 1
@@ -48,74 +45,3 @@ class Backend(Protocol):
     def stream(self, gen: Generation, prompt: str) -> AsyncIterator[tuple[str, dict]]:
         """(text delta, extras) per response; extras may carry num_input_tokens, num_output_tokens and
         finish_reason. Raises BackendError; closing the iterator aborts the request."""
-
-
-def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[str, np.ndarray]:
-    extra = {"top_p": np.array([gen.top_p], dtype=np.float32), "top_k": np.array([gen.top_k], dtype=np.int32),
-             "min_tokens": np.array([gen.min_tokens], dtype=np.int32), "return_num_input_tokens": np.array([True])}
-    if gen.stop:
-        extra["stop_words"] = np.array([s.encode() for s in gen.stop], dtype=object)
-    # an older model repository: never ignore a target
-    if gen.slo.ttft_ms is not None and "ttft_slo_ms" not in supported:
-        raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
-    if gen.tenant is not None and "tenant" in supported:  # an older repository has no suffix index to scope
-        extra["tenant"] = np.array([gen.tenant.encode()], dtype=object)
-    return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms,
-                            ttft_slo_ms=gen.slo.ttft_ms,
-                            slo_class=gen.slo.slo_class, temperature=gen.temperature,
-                            seed=gen.seed, chat=False, extra=extra)
-
-
-class TritonBackend:
-    """Triton's `ensemble` over gRPC: one bidirectional stream per request; closing it makes Triton abort
-    the request and the engine free its KV cache."""
-
-    def __init__(self, triton_url: str, metrics_url: str | None = None) -> None:
-        self.triton_url, self.metrics_url = triton_url, metrics_url
-        self.ensemble: EnsembleClient | None = None
-        self.inputs: set[str] | None = None
-
-    async def connect(self) -> None:
-        # grpc.aio channels belong to the event loop they are made on: made on the server's loop.
-        self.ensemble = EnsembleClient(self.triton_url)
-
-    async def close(self) -> None:
-        await self.ensemble.close()
-
-    async def unhealthy(self) -> str | None:
-        """Triton's readiness of the ensemble, and (with Triton's metrics URL) whether the engine loop
-        still runs: Triton keeps a model ready whose engine failed for good."""
-        if not await self.ensemble.is_ready():
-            return "the Triton ensemble is not ready"
-        if self.metrics_url and not await engine_up(self.metrics_url):
-            return "the engine is not running"
-        return None
-
-    async def stream(self, gen: Generation, prompt: str) -> AsyncIterator[tuple[str, dict]]:
-        if self.inputs is None:
-            self.inputs = await self.ensemble.input_names()
-        responses = self.ensemble.stream_tensors(ensemble_request(gen, prompt, self.inputs))
-        try:
-            while True:
-                try:
-                    item = await anext(responses)
-                except StopAsyncIteration:
-                    return
-                except EnsembleError as e:
-                    raise BackendError(e.message, e.kind) from None
-                yield item
-        finally:
-            await responses.aclose()
-
-
-async def engine_up(metrics_url: str) -> bool:
-    """adaserve_engine_up from Triton's metrics (unreachable or absent: not up)."""
-    from aiohttp import ClientError, ClientSession, ClientTimeout
-
-    try:
-        async with ClientSession(timeout=ClientTimeout(total=2)) as session, session.get(metrics_url) as resp:
-            text = await resp.text()
-    except (ClientError, TimeoutError):
-        return False
-    values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith(ENGINE_UP)]
-    return bool(values) and all(float(v) == 1 for v in values)

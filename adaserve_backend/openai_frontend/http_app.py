@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from .backends import RETRY_AFTER_S, Backend, BackendError, TritonBackend, http_error
+from .backends import RETRY_AFTER_S, Backend, BackendError, http_error
 from .bodies import DONE, Tally, sse
 from .params import Generation, OpenAIError, parse, shown
 
@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     ap.add_argument("--model-repository", default="model_repository", help="for the chat template")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from .triton_backend import TritonBackend  # here: the Ray app serves this module without Triton
+
     backend = TritonBackend(args.triton_url, args.triton_metrics_url)
     serve_frontend(Frontend(backend, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
                             args.api_key or None, args.max_in_flight), args.host, args.port, on_shutdown)

@@ -101,3 +101,15 @@ def test_no_import_circle():
     for m in sorted(g):
         if m not in state:
             visit(m)
+
+
+def test_the_ray_replicas_load_nothing_of_triton():
+    """ray_serve shares the engine driver (serving/) and the OpenAI frontend with the Triton path, not
+    Triton's glue: importing its modules loads no module of adaserve_backend.triton."""
+    import subprocess
+    import sys
+
+    code = ("import sys, adaserve_backend.ray_serve.app, adaserve_backend.ray_serve.replica; "
+            "print(sorted(m for m in sys.modules if m.startswith('adaserve_backend.triton')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaserve_backend import PROJECT_ROOT
-from adaserve_backend.openai_frontend.backends import TritonBackend
 from adaserve_backend.openai_frontend.http_app import MAX_BODY_BYTES, Frontend
+from adaserve_backend.openai_frontend.triton_backend import TritonBackend
 from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.triton.grpc_client import EnsembleError, infer_inputs
 from adaserve_backend.triton.protocol import parse_request

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from adaserve_backend.openai_frontend.backends import BackendError, ensemble_request, http_error
+from adaserve_backend.openai_frontend.backends import BackendError, http_error
 from adaserve_backend.openai_frontend.bodies import Tally, sse
 from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
+from adaserve_backend.openai_frontend.triton_backend import ensemble_request
 from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.slo import SLO
 
