@@ -1,8 +1,9 @@
 """Multi-SLO benchmark: the same workload against every policy, side by side, in one run.
 
     python -m harness.bench quick                 # RPS sweep in-process (make bench)
-    python -m harness.bench full                  # + urgent-share, SLO-scale sweeps, fluctuating trace (make
-    bench-full) python -m harness.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
+    python -m harness.bench full                  # + urgent-share, SLO-scale sweeps, fluctuating trace
+                                                  # (make bench-full)
+    python -m harness.bench quick --target triton --url localhost:8001   # the same through Triton gRPC
     python -m harness.bench quick --target openai --url http://localhost:8000 --served-model NAME   # vLLM, SGLang
 
 Writes runs/<date>-bench/<name>.json (one row per load level and policy: rps, policy, slo_attainment,

@@ -43,7 +43,9 @@ class Copies:
         lookup = self.lookup
         if lookup.ngram and drafting:
             index = self._ngrams.setdefault(seq.seq_id, NgramIndex(lookup.ngram))
-            graft(cand, *index.propose(seq.tokens, lookup.tokens))
+            copied, conditional = index.propose(seq.tokens, lookup.tokens)
+            if copied:
+                graft(cand, copied, conditional)
         scope = self._scope(seq)
         if scope is not None:
             self.suffix.extend(seq.seq_id, scope, seq.tokens)
