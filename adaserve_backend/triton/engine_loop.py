@@ -75,18 +75,6 @@ class TritonEngineLoop(EngineHooks):
             lambda: self.driver.stopping).start()
         self.driver.start()
 
-    @property
-    def dead(self) -> bool:
-        return self.driver.dead
-
-    @property
-    def stopping(self) -> bool:
-        return self.driver.stopping
-
-    @property
-    def wake(self) -> threading.Event:
-        return self.driver.wake
-
     # ---- called from Triton's execute -----------------------------------------------------------
     def submit(self, request) -> None:
         sender = request.get_response_sender()

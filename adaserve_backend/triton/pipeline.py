@@ -113,7 +113,7 @@ class BLSPipeline:
             pending, self.active = self.active, {}
         finally:
             self.lock.release()
-        error = self.pb.InferenceResponse(error=self.pb.TritonError(SHUTTING_DOWN, self.pb.TritonError.UNAVAILABLE))
+        error = self.pb.InferenceResponse(error=self._error(ErrorKind.UNAVAILABLE, SHUTTING_DOWN))
         for sender in pending.values():
             try:
                 sender.send(error, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -163,16 +163,16 @@ class BLSPipeline:
             stream = None
             return None
         except ValueError as e:  # the client's input (preprocessing refused it)
-            return pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG))
+            return pb.InferenceResponse(error=self._error(ErrorKind.INVALID_ARG, str(e)))
         except Exception as e:  # never leave a client without a final response
             # A stopping server refuses BLS calls at once ("Server not ready"), before the models
             # stop being ready, which is why both are asked.
             shutting_down = SERVER_NOT_READY in str(e) or self.shutdown_probe.stopping(fresh=True)
             if shutting_down:
-                error = pb.TritonError(SHUTTING_DOWN, pb.TritonError.UNAVAILABLE)
+                error = self._error(ErrorKind.UNAVAILABLE, SHUTTING_DOWN)
             else:
                 log.exception("pipeline failed")
-                error = pb.TritonError(INTERNAL_ERROR)
+                error = self._error(ErrorKind.INTERNAL, INTERNAL_ERROR)
             return pb.InferenceResponse(error=error)
         finally:
             if stream is not None:  # we stopped listening before its end (postprocessing failed...)
@@ -205,7 +205,8 @@ class BLSPipeline:
             log.warning("draining an abandoned stream failed", exc_info=True)
 
     def _error(self, kind: ErrorKind, message: str):
-        """The scheduler model's error with its code restored (see protocol.CODE_TAG)."""
+        """An error of `kind` for the client: this model's own, or the scheduler model's with its code
+        restored (see protocol.CODE_TAG)."""
         return self.pb.TritonError(message, getattr(self.pb.TritonError, kind.triton))
 
     def _preprocess(self, request) -> np.ndarray:

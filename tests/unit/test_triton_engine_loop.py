@@ -32,7 +32,7 @@ def loop():
     engine = make_engine(target, target, "adaserve", tokenizer=Detok())
     loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
     yield loop
-    if not loop.stopping:
+    if not loop.driver.stopping:
         loop.shutdown()
 
 
@@ -276,7 +276,7 @@ def test_a_dying_engine_loop_answers_in_flight_requests_restarts_and_is_refused_
         loop.submit(doomed)
         wait(doomed, timeout=10)
         assert response_error(doomed.sender.sent[-1][0])[0] == ErrorKind.INTERNAL
-    assert loop.dead
+    assert loop.driver.dead
     refused = request([5, 6, 7], 4)
     loop.submit(refused)
     wait(refused, timeout=1)  # at once, not after a timeout
@@ -300,7 +300,7 @@ def test_requests_past_the_waiting_cap_are_refused_at_once_with_unavailable(monk
         code, message = response_error(reqs[2].sender.sent[-1][0])
         assert code == ErrorKind.UNAVAILABLE and "overloaded" in message
         monkeypatch.undo()
-        loop.wake.set()
+        loop.driver.wake.set()
         wait(*reqs[:2])
         assert all(len(ids_of(r)) == 3 + 4 for r in reqs[:2])  # the prompt, then 4 tokens
     finally:

@@ -58,7 +58,7 @@ def served(monkeypatch, detokenizer):
     pipeline = BLSPipeline(fake_pb, detokenizer=detokenizer)
     yield pipeline, loop
     pipeline.shutdown()
-    if not loop.stopping:
+    if not loop.driver.stopping:
         loop.shutdown()
 
 
