@@ -18,9 +18,9 @@ SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 setup: system-deps $(VENV)/.installed
 
 # perf_analyzer (bundled in tritonclient) links against libb64 from Debian; the benchmark's chat and
-# summary prompts come from the Python documentation Debian ships (harness/prompts.py); g++ builds the
-# CPU attention kernel (adaserve_backend/attention/csrc) on first use.
-SYSTEM_PACKAGES := libb64-0d python3.11-doc g++
+# summary prompts come from the Python and Perl documentation Debian ships (harness/prompt_sources.py);
+# g++ builds the CPU attention kernel (adaserve_backend/attention/csrc) on first use.
+SYSTEM_PACKAGES := libb64-0d python3.11-doc perl-doc g++
 system-deps:
 	@dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1 || ($(SUDO) apt-get update && $(SUDO) apt-get install -y $(SYSTEM_PACKAGES))
 

@@ -32,7 +32,7 @@ from harness.run_dir import run_dir
 from harness.runners import run_triton
 from harness.servers import triton_server, wait_idle
 from harness.slo_targets import add_slo_arguments, slo_targets_from_args
-from harness.workload import WorkItem, build_workload, builtin_prompts
+from harness.workload import WorkItem, build_workload, prompt_deck
 
 from .vs_peers import arrivals_for, render_chat
 
@@ -52,7 +52,7 @@ def probes_and_traffic(args, slos) -> tuple[list[WorkItem], list[WorkItem]]:
     nothing of the probes, and cold against warm is what a start costs, not what the caches save."""
     n = args.probes + 6 * args.warm_requests
     items = build_workload(arrivals_for(args.arrivals, args.rps, n, args.seed), slos,
-                           prompts=builtin_prompts(args.prompts), seed=args.seed, output_scale=args.output_scale)
+                           deck=prompt_deck(args.prompts, args.seed), seed=args.seed, output_scale=args.output_scale)
     probes = items[:args.probes]
     seen = set().union(*(content_lines(p.prompt) for p in probes))
     pool = [i for i in items[args.probes:] if not content_lines(i.prompt) & seen][:args.warm_requests]

@@ -39,7 +39,7 @@ from harness.servers import (
     wait_idle,
 )
 from harness.slo_targets import add_slo_arguments, slo_targets_from_args
-from harness.workload import build_workload, builtin_prompts, poisson_arrivals
+from harness.workload import build_workload, poisson_arrivals
 
 from .load_tool_report import plot, print_tables
 from .vs_peers import render_chat
@@ -146,7 +146,7 @@ def main() -> None:
     items = render_chat(build_workload(poisson_arrivals(args.agreement_rps,
                                                         max(1, round(args.agreement_rps * args.agreement_duration)),
                                                         random.Random(args.seed)),
-                                       slos, prompts=builtin_prompts(), seed=args.seed))
+                                       slos, seed=args.seed))
     started, report = time.monotonic(), {"settings": vars(args) | {"slo_targets": slos.describe()},
                                          "bench_serve": {}, "agreement": {}}
     bar = tqdm(total=("bench-ours" in args.parts) + 2 * args.agreement_repeats * ("agreement" in args.parts)

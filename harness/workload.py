@@ -1,7 +1,9 @@
 """Multi-SLO workloads: which prompts, which SLO targets, when they arrive.
 
 Categories follow the paper: coding, chat and summarisation, in its 60/20/20 mix, with prompts from
-families the draft never trained on (`harness/prompts.py`).
+families the draft never trained on (`harness/prompts.py`), dealt without replacement (PromptDeck): one
+deck serves everything one server sees, so no server is sent a prompt twice unless the workload is
+about repeats (and `repeat_share` says how many).
 Each item carries its category's TTFT and TPOT targets (`harness/slo_targets.py`).
 Arrivals: Poisson, bursty gamma, a replayed Azure LLM inference trace rescaled to a target RPS, or a
 synthetic fluctuating trace where each category peaks at a different time.
@@ -40,6 +42,59 @@ def builtin_prompts(kind: str = "default") -> dict[str, list[tuple[str, bool]]]:
     from .prompts import PROMPT_SETS
 
     return PROMPT_SETS[kind]()
+
+
+def prompt_deck(kind: str = "default", seed: int = 0) -> PromptDeck:
+    """A deck of one of the benchmark's prompt sets: with replacement only for a set about repeats."""
+    from .prompts import REPEATING_SETS
+
+    return PromptDeck(builtin_prompts(kind), seed, repeats=kind in REPEATING_SETS)
+
+
+class PromptsExhausted(ValueError):
+    """A run asked for more distinct prompts of a category than its families hold."""
+
+
+class PromptDeck:
+    """Prompts dealt without replacement: each category's pool shuffled once (seeded) and dealt in
+    order. Share one deck across everything one server lifetime serves (all levels, all seeds) and no
+    prompt reaches it twice, so no cache or suffix index replays an answer it already gave.
+    `repeats=True` draws with replacement: for a workload about repeats, which says so."""
+
+    def __init__(self, prompts: dict[str, list[tuple[str, bool]]], seed: int = 0, repeats: bool = False):
+        self.prompts, self.repeats = prompts, repeats
+        self._rng = random.Random(seed)
+        self._order = {c: self._rng.sample(range(len(p)), len(p)) for c, p in prompts.items()}
+        self._dealt = dict.fromkeys(prompts, 0)
+
+    def deal(self, category: str) -> tuple[str, bool]:
+        pool = self.prompts[category]
+        if self.repeats:
+            return self._rng.choice(pool)
+        i = self._dealt[category]
+        if i >= len(pool):
+            raise PromptsExhausted(f"this run needs more than the {len(pool)} distinct {category} prompts its "
+                                   "families hold: fewer levels, a shorter --duration, or a workload about repeats")
+        self._dealt[category] = i + 1
+        return pool[self._order[category][i]]
+
+    def left(self) -> dict[str, int]:
+        """Distinct prompts not dealt yet, per category."""
+        return {c: len(p) - self._dealt[c] for c, p in self.prompts.items()}
+
+
+def repeat_share(items: Sequence[WorkItem]) -> float:
+    """The share of items whose prompt an earlier item already sent (whitespace aside): what one
+    server that sees all of them could replay from a cache or suffix index."""
+    from .prompts import normalize
+
+    seen: set[tuple[str, bool]] = set()
+    repeats = 0
+    for it in items:
+        key = (normalize(it.prompt), it.chat)
+        repeats += key in seen
+        seen.add(key)
+    return repeats / len(items) if items else 0.0
 
 
 # ---- arrivals ------------------------------------------------------------------------------------
@@ -117,22 +172,23 @@ def build_workload(
     arrivals: Sequence[float],
     slos: SloTargets | None = None,
     mix: dict[str, float] | None = None,
-    prompts: dict[str, list[tuple[str, bool]]] | None = None,
+    deck: PromptDeck | None = None,
     categories: Sequence[str] | None = None,
     seed: int = 0,
     output_scale: float = 1.0,
 ) -> list[WorkItem]:
-    """One item per arrival. Categories are drawn from `mix` unless given per arrival; output lengths
-    are uniform in the category's range times `output_scale`."""
+    """One item per arrival, its prompt dealt from `deck` (default: a fresh deck of the benchmark's
+    prompts, seeded). Categories are drawn from `mix` unless given per arrival; output lengths are
+    uniform in the category's range times `output_scale`."""
     rng = random.Random(seed)
     slos = slos or SloTargets()
     mix = mix or DEFAULT_MIX
-    prompts = prompts or builtin_prompts()
+    deck = deck or PromptDeck(builtin_prompts(), seed)
     names, weights = list(mix), [mix[c] for c in mix]
     items = []
     for i, t in enumerate(arrivals):
         cat = categories[i] if categories else rng.choices(names, weights)[0]
-        text, chat = rng.choice(prompts[cat])
+        text, chat = deck.deal(cat)
         lo, hi = (max(2, round(x * output_scale)) for x in OUTPUT_TOKENS[cat])
         items.append(WorkItem(f"w{i}", cat, text, chat, rng.randint(lo, hi), slos.tpot(cat), t, slos.ttft(cat)))
     return items

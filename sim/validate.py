@@ -6,9 +6,9 @@ the CPU cost model, predicted next to measured joint and TPOT-only attainment an
     python -m sim.validate B.json --fit-from A.json --repeat A.json   # A: an earlier run
     python -m sim.validate B.json --fit-from A.json --speed steps --speed-band 0.05
 
-The workload is rebuilt as harness.bench builds it (Poisson arrivals of int(rps * duration) requests,
-harness.workload.build_workload with the benchmark's prompts, seed and output scale; the urgent-share
-and SLO-scale sweeps' mixes and targets), and each prompt is encoded with the served tokenizer as
+The workload is rebuilt by harness.bench's own level_items (Poisson arrivals of int(rps * duration)
+requests, a fresh prompt deck per level as an in-process bench run deals it, the urgent-share and
+SLO-scale sweeps' mixes and targets), and each prompt is encoded with the served tokenizer as
 harness.bench.InProcess does, so prompt lengths are the measured run's; a prompt ends where the measured
 runs saw the model stop it (their `outputs`), else at max_tokens. The bench JSON does not record
 its --seed, --output-scale and --time-limit: pass them if the run changed them (defaults are bench's).
@@ -38,13 +38,12 @@ import argparse
 import dataclasses
 import json
 import os
-import random
 
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.step_cost import EngineStepCost
 from harness.run_dir import run_dir
 from harness.slo_targets import SloTargets
-from harness.workload import build_workload, builtin_prompts, poisson_arrivals
+from harness.workload import prompt_deck
 
 from .acceptance import acceptance_model
 from .bands import bands, print_bands
@@ -75,15 +74,6 @@ def level_of(row: dict) -> dict:
 def level_key(level: dict) -> str:
     """A level as a dict key (the workloads are built once per level)."""
     return json.dumps(level, sort_keys=True)
-
-
-def bench_items(level: dict, duration_s: float, slos: SloTargets, prompts, seed: int, output_scale: float):
-    """harness.bench's items for one level (its items_for, which is local to its main)."""
-    rps, u, s = level["rps"], level.get("urgent_share"), level.get("urgent_slo_scale")
-    mix = {"coding": u, "chat": (1 - u) / 2, "summary": (1 - u) / 2} if u is not None else None
-    arrivals = poisson_arrivals(rps, max(1, int(rps * duration_s)), random.Random(seed))
-    return build_workload(arrivals, slos.with_tpot_scale({"coding": s} if s is not None else {}), mix=mix,
-                          prompts=prompts, seed=seed, output_scale=output_scale)
 
 
 def sim_requests(items, encode, stops: dict | None = None) -> list[SimRequest]:
@@ -186,7 +176,7 @@ def main(argv=None) -> None:
     if bench.get("target", "inprocess") != "inprocess" or bench.get("sweep") == "fluctuating":
         raise SystemExit("validate compares in-process rps / urgent_share / slo_scale sweeps only")
     from adaserve_backend.config import EngineConfig
-    from harness.bench import InProcess
+    from harness.bench import InProcess, level_items
 
     config_path = bench.get("config", "model_repository/adaserve/1/engine.json")
     config = EngineConfig.from_json(config_path)
@@ -195,8 +185,7 @@ def main(argv=None) -> None:
     keep = set(filter(None, args.policies.split(",")))
     measured = [r for r in bench["rows"] if not keep or r["policy"] in keep]
     levels = list({level_key(level_of(r)): level_of(r) for r in measured}.values())
-    prompts = builtin_prompts()
-    items = {level_key(lv): bench_items(lv, bench["duration_s"], slos, prompts, args.seed,
+    items = {level_key(lv): level_items(lv, bench["duration_s"], slos, prompt_deck(seed=args.seed), args.seed,
                                         args.output_scale) for lv in levels}
     stops = stop_lengths(measured, lambda lv: items[level_key(lv)])
     if stops:

@@ -26,6 +26,7 @@ from adaserve_backend.slo import SLO
 from harness.slo_targets import DEFAULT_TTFT_SLO_MS, SloTargets
 from harness.workload import (
     DEFAULT_MIX,
+    PromptDeck,
     build_workload,
     fluctuating_arrivals,
     gamma_arrivals,
@@ -120,8 +121,8 @@ def build_requests(rps: float, duration_s: float, slos: SloTargets, scale: str =
                    output_scale: float = 1.0) -> list[SimRequest]:
     rng = random.Random(seed)
     times, cats = arrivals(arrival, rps, duration_s, rng)
-    prompts = {c: [("", True)] for c in DEFAULT_MIX}  # text is not simulated
-    items = build_workload(times, slos, mix, prompts, cats, seed, output_scale)
+    texts = PromptDeck({c: [("", True)] for c in DEFAULT_MIX}, repeats=True)  # text is not simulated
+    items = build_workload(times, slos, mix, texts, cats, seed, output_scale)
     lengths = PROMPT_TOKENS[scale]
     return [SimRequest(it.request_id, it.category, rng.randint(*lengths[it.category]), it.max_tokens,
                        it.tpot_slo_ms, it.ttft_slo_ms, it.arrival_s) for it in items]

@@ -17,11 +17,14 @@ from harness.slo_targets import (
     slo_targets_from_args,
 )
 from harness.workload import (
+    PromptDeck,
+    PromptsExhausted,
     build_workload,
     fluctuating_arrivals,
     gamma_arrivals,
     poisson_arrivals,
     read_azure_trace,
+    repeat_share,
     rescale_trace,
 )
 
@@ -106,12 +109,28 @@ def test_workload_mix_and_absolute_slo_targets():
     prompts = {c: [(f"{c} prompt", False)] for c in ("coding", "chat", "summary")}
     slos = SloTargets(tpot_ms={"coding": 40.0, "chat": 70.0, "summary": 150.0},
                       ttft_ms={"coding": 1000.0, "chat": 2000.0, "summary": 6000.0})
-    items = build_workload([0.1 * i for i in range(3000)], slos, prompts=prompts, seed=1)
+    items = build_workload([0.1 * i for i in range(3000)], slos, deck=PromptDeck(prompts, repeats=True), seed=1)
     share = {c: sum(i.category == c for i in items) / len(items) for c in ("coding", "chat", "summary")}
     assert share["coding"] == pytest.approx(0.6, abs=0.03) and share["chat"] == pytest.approx(0.2, abs=0.03)
     assert {i.category: (i.ttft_slo_ms, i.tpot_slo_ms) for i in items} == {
         "coding": (1000.0, 40.0), "chat": (2000.0, 70.0), "summary": (6000.0, 150.0)}
     assert all(i.arrival_s == pytest.approx(0.1 * int(i.request_id[1:])) for i in items)
+
+
+def test_a_deck_deals_each_prompt_once_across_levels():
+    prompts = {c: [(f"{c} {i}", c != "coding") for i in range(50)] for c in ("coding", "chat", "summary")}
+    deck = PromptDeck(prompts, seed=3)
+    levels = [build_workload([0.1 * i for i in range(20)], deck=deck, seed=s) for s in range(3)]
+    sent = [it for items in levels for it in items]
+    assert repeat_share(sent) == 0.0 and len({it.prompt for it in sent}) == 60
+    assert sum(deck.left().values()) == 150 - 60
+    with pytest.raises(PromptsExhausted, match="distinct coding prompts"):
+        build_workload([0.0] * 200, deck=deck, mix={"coding": 1.0})
+    # the same seed deals the same order; a deck about repeats draws with replacement and says how often
+    assert [it.prompt for it in build_workload([0.0] * 5, deck=PromptDeck(prompts, seed=3), seed=0)] == [
+        it.prompt for it in levels[0][:5]]
+    again = build_workload([0.0] * 400, deck=PromptDeck(prompts, repeats=True), mix={"chat": 1.0})
+    assert repeat_share(again) > 0.8
 
 
 def test_slo_targets_from_the_command_line():

@@ -69,10 +69,12 @@ def test_relative_slos_keep_the_papers_order_on_a_slow_baseline():
 
 
 def test_validation_rebuilds_the_benchmarks_workload():
+    from harness.bench import level_items
     from harness.slo_targets import SloTargets
+    from harness.workload import PromptDeck
 
-    items = validate.bench_items({"rps": 2.0, "urgent_share": 0.8}, 30.0, SloTargets(), {c: [("p", True)] for c in
-                                 ("coding", "chat", "summary")}, 0, 0.5)
+    deck = PromptDeck({c: [("p", True)] for c in ("coding", "chat", "summary")}, repeats=True)
+    items = level_items({"rps": 2.0, "urgent_share": 0.8}, 30.0, SloTargets(), deck, 0, 0.5)
     assert len(items) == 60  # harness.bench sends int(rps * duration) Poisson arrivals
     assert sum(i.category == "coding" for i in items) > 40
 

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from benchmarks.vs_peers import LLAMACPP_SYSTEMS, SYSTEMS, arrivals_for, priorities
-from benchmarks.vs_peers_report import markdown_table, paired, plot, plot_repeats
+from benchmarks.vs_peers_report import best_of_each, markdown_table, paired, plot, plot_repeats
 from harness.servers import ServerProcess, free_ports, gauge_values, llamacpp_server, wait_idle
 from harness.slo_targets import SloTargets
 
@@ -102,9 +102,19 @@ def test_report_table_and_plot(tmp_path):
                tpot_ms_p50=40.0, tpot_ms_p99=None, errors=1, requests=8)
     rows = [{"system": s, "rps": r, **row} for s in ("adaserve", "vllm") for r in (0.5, 1.0)]
     table = markdown_table(rows).splitlines()
-    assert len(table) == 2 + 4 and "| adaserve | 0.5 | 0.50 | 0.75 | 12.3 | 250 ms | 2.5 s | 40 ms | - | 1/8 |" in table
+    assert len(table) == 2 + 4
+    assert "| adaserve | 0.5 | 0.50 | 0.75 | 12.3 | 250 ms | 2.5 s | 40 ms | - | - | 1/8 |" in table
+    rows[0] |= {"output_tokens_mean": 41.6, "stopped_at_eos": 0.25}
+    assert "| 42 (25%) | 1/8 |" in markdown_table(rows)
     plot(rows, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_each_project_is_reported_at_its_best_configuration():
+    rows = [{"system": s, "rps": 1.0, "slo_attainment": a, "goodput_tok_s": g}
+            for s, a, g in (("adaserve", 0.9, 10), ("vllm", 0.5, 9), ("vllm-ngram", 0.6, 8), ("llamacpp-bf16", 0.3, 5),
+                            ("llamacpp-bf16-spec", 0.3, 6))]
+    assert {r["system"] for r in best_of_each(rows)} == {"adaserve", "vllm-ngram", "llamacpp-bf16-spec"}
 
 
 def test_repeated_runs_are_compared_run_by_run(tmp_path):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from adaserve_backend.chat import encode_prompt
-from harness.prompts import function_prompt, parsed_files, python_sources
+from harness.prompt_sources import function_prompt, parsed_files, python_sources
 
 CATEGORIES = ("code", "instruction", "summary")
 # Never trained on: evaluated as text of kinds the draft has not seen (besides the benchmark's).
@@ -62,7 +62,8 @@ def _package_root(name: str) -> str:
     return spec.submodule_search_locations[0]
 
 
-def _sources(package: str) -> list[str]:
+def draft_sources(package: str) -> list[str]:
+    """The .py files a package's families read (vendored copies of other projects left out)."""
     root = _package_root(package)
     if package != "stdlib":
         return python_sources(root)
@@ -99,7 +100,7 @@ def _package_texts(package: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for path, tree in parsed_files([p for p in _sources(package) if "/tests/" not in p]):
+        for path, tree in parsed_files([p for p in draft_sources(package) if "/tests/" not in p]):
             if "/test/" not in path:
                 code += [p for n in tree.body if isinstance(n, ast.FunctionDef) and (p := function_prompt(n))]
             nodes = [tree, *definitions(tree)]

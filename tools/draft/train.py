@@ -48,7 +48,7 @@ from adaserve_backend.models.feature_draft import (
     trainable,
     trained_draft,
 )
-from harness.prompts import BENCHMARK_FAMILIES, benchmark_prompts
+from harness.prompts import BENCHMARK_FAMILIES, family_prompts
 from harness.run_dir import run_dir
 from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
 from tools.draft.teacher import continuations, padded_batch, teacher_data
@@ -72,9 +72,10 @@ def eval_prompts(per_family: int, seed: int = 0) -> list[Prompt]:
     for fam in HELD_OUT_FAMILIES:
         items = [p for p in held if p.family == fam]
         out += rng.sample(items, min(per_family, len(items)))
-    for cat, items in benchmark_prompts().items():
-        fam = f"bench:{BENCHMARK_FAMILIES[cat]}"
-        out += [Prompt(cat, t, chat, fam) for t, chat in rng.sample(items, min(per_family, len(items)))]
+    for cat, families in BENCHMARK_FAMILIES.items():
+        for fam in families:
+            items = family_prompts(fam)
+            out += [Prompt(cat, t, chat, f"bench:{fam}") for t, chat in rng.sample(items, min(per_family, len(items)))]
     return out
 
 
