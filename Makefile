@@ -92,7 +92,7 @@ sim-validate: setup
 	  HF_HUB_OFFLINE=1 $(PY) -m harness.bench quick --policies adaserve continuous --repeats $(SIM_REPEATS) --out $$out; \
 	  bench=$$out/quick-rps.json; fi; \
 	stem=runs/$$(date +%Y-%m-%d)-sim-validate/validate-$$(basename $$(dirname $$bench)); \
-	HF_HUB_OFFLINE=1 $(PY) -m sim.validate $$bench --speed steps --out $$stem-steps; \
+	HF_HUB_OFFLINE=1 $(PY) -m sim.validate $$bench --speed siblings --out $$stem-siblings; \
 	HF_HUB_OFFLINE=1 $(PY) -m sim.validate $$bench --speed probe --out $$stem-probe
 
 clean:

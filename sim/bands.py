@@ -5,12 +5,12 @@ percent of machine speed moves joint attainment by more than any fixed tolerance
 measured several times (`harness.bench --repeats N`, interleaved: every repeat of a level runs back to
 back), the simulator predicts each repeat priced at that repeat's measured speed, and a level passes
 (a) when the predictions' median lies inside the measured band (min-max) or within `EDGE` of its
-nearest edge, and (b) when the simulator's error to the measured median, |median(S) - median(X)|, is
-no larger than a re-run's: each repeat left out in turn, |X_i - median(X without i)|, averaged over i.
-Attainment cannot be resolved finer than one request, so an error up to 1/requests counts as none.
-A stricter variant is reported beside it (`per_repeat_error`): each repeat's own prediction S_i
-against the other repeats' median, which also charges the simulator for the spread of the speeds it
-is priced at.
+nearest edge, and (b), as docs/simulator.md defines it, per repeat: each repeat left out in turn, the
+simulator's prediction of it, |S_i - median(X without i)|, is on average no further from the other
+repeats' median than the repeat itself, |X_i - median(X without i)|. Attainment cannot be resolved finer
+than one request, so an error up to 1/requests counts as none. A lenient variant is reported beside it
+(`median_error`: the predictions' median against the median of all repeats, the judged one included),
+never counted as passing.
 """
 
 from __future__ import annotations
@@ -64,13 +64,14 @@ class Band:
 
     @property
     def sim_error(self) -> float:
-        """How far the simulator's prediction lands from the measured median."""
-        return abs(self.predicted_median - self.median)
+        """(b)'s error: how far the simulator's prediction of each repeat lands from the other repeats'
+        median, on average."""
+        return self._left_out(self.predicted)
 
     @property
-    def per_repeat_error(self) -> float:
-        """How far the simulator's prediction of each repeat lands from the other repeats' median."""
-        return self._left_out(self.predicted)
+    def median_error(self) -> float:
+        """The lenient variant: the predictions' median against all repeats' median (the judged included)."""
+        return abs(self.predicted_median - self.median)
 
     def within_rerun(self, error: float) -> bool:
         """An error no larger than a re-run's, or than one request's share of attainment."""
@@ -86,7 +87,7 @@ class Band:
                 "predicted": list(self.predicted),
                 "requests": self.requests, "lo": self.lo, "hi": self.hi, "median": self.median,
                 "predicted_median": self.predicted_median, "inside": self.inside, "rerun_error": self.rerun_error,
-                "sim_error": self.sim_error, "per_repeat_error": self.per_repeat_error, "no_worse": self.no_worse}
+                "sim_error": self.sim_error, "median_error": self.median_error, "no_worse": self.no_worse}
 
 
 def bands(measured: list[dict], predicted: list[dict], level_of) -> list[Band]:
@@ -108,13 +109,13 @@ def bands(measured: list[dict], predicted: list[dict], level_of) -> list[Band]:
 def print_bands(found: list[Band]) -> None:
     print(f"{'policy':>12} {'level':>10} {'measured lo/median/hi':>22} {'sim':>5} (a)  "
           f"{'re-run err':>10} {'sim err':>8} (b)"
-          f" {'per-repeat err':>14}")
+          f" {'median err':>10}")
     for b in found:
         level = " ".join(f"{k}={v:g}" for k, v in b.level.items())
         print(f"{b.policy:>12} {level:>10} {b.lo:8.2f}/{b.median:.2f}/{b.hi:.2f}    {b.predicted_median:5.2f} "
               f"{'yes' if b.inside else 'no ':>3}  {b.rerun_error:10.3f} {b.sim_error:8.3f} "
               f"{'yes' if b.no_worse else 'no ':>3}"
-              f" {b.per_repeat_error:14.3f}")
+              f" {b.median_error:10.3f}")
     print(f"(a) inside the measured band or within {EDGE} of it: {sum(b.inside for b in found)}/{len(found)}; "
-          f"(b) no worse than a re-run: {sum(b.no_worse for b in found)}/{len(found)}; the per-repeat variant: "
-          f"{sum(b.within_rerun(b.per_repeat_error) for b in found)}/{len(found)}")
+          f"(b) per repeat, no worse than a re-run: {sum(b.no_worse for b in found)}/{len(found)} (the lenient "
+          f"medians variant, not a pass: {sum(b.within_rerun(b.median_error) for b in found)}/{len(found)})")

@@ -48,10 +48,10 @@ def step_fit(runs: list[dict], speeds: list[float], profile: CostModel,
 
 
 def held_out_step(measured: list[dict], speeds: list[float], i: int, profile: CostModel,
-                  fallback: EngineStepCost | None) -> EngineStepCost:
-    """The step cost fitted to every measured run's iterations but run i's own, so no run is priced by
-    what it measured itself."""
-    others = [j for j in range(len(measured)) if j != i]
+                  fallback: EngineStepCost | None, level_of) -> EngineStepCost:
+    """The step cost fitted to the iterations of every measured run at other levels than run i's, so
+    no run is priced by what it, or a twin repeat of its level, measured."""
+    others = [j for j in range(len(measured)) if level_of(measured[j]) != level_of(measured[i])]
     return step_fit([measured[j] for j in others], [speeds[j] for j in others], profile, fallback)
 
 

@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.step_cost import EngineStepCost
@@ -102,6 +103,13 @@ def stop_lengths(measured: list[dict], items_of) -> dict:
     return {k: sorted(v)[len(v) // 2] for k, v in seen.items()}
 
 
+def sibling_speed(measured: list[dict], speeds: list[float], i: int) -> float | None:
+    """The median speed of run i's twins (same policy and level, other repeats); None without one."""
+    twins = [s for j, (r, s) in enumerate(zip(measured, speeds)) if j != i and r["policy"] == measured[i]["policy"]
+             and level_of(r) == level_of(measured[i])]
+    return statistics.median(twins) if twins else None
+
+
 def same_run(rows: list[dict], m: dict) -> dict:
     """The row of `rows` with measured run `m`'s policy, level and repeat."""
     return next(r for r in rows if r["policy"] == m["policy"] and level_of(r) == level_of(m)
@@ -138,9 +146,10 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--output-scale", type=float, default=0.5, help="the bench run's --output-scale")
     ap.add_argument("--time-limit", type=float, default=90.0, help="the bench run's --time-limit (s)")
     ap.add_argument("--acceptance", default="engine", help="acceptance model (sim/acceptance.py)")
-    ap.add_argument("--speed", choices=["probe", "steps", "none"], default="probe",
-                    help="each run's machine speed: its speed probes (independent of the run), its own steps over the "
-                         "fit that prices them (sim.calibration.steps_speed), or the profile's")
+    ap.add_argument("--speed", choices=["probe", "siblings", "steps", "none"], default="probe",
+                    help="each run's machine speed: its speed probes (independent of the run); its level's other "
+                         "repeats' steps over the fit that prices them (sim.calibration.steps_speed), never its own; "
+                         "its own steps (reads the judged run: a diagnostic, not a validation); or the profile's")
     ap.add_argument("--calibrate-acceptance", action=argparse.BooleanOptionalAction, default=True,
                     help="with --fit-from: scale the acceptance table to the calibration runs' tokens per verification")
     ap.add_argument("--speed-band", type=float, default=0.0, metavar="D",
@@ -158,7 +167,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
                     help="simulate the engine's copies (prompt lookup, the suffix index) on each prompt's greedy "
                          "output, generated once with the served target (sim/continuations.py)")
-    ap.add_argument("--rooflines", choices=["profile", "recorded", "calibrated"], default="profile",
+    ap.add_argument("--rooflines", choices=["profile", "recorded", "calibrated"], default="recorded",
                     help="the simulated scheduler's rooflines: the profile file's; those the served engine planned "
                          "with where the run recorded them (its startup calibration; else the file's); or measured on "
                          "the simulated machine at start as that calibration does (sim.cost.calibrated_profile). "
@@ -187,16 +196,24 @@ def main(argv=None) -> None:
     levels = list({level_key(level_of(r)): level_of(r) for r in measured}.values())
     items = {level_key(lv): level_items(lv, bench["duration_s"], slos, prompt_deck(seed=args.seed), args.seed,
                                         args.output_scale) for lv in levels}
-    stops = stop_lengths(measured, lambda lv: items[level_key(lv)])
-    if stops:
-        print(f"{len(stops)} prompts end where the measured runs stopped them; the others run to max_tokens")
-    workloads = {key: sim_requests(its, encode, stops) for key, its in items.items()}
+    # Where each prompt stops is read off the other runs, never the judged one (its own stops would tell
+    # the simulator the lengths it is judged on); calibration runs use every measured run's.
+    def run_key(row: dict) -> str:
+        return level_key({**level_of(row), "policy": row["policy"], "repeat": row.get("repeat")})
+
+    def stops_without(row: dict | None) -> dict:
+        return stop_lengths([r for r in measured if r is not row], lambda lv: items[level_key(lv)])
+    workloads = {run_key(r): sim_requests(items[level_key(level_of(r))], encode, stops_without(r)) for r in measured}
+    workloads |= {key: sim_requests(its, encode, stops_without(None)) for key, its in items.items()}
+    print(f"each run's prompts end where the other runs stopped them ({len(stops_without(None))} prompts seen to "
+          "stop); the others run to max_tokens")
     if args.copies:
         workloads = with_continuations(config, workloads)
 
     def spec_of(row: dict) -> RunSpec:  # the simulated run of a bench row: its policy on its level's workload
         repeat = {"repeat": row["repeat"]} if "repeat" in row else {}
-        return RunSpec(row["policy"], workloads[level_key(level_of(row))], {**level_of(row), **repeat})
+        judged = workloads.get(run_key(row)) if row in measured else None
+        return RunSpec(row["policy"], judged or workloads[level_key(level_of(row))], {**level_of(row), **repeat})
     specs = [spec_of(r) for r in measured]
     for r, s in zip(measured, specs):
         if r.get("requests") not in (None, len(s.requests)):
@@ -206,24 +223,26 @@ def main(argv=None) -> None:
     profile = CostModel.load(config.speculation.profile_path)
     fallback = EngineStepCost.from_profile(config.speculation.profile_path)
     probe = (lambda r: 1.0) if args.speed == "none" else (lambda r: probe_speed(profile, r))
-    in_run = args.step_cost == "in-run" or (args.step_cost == "auto" and len(measured) > 1
+    in_run = args.step_cost == "in-run" or (args.step_cost == "auto" and len(levels) > 1
                                             and all(r.get("iterations") for r in measured))
     cal_rows = [r for path in args.fit_from for r in json.load(open(path))["rows"]]
     calibration = step_fit(cal_rows, [probe(r) for r in cal_rows], profile, fallback) if cal_rows else None
     print("target steps priced by", "a fit to " + ", ".join(args.fit_from) if calibration else
           "a fit to the other runs' iterations" if in_run else "the profile's step fit")
     probes = [probe(r) for r in measured]
-    steps = [calibration or (held_out_step(measured, probes, i, profile, fallback) if in_run else None)
+    steps = [calibration or (held_out_step(measured, probes, i, profile, fallback, level_of) if in_run else None)
              for i in range(len(measured))]
 
     def speed_of(row: dict, step) -> float:
-        if args.speed != "steps":
+        if args.speed not in ("steps", "siblings"):
             return probe(row)
         if step is None:
-            raise SystemExit("--speed steps reads a run's speed off a step fit: pass --fit-from or runs with "
+            raise SystemExit(f"--speed {args.speed} reads a run's speed off a step fit: pass --fit-from or runs with "
                              "iterations")
         return steps_speed(row, step)
     speeds = [speed_of(r, step) for r, step in zip(measured, steps)]
+    if args.speed == "siblings":  # each run at the median speed of its level's other repeats, never its own
+        speeds = [sibling_speed(measured, speeds, i) or probes[i] for i in range(len(measured))]
     print(f"machine speed per run ({args.speed}; x profile; ! where its probes before and after differ by more than "
           f"{SPEED_MOVED - 1:.0%}):",
           " ".join(f"{r['policy']}@{r['rps']:g}={v:.2f}{'!' * speed_moved(r)}" for r, v in zip(measured, speeds)))

