@@ -65,10 +65,9 @@ class SchedulerConfig:
       admits within their SLOs, where admitting all of them makes every one slow.
     admission_headroom: the predicted time per token with one more request is taken this much larger
       in admission (iteration times on a busy CPU vary from step to step; without it admitted requests
-      that are just on track fall behind). The served engine.json sets 1.0: on_track is about a
-      request's mean time per token, over which the per-iteration noise averages out, and with 1.15 the
-      batch stopped short of what the tightest class allows (docs/experiments.md#bench-4-16,
-      docs/experiments.md#vllm-headroom1).
+      that are just on track fall behind). 1.0 by default: on_track is about a request's mean time per
+      token, over which the per-iteration noise averages out, and with 1.15 the batch stopped short of
+      what the tightest class allows (docs/experiments.md#bench-4-16, docs/experiments.md#vllm-headroom1).
     first_token_margin_ms: the scheduler plans each first token this long before its TTFT deadline,
       for the response to reach the client (admission runs first tokens up to their deadlines, so
       without it the client's TTFT p99 lands just over the target by the response's delivery time).
@@ -111,7 +110,7 @@ class SchedulerConfig:
     # no request, however its client paces it, holds the server's memory without bound. None: no limit
     # (in-process use); the served engine.json sets one.
     max_request_s: float | None = None
-    admission_headroom: float = 1.15
+    admission_headroom: float = 1.0
     first_token_margin_ms: float = 0.0
     tpot_margin: float = 0.0
     spare_decodes: bool = False
