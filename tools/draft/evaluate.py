@@ -10,6 +10,11 @@ one run for every draft named (e.g. the shipped one and an earlier one):
   matches, and without) vs `continuous` TPOT at one request.
 
     python -m tools.draft.evaluate [--draft embedded:smollm2-135m-instruct-draft [OTHER.safetensors ...]]
+
+Which draft to ship is chosen by the validation score alone: the held-out training families' mean
+step-0 agreement and tokens per verification (tools/draft/data.py HELD_OUT_FAMILIES). The benchmark's
+families are reported beside it and never choose: a draft picked for them would be tuned to the
+benchmark that then measures it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from adaserve_backend.profiler import measure_forward
 from adaserve_backend.request import Request
 from adaserve_backend.slo import SLO, tpot_seconds
 from harness.run_dir import run_dir
-from tools.draft.data import encode
+from tools.draft.data import HELD_OUT_FAMILIES, encode
 from tools.draft.teacher import continuations, dense_hidden, dense_run, shifted
 from tools.draft.train import eval_prompts
 from tools.draft.ttt import unrolled
@@ -152,6 +157,7 @@ def main() -> None:
         one = [encode(tokenizer, p)[-320:] for fam in families for p in [q for q in prompts if q.family == fam][:2]]
         entry["one_request"] = one_request(EngineConfig.from_json(args.config), target, draft, eos, one,
                                            args.max_tokens, args.rounds)
+        entry["validation"] = validation_score(entry)
         report["drafts"][path] = entry
         print(json.dumps(entry, indent=1))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
@@ -187,6 +193,16 @@ def one_request(served: EngineConfig, target, draft, eos, prompts: list[list[int
             for name in variants}
 
 
+def validation_score(entry: dict) -> dict:
+    """What chooses a draft: its held-out families' mean step-0 agreement and mean tokens per
+    verification over the shapes (never a benchmark family's)."""
+    held = [r for fam, r in entry["families"].items() if fam in HELD_OUT_FAMILIES]
+    if not held:
+        raise ValueError("no held-out family was evaluated: a draft cannot be chosen")
+    return {"agreement": statistics.fmean(r["top1_by_depth"][0] for r in held),
+            "tokens_per_verify": statistics.fmean(r[f"accepted/verify {n}"] for r in held for n, *_ in SHAPES)}
+
+
 def table(report: dict) -> str:
     """The README's per-family table: one row per family, a column group per draft."""
     drafts = list(report["drafts"])
@@ -202,6 +218,9 @@ def table(report: dict) -> str:
             acc = " / ".join(f"{r[f'accepted/verify {n}']:.2f}" for n, *_ in SHAPES)
             cells.append(f"{top}; {acc}")
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    scores = [validation_score(report["drafts"][d]) for d in drafts]
+    lines.append("| **validation (held-out families; chooses)** | " + " | ".join(
+        f"{s['agreement']:.2f}; {s['tokens_per_verify']:.2f}" for s in scores) + " |")
     return "\n".join(lines)
 
 
