@@ -26,10 +26,13 @@ LLAMACPP_DIR = PROJECT_ROOT / ".peers" / "llamacpp"  # `make peers`
 LLAMACPP_WEIGHTS = ("bf16", "q4_1", "q8_0")
 
 
-def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = VLLM_VENV) -> ServerProcess:
+def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = VLLM_VENV,
+                speculative_config: dict | None = None) -> ServerProcess:
     """vLLM's OpenAI server on the embedded model in bfloat16, pinned to every core of the machine, every
     cache and temporary file inside the venv's scratch folder (the first start compiles for minutes;
-    later starts reuse it)."""
+    later starts reuse it). `speculative_config`: vLLM's --speculative-config, e.g. {"method": "eagle3",
+    "model": <venv>/smollm2-draft-eagle3, "num_speculative_tokens": 3} for our draft (`make vllm-env`)."""
+    import json
     if not (venv / ".installed").exists() or not (VLLM_MODEL_DIR / "config.json").exists():
         raise FileNotFoundError(f"no vLLM environment at {venv}: run `make vllm-env` (or `make bench-peers`)")
     scratch = venv / "scratch"
@@ -45,7 +48,11 @@ def vllm_server(port: int, log_path: Path, priority: bool = False, venv: Path = 
             "2048", "--port", str(port)]
     if priority:
         argv += ["--scheduling-policy", "priority"]
+    if speculative_config:
+        argv += ["--speculative-config", json.dumps(speculative_config)]
     name = "vLLM-CPU" + (" (priority)" if priority else "")
+    if speculative_config:
+        name += f" ({speculative_config.get('method', 'speculative')})"
     return ServerProcess(name, argv, env, f"http://localhost:{port}/health", f"http://localhost:{port}/metrics",
                          ("vllm:num_requests_running", "vllm:num_requests_waiting"), log_path)
 
@@ -63,20 +70,27 @@ def llamacpp_gguf(weights: str, directory: Path = LLAMACPP_DIR) -> Path:
 
 
 def llamacpp_server(port: int, log_path: Path, weights: str = "q4_1", slots: int = 16, spec_type: str | None = None,
-                    ctx_per_slot: int = 2048, directory: Path = LLAMACPP_DIR) -> ServerProcess:
+                    ctx_per_slot: int = 2048, directory: Path = LLAMACPP_DIR,
+                    draft: Path | None = None) -> ServerProcess:
     """llama-server as a user runs it on this machine: every core, continuous batching over `slots`
     parallel sequences, its prompt cache on, greedy requests answered through /v1/completions.
-    `spec_type`: one of its model-free speculation types (e.g. ngram-mod), or None."""
+    `spec_type`: one of its model-free speculation types (e.g. ngram-mod), or None. `draft`: an EAGLE-3
+    draft GGUF (our draft, `make peers` writes DIR/smollm2-draft-eagle3.gguf), run as draft-eagle3
+    beside `spec_type` if that is set too."""
     binary, gguf = directory / "bin" / "llama-server", llamacpp_gguf(weights, directory)
-    if not binary.exists() or not gguf.exists():
-        raise FileNotFoundError(f"no llama.cpp build at {directory} (or no {gguf.name}): run `make peers`")
+    for path in (binary, gguf, *([draft] if draft else [])):
+        if not path.exists():
+            raise FileNotFoundError(f"no llama.cpp build at {directory} (or no {path.name}): run `make peers`")
     threads = str(os.cpu_count() or 2)
     argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--alias", PEER_SERVED_NAME,
             "-t", threads, "-tb", threads, "-np", str(slots), "-c", str(slots * ctx_per_slot),
             "--metrics", "--no-webui"]
-    if spec_type:
-        argv += ["--spec-type", spec_type]
-    name = f"llama-server {weights}" + (f" ({spec_type})" if spec_type else "")
+    spec_types = [t for t in (spec_type, "draft-eagle3" if draft else None) if t]
+    if draft:
+        argv += ["-md", str(draft)]
+    if spec_types:
+        argv += ["--spec-type", ",".join(spec_types)]
+    name = f"llama-server {weights}" + (f" ({' + '.join(spec_types)})" if spec_types else "")
     return ServerProcess(name, argv, dict(os.environ), f"http://localhost:{port}/health",
                          f"http://localhost:{port}/metrics",
                          ("llamacpp:requests_processing", "llamacpp:requests_deferred"), log_path)
