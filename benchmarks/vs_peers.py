@@ -8,11 +8,14 @@ share is printed and stored) unless `--prompts repetitive`, which repeats by des
 Systems: `adaserve` (our tritonserver, `make serve`'s configuration, called through its `ensemble`
 pipeline), `adaserve-direct` (the same server, its `adaserve` model called with the same text: one
 process hop less per token), `vllm` (vLLM's default FCFS scheduler), `vllm-priority` (vLLM's priority
-scheduler, the tightest TPOT class first), `llamacpp-bf16`, `llamacpp-q4_1` and `llamacpp-q8_0` (llama-server on
-the same weights in bf16, on the Q4_1 file that ships, and in Q8_0; `make peers`), each also as `...-spec` with
-`--llamacpp-spec` speculation. Every request is greedy and ends at end of sequence, `max_tokens` a cap
-(`--exact-length`: exactly max_tokens each, which tells every server each output's length); chat
-prompts are rendered with the model's chat template here, so every server sees the same token ids. Scores use the joint
+scheduler, the tightest TPOT class first), `vllm-ngram`, `vllm-suffix` and `vllm-eagle3` (vLLM with its
+n-gram, suffix-decoding or EAGLE-3 speculation, the last with our draft exported), `llamacpp-bf16`,
+`llamacpp-q4_1` and `llamacpp-q8_0` (llama-server on the same weights in bf16, on the Q4_1 file that
+ships, and in Q8_0; `make peers`), each also as `...-spec` with `--llamacpp-spec` speculation and as
+`...-eagle3` with our draft exported. The report adds each project at its best configuration per
+level. Every request is greedy and ends at end of sequence, `max_tokens` a cap (`--exact-length`:
+exactly max_tokens each, which tells every server each output's length); chat prompts are rendered
+with the model's chat template here, so every server sees the same token ids. Scores use the joint
 TTFT+TPOT definition (harness/metrics.py) over all sent requests. Writes
 runs/<date>-vs-peers/vs-peers.{json,png}; servers are always stopped at the end.
 """
@@ -40,8 +43,10 @@ from harness.prompts import PROMPT_SETS
 from harness.run_dir import run_dir
 from harness.runners import run_openai, run_triton
 from harness.servers import (
+    LLAMACPP_DIR,
     LLAMACPP_WEIGHTS,
     PEER_SERVED_NAME,
+    VLLM_VENV,
     ServerProcess,
     llamacpp_server,
     ray_server,
@@ -64,12 +69,21 @@ from harness.workload import (
 from .prediction_error import describe, histogram_buckets, prediction_error
 from .vs_peers_report import capacity, plot, print_table
 
-# -> (weights, speculates)
-LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, bool(s)) for w in LLAMACPP_WEIGHTS for s in ("", "-spec")}
+# -> (weights, model-free speculation, our draft as EAGLE-3)
+LLAMACPP_SYSTEMS = {f"llamacpp-{w}{s}": (w, s == "-spec", s == "-eagle3") for w in LLAMACPP_WEIGHTS
+                    for s in ("", "-spec", "-eagle3")}
+LLAMACPP_DRAFT = LLAMACPP_DIR / "smollm2-draft-eagle3.gguf"  # our draft, exported (`make peers`)
+# vLLM's own speculation methods that run on its CPU backend -> its --speculative-config
+VLLM_SPECULATION = {
+    "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    "vllm-suffix": {"method": "suffix"},  # Arctic Inference's suffix decoding (`make vllm-env` installs it)
+    "vllm-eagle3": {"method": "eagle3", "model": str(VLLM_VENV / "smollm2-draft-eagle3"), "num_speculative_tokens": 3},
+}
 # replicas on Ray Serve (make serve-ray) -> (replicas, threads each, router)
 RAY_SYSTEMS = {"ray1": (1, 2, "slo"), "ray2": (2, 1, "slo"), "ray2-pow2": (2, 1, "pow2"),
                "ray2-prefix": (2, 1, "prefix")}
-SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *LLAMACPP_SYSTEMS, *RAY_SYSTEMS)
+SYSTEMS = ("adaserve", "adaserve-direct", "vllm", "vllm-priority", *VLLM_SPECULATION, *LLAMACPP_SYSTEMS,
+           *RAY_SYSTEMS)
 TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our systems: the model clients call
 
 
@@ -132,10 +146,12 @@ def make_server(system: str, args, log_dir: Path) -> ServerProcess:
     if system in RAY_SYSTEMS:
         return ray_server(args.peer_port, log_dir / f"{system}.log", *RAY_SYSTEMS[system])
     if system in LLAMACPP_SYSTEMS:
-        weights, speculates = LLAMACPP_SYSTEMS[system]
+        weights, speculates, drafts = LLAMACPP_SYSTEMS[system]
         return llamacpp_server(args.peer_port, log_dir / f"{system}.log", weights, slots=args.llamacpp_slots,
-                               spec_type=args.llamacpp_spec if speculates else None)
-    return vllm_server(args.peer_port, log_dir / f"{system}.log", priority=system == "vllm-priority")
+                               spec_type=args.llamacpp_spec if speculates else None,
+                               draft=LLAMACPP_DRAFT if drafts else None)
+    return vllm_server(args.peer_port, log_dir / f"{system}.log", priority=system == "vllm-priority",
+                       speculative_config=VLLM_SPECULATION.get(system))
 
 
 def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:

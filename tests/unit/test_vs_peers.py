@@ -40,7 +40,14 @@ def test_llama_server_runs_as_each_system_asks_and_says_how_to_build_it(tmp_path
     argv = " ".join(server.argv)
     assert "-np 4 -c 8192" in argv and "--spec-type ngram-mod" in argv and "--host 127.0.0.1 --port 18100" in argv
     assert "--spec-type" not in " ".join(llamacpp_server(18100, tmp_path / "log", "bf16", directory=tmp_path).argv)
-    assert set(LLAMACPP_SYSTEMS) <= set(SYSTEMS) and LLAMACPP_SYSTEMS["llamacpp-q4_1-spec"] == ("q4_1", True)
+    assert set(LLAMACPP_SYSTEMS) <= set(SYSTEMS) and LLAMACPP_SYSTEMS["llamacpp-q4_1-spec"] == ("q4_1", True, False)
+    # our draft as llama.cpp's EAGLE-3 draft, beside a model-free type or alone
+    with pytest.raises(FileNotFoundError, match="make peers"):
+        llamacpp_server(1, tmp_path / "log", "bf16", directory=tmp_path, draft=tmp_path / "draft.gguf")
+    (tmp_path / "draft.gguf").touch()
+    drafted = llamacpp_server(1, tmp_path / "log", "bf16", directory=tmp_path, draft=tmp_path / "draft.gguf")
+    argv = " ".join(drafted.argv)
+    assert f"-md {tmp_path / 'draft.gguf'}" in argv and "--spec-type draft-eagle3" in argv
     with pytest.raises(ValueError, match="weights"):
         llamacpp_server(1, tmp_path / "log", "q2_k", directory=tmp_path)
 
