@@ -24,6 +24,7 @@ from ..serving.detokenize import Rendered, StreamState, text_delta
 from ..serving.engine_thread import EngineHooks, EngineThread, Step
 from ..serving.errors import ErrorKind, output_error
 from ..slo import BEST_EFFORT, attains, attains_ttft, tpot_seconds
+from . import exit_watchdog
 from .cancellation import CancellationWatcher
 from .metrics import EngineMetrics, Finished
 from .protocol import FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, parse_request, response_tensors
@@ -67,6 +68,7 @@ class TritonEngineLoop(EngineHooks):
         self.lock = threading.Lock()
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.responses = SendThread(pb)
+        self.exit_watchdog_armed = False
         # On its own thread: polling from the engine thread stalls the loop once per sweep, longer the more
         # requests are in flight (docs/experiments.md#cancel-thread).
         self.cancel_watch = CancellationWatcher(
@@ -122,7 +124,11 @@ class TritonEngineLoop(EngineHooks):
         self.metrics.publish(self.engine, time.monotonic())  # freed blocks and an empty batch show at once
 
     def server_stopping(self) -> bool:
-        return self.shutdown_probe.stopping()  # see shutdown_probe.py: finalize would only come after the exit timeout
+        # see shutdown_probe.py: finalize would only come after the exit timeout
+        stopping = self.shutdown_probe.stopping()
+        if stopping and self.shutdown_probe.server_stopped and not self.exit_watchdog_armed:
+            self.exit_watchdog_armed = exit_watchdog.arm()  # bounds the exit however the server was started
+        return stopping
 
     def died(self) -> None:
         self.metrics.engine_failed()

@@ -32,6 +32,7 @@ class ShutdownProbe:
     def __init__(self, pb, model_name: str) -> None:
         self.pb, self.model_name = pb, model_name
         self._checked, self._stopping = 0.0, False
+        self.server_stopped = False  # Triton itself said it stops (not only this model's unload)
 
     @property
     def stopped(self) -> bool:
@@ -48,6 +49,7 @@ class ShutdownProbe:
         try:
             probe = self.pb.InferenceRequest(model_name=PROBE_MODEL, inputs=[], requested_output_names=[]).exec()
             self._stopping = probe.has_error() and SERVER_NOT_READY in probe.error().message()
+            self.server_stopped = self._stopping
         except Exception as e:  # BLS refused altogether (a finalizing stub): stopping as well
             log.info("%s: serving check failed (%s): ending its requests", self.model_name, e)
             self._stopping = True
