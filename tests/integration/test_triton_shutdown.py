@@ -90,3 +90,17 @@ def test_make_serve_stops_in_seconds_when_signalled_during_startup(tmp_path, aft
     r = one_run(0, signal.SIGTERM, str(tmp_path), during_startup_s=after_s)
     assert r["orphans"] == 0 and not r["ports_held"], r
     assert r["seconds"] < EXIT_WITHIN_S, r
+
+
+def test_tritonserver_alone_exits_in_seconds_with_streams_held_open(tmp_path):
+    """tritonserver alone (no frontend, as the Docker image and Kubernetes run it), SIGTERM while four
+    clients hold their generating streams open and never close them, five times in a row: every stream
+    gets its final "shutting down" answer and the process exits within 5 s (the exit watchdog ends a
+    server that Triton's gRPC shutdown would keep waiting on its clients)."""
+    from benchmarks.direct_shutdown import one_run
+
+    for k in range(5):
+        r = one_run(4, close=False, out=tmp_path)
+        answered = [a for a in r["answers"] if a]
+        assert len(answered) == 4 and all("shutting down" in (a["error"] or "") for a in answered), (k, r)
+        assert r["exited_s"] is not None and r["exited_s"] <= 5.0, (k, r)
