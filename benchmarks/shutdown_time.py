@@ -10,6 +10,7 @@ reports how long the server took from its start until the OpenAI port accepted c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -47,8 +48,8 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
-                          text=True).stdout.strip()[:1] != "Z"
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return state[:1] not in ("Z", "")  # "": reaped between the two looks
 
 
 def open_stream(port: int) -> socket.socket:
@@ -102,7 +103,8 @@ def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None
         c.close()
     orphans = [p for p in family if alive(p)]
     for p in orphans:
-        os.kill(p, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may end between the look and the kill
+            os.kill(p, signal.SIGKILL)
     try:  # a leader shown as a zombie can still be ending its threads, so poll() may not reap it yet
         exit_code = proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
