@@ -196,11 +196,13 @@ def main() -> None:
 
     # In process every run builds a fresh engine, so a deck per level deals no prompt twice to one
     # engine (and sim.validate rebuilds the same items); a server serves the whole run: one deck.
-    shared = prompt_deck(seed=args.seed)
+    shared = None if args.target == "inprocess" else prompt_deck(seed=args.seed)
+
+    def deck_for_level() -> PromptDeck:
+        return shared or prompt_deck(seed=args.seed)
 
     def items_for(level: dict):
-        deck = prompt_deck(seed=args.seed) if args.target == "inprocess" else shared
-        return level_items(level, args.duration, slos, deck, args.seed, args.output_scale)
+        return level_items(level, args.duration, slos, deck_for_level(), args.seed, args.output_scale)
 
     sweeps = {"rps": [({"rps": r}, items_for({"rps": r})) for r in args.rps]}
     if args.suite == "full":
@@ -212,9 +214,8 @@ def main() -> None:
         sweeps["slo_scale"] = [({"rps": mid, "urgent_slo_scale": s}, items_for({"rps": mid, "urgent_slo_scale": s}))
                                for s in scales]
         flow = fluctuating_arrivals(mid, args.duration, list(DEFAULT_MIX), random.Random(args.seed))
-        deck = prompt_deck(seed=args.seed) if args.target == "inprocess" else shared
         sweeps["fluctuating"] = [({"rps": mid, "trace": "fluctuating"}, build_workload(
-            [t for t, _ in flow], slos, deck=deck, categories=[c for _, c in flow], seed=args.seed,
+            [t for t, _ in flow], slos, deck=deck_for_level(), categories=[c for _, c in flow], seed=args.seed,
             output_scale=args.output_scale))]
 
     sweeps = {k: v for k, v in sweeps.items() if not args.sweeps or k in args.sweeps}

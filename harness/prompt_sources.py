@@ -55,7 +55,7 @@ def vendored(path: str) -> bool:
 
 
 def package_root(name: str) -> str:
-    """A package's folder, found without importing it."""
+    """A package's folder, found without importing it (torch, sympy take seconds)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"package {name} is not installed")

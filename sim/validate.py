@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -203,9 +204,11 @@ def main(argv=None) -> None:
 
     def stops_without(row: dict | None) -> dict:
         return stop_lengths([r for r in measured if r is not row], lambda lv: items[level_key(lv)])
-    workloads = {run_key(r): sim_requests(items[level_key(level_of(r))], encode, stops_without(r)) for r in measured}
-    workloads |= {key: sim_requests(its, encode, stops_without(None)) for key, its in items.items()}
-    print(f"each run's prompts end where the other runs stopped them ({len(stops_without(None))} prompts seen to "
+    encoded = functools.cache(encode)  # every run of a level encodes the same items
+    every_stop = stops_without(None)
+    workloads = {run_key(r): sim_requests(items[level_key(level_of(r))], encoded, stops_without(r)) for r in measured}
+    workloads |= {key: sim_requests(its, encoded, every_stop) for key, its in items.items()}
+    print(f"each run's prompts end where the other runs stopped them ({len(every_stop)} prompts seen to "
           "stop); the others run to max_tokens")
     if args.copies:
         workloads = with_continuations(config, workloads)

@@ -16,9 +16,7 @@ from __future__ import annotations
 import ast
 import gc
 import gzip
-import importlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import random
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from adaserve_backend.chat import encode_prompt
-from harness.prompt_sources import function_prompt, parsed_files, python_sources
+from harness.prompt_sources import function_prompt, package_root, parsed_files, python_sources
 
 CATEGORIES = ("code", "instruction", "summary")
 # Never trained on: evaluated as text of kinds the draft has not seen (besides the benchmark's).
@@ -56,10 +54,7 @@ def humaneval_prompts() -> list[str]:
 def _package_root(name: str) -> str:
     if name == "stdlib":
         return os.path.dirname(os.__file__)
-    spec = importlib.util.find_spec(name)  # without importing it (torch, sympy take seconds)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"package {name} is not installed")
-    return spec.submodule_search_locations[0]
+    return package_root(name)  # without importing it (torch, sympy take seconds)
 
 
 def draft_sources(package: str) -> list[str]:
