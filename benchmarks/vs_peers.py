@@ -16,7 +16,10 @@ ships, and in Q8_0; `make peers`), each also as `...-spec` with `--llamacpp-spec
 level. Every request is greedy and ends at end of sequence, `max_tokens` a cap (`--exact-length`:
 exactly max_tokens each, which tells every server each output's length); chat prompts are rendered
 with the model's chat template here, so every server sees the same token ids. Scores use the joint
-TTFT+TPOT definition (harness/metrics.py) over all sent requests. Writes
+TTFT+TPOT definition (harness/metrics.py) over all sent requests. `--arrivals azure-code` (or
+`azure-conv`) replays windows of a real trace; `--windows K` runs each level K times on other arrivals
+and requests. Each level is scored against its prefill-only bound (harness/prefill_bound.py) at the
+peak prefill rate measured here before any server starts (`--prefill-rate` gives it instead). Writes
 runs/<date>-vs-peers/vs-peers.{json,png}; servers are always stopped at the end.
 """
 
@@ -27,7 +30,6 @@ import dataclasses
 import json
 import os
 import platform
-import random
 import shutil
 import signal
 import sys
@@ -55,18 +57,19 @@ from harness.servers import (
     wait_idle,
 )
 from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
-from harness.workload import (
-    WorkItem,
-    build_workload,
-    gamma_arrivals,
-    poisson_arrivals,
-    prompt_deck,
-    read_azure_trace,
-    repeat_share,
-    rescale_trace,
-)
+from harness.workload import PromptsExhausted, WorkItem, prompt_deck, repeat_share
 
+from . import prefill_rate
 from .prediction_error import describe, histogram_buckets, prediction_error
+from .vs_peers_levels import (
+    ARRIVALS,
+    build_levels,
+    describe_levels,
+    embedded_tokenizer,
+    level_fields,
+    level_meta,
+    with_bounds,
+)
 from .vs_peers_report import capacity, plot, print_table
 
 # -> (weights, model-free speculation, our draft as EAGLE-3)
@@ -90,27 +93,6 @@ TRITON_MODELS = {"adaserve": "ensemble", "adaserve-direct": "adaserve"}  # our s
 def on_triton(system: str) -> bool:
     """Our tritonserver, as served or as an `adaserve:NAME` variant."""
     return system in TRITON_MODELS or system.startswith("adaserve:")
-
-
-def render_chat(items: list[WorkItem]) -> list[WorkItem]:
-    """Chat items as the plain text of the model's chat template, so every server gets the same ids."""
-    from adaserve_backend.chat import chat_text
-    from adaserve_backend.config import EMBEDDED_DEFAULT
-    from adaserve_backend.models import load_tokenizer, locate
-
-    tok = load_tokenizer(locate(EMBEDDED_DEFAULT))
-    return [dataclasses.replace(i, prompt=chat_text(tok, i.prompt), chat=False) if i.chat else i for i in items]
-
-
-def arrivals_for(kind: str, rps: float, n: int, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    if kind == "poisson":
-        return poisson_arrivals(rps, n, rng)
-    if kind == "gamma":
-        return gamma_arrivals(rps, n, rng)
-    if kind.startswith("azure:"):
-        return rescale_trace(read_azure_trace(kind.split(":", 1)[1]), rps, n)
-    raise ValueError(f"unknown arrivals {kind!r}: poisson, gamma or azure:TRACE.csv")
 
 
 def priorities(slos) -> dict[str, int]:
@@ -180,7 +162,12 @@ def main() -> None:
                     help="seconds per level before unfinished requests count as violations")
     ap.add_argument("--total-time-limit", type=float, default=100 * 60.0,
                     help="seconds for the whole run; later levels are skipped")
-    ap.add_argument("--arrivals", default="poisson", help="poisson, gamma (bursty) or azure:TRACE.csv")
+    ap.add_argument("--arrivals", default="poisson", help=f"{', '.join(ARRIVALS)}: Poisson, bursty gamma, or "
+                                                          "windows of a real trace (harness/trace_windows.py)")
+    ap.add_argument("--windows", type=int, default=1,
+                    help="runs per level, each on its own arrivals (another seed or trace window) and requests")
+    ap.add_argument("--prefill-rate", type=float, metavar="TOK_S",
+                    help="peak prefill rate for the prefill-only bound (default: measured before any server starts)")
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS),
                     help=f"of {', '.join(SYSTEMS)}, and adaserve:NAME for each --variant")
@@ -212,16 +199,20 @@ def main() -> None:
     unknown = [s for s in args.systems if s not in SYSTEMS and s.split(":", 1)[-1] not in args.variants]
     if unknown:
         ap.error(f"unknown systems {unknown}: name one of {SYSTEMS} or define adaserve:NAME with --variant")
-    # One deck for the run: each server serves every level, and no level replays an earlier one's prompts.
+    # One deck for the run: each server serves every level and window, and none replays another's prompts.
     deck = prompt_deck(args.prompts, args.seed)
-    levels = {rps: render_chat(build_workload(arrivals_for(args.arrivals, rps,
-                                                           max(1, round(rps * args.duration)), args.seed + i),
-                                              slos, deck=deck, seed=args.seed + i,
-                                              output_scale=args.output_scale))
-              for i, rps in enumerate(args.rps)}
-    repeats = repeat_share([it for items in levels.values() for it in items])
-    print(f"SLO targets: {slos.describe()}\nlevels: "
-          + ", ".join(f"{r} rps ({len(v)} requests)" for r, v in levels.items())
+    try:
+        levels = build_levels(args.arrivals, args.rps, args.duration, args.windows, slos, deck, args.seed,
+                              args.output_scale, embedded_tokenizer())
+    except (ValueError, FileNotFoundError, PromptsExhausted) as e:  # before any server starts
+        ap.error(str(e))
+    repeats = repeat_share([it for lv in levels for it in lv.items])
+    # R before any server starts: the measurement shares the machine with nothing
+    rate = (prefill_rate.measure_prefill_rate() if args.prefill_rate is None
+            else prefill_rate.given_rate(args.prefill_rate))
+    levels = with_bounds(levels, rate.tok_s)
+    print(f"SLO targets: {slos.describe()}\n{prefill_rate.describe(rate)}\nlevels ({args.arrivals}, "
+          f"{args.windows} window(s) each):\n  " + "\n  ".join(describe_levels(levels))
           + f"\nprompts sent twice to one server: {repeats:.1%}"
           + (f" (the {args.prompts} set repeats by design)" if repeats else ""), flush=True)
 
@@ -238,24 +229,28 @@ def main() -> None:
             bar.set_postfix_str(f"starting {server.name}")
             server.start()
             warm_up(system, server, args, slos)
-            for rps, items in levels.items():
+            for level in levels:  # each level's windows in turn
+                rps, items = level.rps, list(level.items)
                 if time.monotonic() - started > args.total_time_limit:
-                    skipped.append({"system": system, "rps": rps})
+                    skipped.append({"system": system, "rps": rps, "window": level.window})
                     bar.update(1)
                     continue
-                bar.set_postfix_str(f"{system} @ {rps} rps")
+                bar.set_postfix_str(f"{system} @ {rps} rps, window {level.window}")
                 wait_idle(server)
                 ours = on_triton(system)
                 predictions = histogram_buckets(server.metrics_url) if ours else None
                 records, wall = run_system(system, server, items, args, slos)
                 row = {"system": system, "rps": rps, **score(records, wall)}
+                row |= level_fields(level, row["slo_attainment"])
                 row["rejected"] = sum(1 for r in records if r.error and "unavailable" in r.error.lower())
                 if ours:  # the last requests' metrics are recorded once they ended in the engine
                     wait_idle(server)
                     row["ttft_prediction"] = prediction_error(predictions, histogram_buckets(server.metrics_url))
-                    tqdm.write(f"{system:>14} @ {rps:>4} rps: {describe(row['ttft_prediction'])}")
+                    tqdm.write(f"{system:>14} @ {rps:>4} rps, window {level.window}: "
+                               f"{describe(row['ttft_prediction'])}")
                 rows.append(row)
-                tqdm.write(f"{system:>14} @ {rps:>4} rps: attainment {row['slo_attainment']:.2f} (TPOT only "
+                tqdm.write(f"{system:>14} @ {rps:>4} rps, window {level.window}: attainment "
+                           f"{row['slo_attainment']:.2f} (bound {row['bound']:.2f}, TPOT only "
                            f"{row['tpot_slo_attainment']:.2f}), goodput {row['goodput_tok_s']:.1f} tok/s, "
                            f"TTFT p50/p99 {fmt_ms(row['ttft_ms_p50'])}/{fmt_ms(row['ttft_ms_p99'])}, errors "
                            f"{row['errors']}")
@@ -269,7 +264,8 @@ def main() -> None:
     bar.close()
 
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
-            "arrivals": args.arrivals, "prompts": args.prompts, "repeat_share": repeats,
+            "arrivals": args.arrivals, "windows": args.windows, "prompts": args.prompts, "repeat_share": repeats,
+            "prefill_rate": rate.to_dict(), "levels": [level_meta(lv) for lv in levels],
             "exact_length": args.exact_length, "variants": args.variants,
             "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
             "vllm_priorities": priorities(slos),

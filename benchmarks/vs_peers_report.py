@@ -1,5 +1,7 @@
 """The side-by-side result as people read it: a Markdown table and a PNG (attainment, goodput and TTFT
-p99 against RPS, one line per system)."""
+p99 against RPS, one line per system). With several windows per level each system's level is the mean
+over its windows, its min-max spread beside it; with the prefill-only bound, the bound and attainment
+over it too (benchmarks/vs_peers_windows.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.metrics import fmt_ms  # noqa: E402
 
+from .vs_peers_windows import aggregate, has_bound, plot_attainment, window_lines, with_spread  # noqa: E402
+
 COLUMNS = ("system", "rps", "joint attainment", "TPOT-only", "goodput tok/s", "TTFT p50",
            "TTFT p99", "TPOT p50", "TPOT p99", "output tokens (at EOS)",
            "errors")
+BOUND_COLUMNS = ("prefill-only bound", "joint / bound")  # where the run measured the bound
 
 
 def table_rows(rows: list[dict]) -> list[list[str]]:
-    return [[r["system"], f"{r['rps']:g}", f"{r['slo_attainment']:.2f}", f"{r['tpot_slo_attainment']:.2f}",
-             f"{r['goodput_tok_s']:.1f}",
+    """Rows as table cells: per system and level, over windows where there are several (aggregate)."""
+    rows = aggregate(rows)
+    bound = has_bound(rows)
+    return [[r["system"], f"{r['rps']:g}", with_spread(r, "slo_attainment"), with_spread(r, "tpot_slo_attainment"),
+             with_spread(r, "goodput_tok_s", "{:.1f}"),
              fmt_ms(r["ttft_ms_p50"]), fmt_ms(r["ttft_ms_p99"]), fmt_ms(r["tpot_ms_p50"]), fmt_ms(r["tpot_ms_p99"]),
              _lengths(r), f"{r['errors']}/{r['requests']}"]
+            + ([with_spread(r, "bound"), with_spread(r, "over_bound")] if bound else [])
             for r in sorted(rows, key=lambda r: (r["rps"], r["system"]))]
 
 
@@ -37,9 +46,10 @@ def system_family(system: str) -> str:
 
 
 def best_of_each(rows: list[dict]) -> list[dict]:
-    """Per project and level, the configuration with the highest joint attainment (ties: goodput)."""
+    """Per project and level, the configuration with the highest joint attainment (ties: goodput), over
+    windows their means."""
     best: dict[tuple[str, float], dict] = {}
-    for r in rows:
+    for r in aggregate(rows):
         key = (system_family(r["system"]), r["rps"])
         if key not in best or (r["slo_attainment"], r["goodput_tok_s"]) > (best[key]["slo_attainment"],
                                                                            best[key]["goodput_tok_s"]):
@@ -48,15 +58,18 @@ def best_of_each(rows: list[dict]) -> list[dict]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    columns = COLUMNS + (BOUND_COLUMNS if has_bound(rows) else ())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     return "\n".join(lines)
 
 
 def capacity(rows: list[dict], target: float = 0.9) -> dict[str, dict]:
     """Per system: the highest load whose joint attainment is >= target, with no lower load below it
-    (capacity), and whether a measured load above it fell below (bracketed: else it may be higher)."""
+    (capacity), and whether a measured load above it fell below (bracketed: else it may be higher). Over
+    windows, a level's attainment is their mean."""
     out = {}
+    rows = aggregate(rows)
     for system in dict.fromkeys(r["system"] for r in rows):
         levels = sorted((r["rps"], r["slo_attainment"]) for r in rows if r["system"] == system)
         held = 0.0
@@ -69,6 +82,8 @@ def capacity(rows: list[dict], target: float = 0.9) -> dict[str, dict]:
 
 
 def print_table(rows: list[dict]) -> None:
+    if any(r.get("windows", 1) > 1 for r in aggregate(rows)):
+        print("over windows: mean (min-max)")
     print(markdown_table(rows))
     if len({system_family(r["system"]) for r in rows}) < len({r["system"] for r in rows}):
         print("\neach project at its best configuration per level:")
@@ -76,17 +91,26 @@ def print_table(rows: list[dict]) -> None:
     for system, c in capacity(rows).items():
         print(f"capacity (joint >= 0.9) of {system}: {c['capacity_rps']:g} rps"
               + ("" if c["bracketed"] else " or more (not bracketed)"))
+    for line in window_lines(rows):
+        print(line)
 
 
 def plot(rows: list[dict], path: str) -> None:
-    metrics = [("slo_attainment", "SLO attainment (TTFT and TPOT)"), ("goodput_tok_s", "goodput (tok/s)"),
-               ("ttft_ms_p99", "TTFT p99 (s)")]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(15, 4))
+    """Attainment (over windows: mean, min-max bars; the prefill-only bound dashed), attainment over the
+    bound where measured, goodput and TTFT p99 (means over windows) against RPS."""
+    metrics = [("slo_attainment", "SLO attainment (TTFT and TPOT)"),
+               *([("over_bound", "attainment / prefill-only bound")] if has_bound(rows) else []),
+               ("goodput_tok_s", "goodput (tok/s)"), ("ttft_ms_p99", "TTFT p99 (s)")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
+    agg = aggregate(rows)
     for ax, (key, label) in zip(axes, metrics):
-        for system in dict.fromkeys(r["system"] for r in rows):
-            pts = sorted((r["rps"], r[key]) for r in rows if r["system"] == system and r.get(key) is not None)
-            ys = [y / 1e3 if key.endswith("_ms_p99") else y for _, y in pts]
-            ax.plot([x for x, _ in pts], ys, "o-", label=system)
+        if key in ("slo_attainment", "over_bound"):
+            plot_attainment(ax, rows, key)
+        else:
+            for system in dict.fromkeys(r["system"] for r in agg):
+                pts = sorted((r["rps"], r[key]) for r in agg if r["system"] == system and r.get(key) is not None)
+                ys = [y / 1e3 if key.endswith("_ms_p99") else y for _, y in pts]
+                ax.plot([x for x, _ in pts], ys, "o-", label=system)
         ax.set_xlabel("requests per second")
         ax.set_ylabel(label)
         if key.startswith("ttft"):
@@ -152,7 +176,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="the figure's path (.png)")
     args = ap.parse_args(argv)
     results = [json.load(open(p)) for p in args.runs]
-    runs = [[r for r in res["rows"] if not args.systems or r["system"] in args.systems] for res in results]
+    runs = [aggregate([r for r in res["rows"] if not args.systems or r["system"] in args.systems]) for res in results]
     seeds = ", ".join(f"seed {res.get('seed')}" for res in results)
     print(f"joint attainment less {args.against}'s, per run ({seeds}):")
     for (system, rps), diffs in sorted(paired(runs, args.against).items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from benchmarks.vs_peers import LLAMACPP_SYSTEMS, SYSTEMS, arrivals_for, priorities
+from benchmarks.vs_peers import LLAMACPP_SYSTEMS, SYSTEMS, priorities
+from benchmarks.vs_peers_levels import arrivals_for
 from benchmarks.vs_peers_report import best_of_each, markdown_table, paired, plot, plot_repeats
 from harness.servers import ServerProcess, free_ports, gauge_values, llamacpp_server, wait_idle
 from harness.slo_targets import SloTargets
