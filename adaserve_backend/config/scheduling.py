@@ -79,6 +79,13 @@ class SchedulerConfig:
       decoding request's slack on prefill chunks, so without a margin requests end at their target
       exactly, and the client, whose clock includes delivery, sees a share of them just over it.
       0 (the default) for in-process use.
+    output_length_quantile: clients give `max_tokens` as a cap and outputs end at end of sequence, so
+      the scheduler plans each decoding request's remaining tokens from the lengths of requests like
+      it that finished (scheduler/output_lengths.py): between the 1 - q and the q quantile of those
+      longer than what it produced so far, the pessimistic end each time. None: plan with the cap.
+    burst_deferral: when the waiting requests cannot all get their first tokens in time, hold back
+      the longest prefills until the rest can (Moore-Hodgson, scheduler/deadlines.deferred_in_burst):
+      the most requests served in time in a burst, not the first ones in deadline order.
     spare_decodes: the prefill chunk first-token deadlines need overrides pacing only as far as every
       decoding request that can still make its SLO still can (prefill_pacing.spared_prefill); False: as far as
       the deadlines need.
@@ -113,6 +120,8 @@ class SchedulerConfig:
     admission_headroom: float = 1.0
     first_token_margin_ms: float = 0.0
     tpot_margin: float = 0.0
+    output_length_quantile: float | None = 0.9
+    burst_deferral: bool = True
     spare_decodes: bool = False
     slo_classes: tuple[SLOClass, ...] = DEFAULT_SLO_CLASSES
     default_slo_class: str | None = None
@@ -129,14 +138,18 @@ class SchedulerConfig:
         if not all(math.isfinite(v) and v > 0
                    for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
-        if not isinstance(self.spare_decodes, bool):
-            raise ValueError(f"spare_decodes must be true or false, got {self.spare_decodes!r}")
+        for flag in ("spare_decodes", "burst_deferral"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.admission_headroom < 1.0:
             raise ValueError("admission_headroom must be >= 1")
         if not (isinstance(self.tpot_margin, (int, float)) and 0.0 <= self.tpot_margin < 0.5):
             raise ValueError(f"tpot_margin must be a share of the TPOT target in [0, 0.5), got {self.tpot_margin!r}")
         if not (math.isfinite(self.first_token_margin_ms) and self.first_token_margin_ms >= 0):
             raise ValueError(f"first_token_margin_ms must be a number of ms >= 0, got {self.first_token_margin_ms}")
+        q = self.output_length_quantile
+        if q is not None and not (isinstance(q, (int, float)) and 0.5 <= q < 1.0):
+            raise ValueError(f"output_length_quantile must be in [0.5, 1) or null, got {q!r}")
         if BEST_EFFORT in {c.name for c in classes}:
             raise ValueError(f"{BEST_EFFORT!r} is the class of requests without targets, not a configurable one")
         if self.overload not in ("reject", "best_effort"):

@@ -131,3 +131,33 @@ def missed(waiting: Iterable[Sequence], est: Estimator, now: float, n_decode: in
     elif after_next and n_decode:
         start = now + est.iteration_s(n_decode, *est.depth_width(n_decode))
     return missed_at(waiting, est, start, n_decode, prefilling, chunk, done)
+
+
+def deferred_in_burst(waiting: Iterable[Sequence], est: Estimator, now: float, n_decode: int,
+                      prefilling: list[Sequence], chunk: int) -> set[Sequence]:
+    """The waiting requests to hold back so that as many first tokens as possible come in time, when
+    not all can: Moore-Hodgson over the prefill work. Walk the running prefills and the waiting
+    requests in EDF order (edf_key); whenever one's first token would be late, set aside the waiting
+    request with the longest prefill among those walked so far, and go on. A burst then costs the few
+    long prompts that would have made many short ones late, not every request due after the point
+    where the queue fell behind. Running prefills are never set aside (their work is under way);
+    a held-back request still starts if capacity frees in time, and is refused once its own first
+    token would be late (missed)."""
+    waiting = [s for s in waiting if has_deadline(s)]
+    candidates = set(waiting)
+    walked: list[Sequence] = []
+    deferred: set[Sequence] = set()
+    through = 0
+    for seq in sorted([*prefilling, *waiting], key=edf_key):
+        walked.append(seq)
+        through += prefill_left(seq)
+        while has_deadline(seq) and now + est.first_token_s(n_decode, through, chunk) > seq.deadline:
+            movable = [s for s in walked if s in candidates and s not in deferred]
+            if not movable:
+                break
+            longest = max(movable, key=prefill_left)
+            deferred.add(longest)
+            through -= prefill_left(longest)
+            if longest is seq:
+                break
+    return deferred

@@ -128,3 +128,13 @@ class IterationStats:
             draft_chain_tokens=result.draft_chain_tokens,
             predicted=predicted,
         )
+
+
+def predicted_decode_s(est, plan: IterationPlan) -> float:
+    """A decode iteration's time as the estimator predicts it before that iteration's measurement
+    updates it (the prediction's error is recorded beside the measurement)."""
+    n = len(plan.decode)
+    if est.cost is None:
+        return 0.0
+    chunk = est.chunk_extra_ms(n, plan.depth, plan.prefill_tokens) / 1e3 if plan.prefill_tokens else 0.0
+    return est.iteration_s(n, plan.depth, plan.width) + chunk

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .deadlines import urgent_chunk
-from .slo_slack import seq_ends_within_slo, seq_slack_s
+from .slo_slack import planned_remaining, seq_ends_within_slo, seq_slack_s
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
@@ -68,7 +68,8 @@ def paced_prefill(decode: list[Sequence], depth: int, width: int, now: float, es
     for s in decode:
         slack = seq_slack_s(s, now, t_iter)
         if seq_ends_within_slo(s, slack, best):
-            allowances.append(slack + (max(s.remaining, 0) * (s.planned_tpot_s - tpot) if catch_up else 0.0))
+            won_back = max(planned_remaining(s, tpot), 0) * (s.planned_tpot_s - tpot) if catch_up else 0.0
+            allowances.append(slack + won_back)
     if not allowances:
         return cap
     return paced_chunk(min(allowances) * 1e3, lambda chunk: est.chunk_extra_ms(n, depth, chunk), cap)

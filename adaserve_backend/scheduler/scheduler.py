@@ -27,13 +27,15 @@ from .capacity import fits, iteration_needs, reserve
 from .deadlines import (
     NO_CAPACITY,
     UNREACHABLE,
+    deferred_in_burst,
     edf_key,
     missed,
     note_prefill_times,
     predict_first_tokens,
     rejection_message,
 )
-from .plan import IterationPlan, IterationResult, IterationStats
+from .output_lengths import OutputLengthPredictor
+from .plan import IterationPlan, IterationResult, IterationStats, predicted_decode_s
 from .policies import Policy
 from .prefill_estimator import Estimator
 from .prefill_pacing import prefill_budget, split_chunks
@@ -70,6 +72,8 @@ class Scheduler:
         self.prefill_stats: deque[IterationStats] = deque(maxlen=10_000)  # ... and prefill-only ones (n = 0)
         self.decode_iterations = 0
         self.prefix_stats = PrefixStats()
+        q = config.output_length_quantile
+        self.lengths = OutputLengthPredictor(q) if q is not None else None
 
     # ---- queues --------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -111,6 +115,9 @@ class Scheduler:
     def schedule(self, now: float) -> IterationPlan:
         plan = IterationPlan(start=now)
         self._time_out(now, plan)
+        for seq in self.running if self.lengths is not None else ():
+            if seq.output:  # what it produced so far conditions its length
+                self.lengths.plan(seq)
         self._admit(now, plan)
         decode = [s for s in self.running if s.decoding]
         prefill = [s for s in self.running if not s.decoding]
@@ -169,6 +176,8 @@ class Scheduler:
             return self._end(seq, now, FinishReason.ERROR, INTERNAL_ERROR)
         if reason:
             self._drop(seq)
+            if self.lengths is not None:
+                self.lengths.observe(seq)
         return make_output(seq, new, now, reason)
 
     def stamp_step(self, plan: IterationPlan, seconds: float) -> None:
@@ -178,25 +187,19 @@ class Scheduler:
             stats[-1] = dataclasses.replace(stats[-1], step=seconds)
 
     def _record(self, plan: IterationPlan, result: IterationResult) -> None:
-        stats = IterationStats.of(plan, result, self._predicted_s(plan))
+        stats = IterationStats.of(plan, result, predicted_decode_s(self.estimator, plan))
         self.estimator.record(stats)
         self.iteration_stats.append(stats)
         self.decode_iterations += 1
 
-    def _predicted_s(self, plan: IterationPlan) -> float:
-        """The decode iteration's time as predicted before this measurement updates the estimator."""
-        est, n = self.estimator, len(plan.decode)
-        if est.cost is None:
-            return 0.0
-        chunk = est.chunk_extra_ms(n, plan.depth, plan.prefill_tokens) / 1e3 if plan.prefill_tokens else 0.0
-        return est.iteration_s(n, plan.depth, plan.width) + chunk
-
     def _admit(self, now: float, plan: IterationPlan) -> None:
-        if self.slo_admission:
-            self._give_up_unreachable(now, plan)
+        deferred = self._give_up_unreachable(now, plan) if self.slo_admission else set()
         reserved, i, started = 0, 0, []
         while i < len(self.waiting):
             seq = self.waiting[i]
+            if seq in deferred:  # held back so that more of a burst's first tokens come in time
+                i += 1
+                continue
             need = self.target_blocks.blocks_for(seq.prefill_goal + 1)
             fits = reserved + need <= self.target_blocks.num_free_blocks
             victim = best_effort_victim(seq, self.running)
@@ -250,10 +253,11 @@ class Scheduler:
         decoding = sum(s.decoding for s in self.running)
         return decoding, [s for s in self.running if not s.decoding]
 
-    def _give_up_unreachable(self, now: float, plan: IterationPlan) -> None:
+    def _give_up_unreachable(self, now: float, plan: IterationPlan) -> set[Sequence]:
         """EDF order (edf_key: deadlines and each prompt's own prefill time, what the caches hold for
         it skipped); a request whose first token would be late even if it started now, behind only the
-        running prefills due before it, is past saving: the overload answer applies at once."""
+        running prefills due before it, is past saving: the overload answer applies at once. Returns
+        the requests a burst holds back (deadlines.deferred_in_burst) if the config asks for it."""
         note_cached_prefixes(self.waiting, self.target_blocks, self.draft_blocks)
         if self.estimator.cost is not None:
             note_prefill_times(self.waiting, self.estimator, self.prefill_cap(0))
@@ -261,6 +265,9 @@ class Scheduler:
         n, prefilling = self.prefill_view()
         for seq, at in missed(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n)):
             self._overload(seq, UNREACHABLE, at, plan)
+        if not self.config.burst_deferral:
+            return set()
+        return deferred_in_burst(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n))
 
     def _give_up_late(self, now: float, plan: IterationPlan) -> None:
         """A request not admitted now waits at least one more iteration; if that already makes its first

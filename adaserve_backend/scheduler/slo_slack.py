@@ -28,8 +28,18 @@ def seq_slack_s(seq: Sequence, now: float, t_iter: float) -> float:
     return slo_slack_s(now - seq.first_token_time, t_iter, seq.planned_tpot_s, len(seq.output) - 1)
 
 
+def planned_remaining(seq: Sequence, tpot: float) -> int:
+    """The remaining tokens to plan `seq` with at `tpot` per token: the pessimistic end of its predicted
+    range (output_lengths.py), the long end when each token loses time against its target, the short
+    end when each wins some back; its cap without a prediction."""
+    if seq.remaining_range is None:
+        return seq.remaining
+    short, long = seq.remaining_range
+    return long if tpot > seq.planned_tpot_s else short
+
+
 def seq_ends_within_slo(seq: Sequence, slack: float, tpot: float) -> bool:
-    return ends_within_slo(slack, seq.planned_tpot_s, seq.remaining, tpot)
+    return ends_within_slo(slack, seq.planned_tpot_s, planned_remaining(seq, tpot), tpot)
 
 
 def on_track(seq: Sequence, now: float, tpot: float) -> bool:

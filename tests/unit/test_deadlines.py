@@ -209,3 +209,60 @@ def test_a_request_unfinished_after_max_request_s_ends_with_an_error_and_frees_i
     assert final.finish_reason == FinishReason.ERROR and "timed out" in final.error
     assert 1.0 < clock.now - slow.arrival < 1.1
     assert sched.target_blocks.num_free_blocks == sched.target_blocks.num_blocks
+
+
+# ---- bursts: Moore-Hodgson over the prefill work ----------------------------------------------------
+def burst(clock: Clock, sched: Scheduler | None = None, shorts: int = 12) -> tuple[Sequence, list[Sequence]]:
+    """A 500-token prompt due at 1.0 s and `shorts` 100-token ones due at 1.8 s: with 1 ms per prompt
+    token and 50 ms per 256-token iteration, in deadline order (the long one first, even pushed back by
+    its own prefill time: edf_key) the 11th and 12th short ones are late; without the long one, none."""
+    def make(rid: str, prompt: int, ttft_ms: float) -> Sequence:
+        s = Sequence.start(Request(rid, [5] * prompt, max_tokens=4), next(_ids), SLO(100.0, ttft_ms),
+                           clock.now, frozenset())
+        if sched is not None:
+            sched.add(s)
+        return s
+    return make("long", 500, 1000.0), [make(f"short{i}", 100, 1800.0) for i in range(shorts)]
+
+
+def test_a_burst_sets_aside_the_longest_prefill_not_the_last_deadlines():
+    from adaserve_backend.scheduler.deadlines import deferred_in_burst, note_prefill_times
+
+    est, clock = TableEstimator(prefill_token_s=0.001), Clock()
+    long, shorts = burst(clock)
+    note_prefill_times([long, *shorts], est, 256)
+    now = clock.now
+    assert deferred_in_burst([long, *shorts], est, now, 0, [], 256) == {long}
+    assert deferred_in_burst([long, *shorts[:10]], est, now, 0, [], 256) == set()  # all in time: none
+    # a long prefill already running is never set aside: the two short ones it makes late go instead
+    assert len(deferred_in_burst(shorts, est, now, 0, [long], 256)) == 2
+
+
+def test_the_scheduler_holds_back_what_a_burst_cannot_afford_and_refuses_it_in_time():
+    est = TableEstimator({n: 0.01 for n in range(1, 16)}, prefill_token_s=0.001)
+    clock = Clock()
+    sched = deadline_scheduler(est)
+    long, shorts = burst(clock, sched)
+    plan = sched.schedule(clock.now)
+    assert long in sched.waiting and all(s in sched.running for s in shorts)
+    assert long not in plan.prefill
+    landed = [Prefilled(s, n, 7 if s.prefilled + n == s.prefill_goal else None) for s, n in plan.prefill.items()]
+    outputs = sched.update(plan, IterationResult(clock.tick(0.1), prefilled=landed))
+    for _ in range(40):
+        if sched.has_work():
+            outputs += step(sched, clock, 0.1)
+    rejected = [o.request_id for o in outputs if o.finish_reason == FinishReason.REJECTED]
+    assert rejected == ["long"] and long.missed == NO_CAPACITY
+    assert all(s.first_token_time is not None and s.first_token_time <= s.deadline for s in shorts)
+
+    plain = deadline_scheduler(TableEstimator({n: 0.01 for n in range(1, 16)}, prefill_token_s=0.001),
+                               burst_deferral=False)
+    long, shorts = burst(clock, plain)
+    assert long in plain.schedule(clock.now).prefill  # in deadline order the long one starts first
+
+
+def test_burst_deferral_is_a_flag():
+    import pytest
+
+    with pytest.raises(ValueError, match="burst_deferral"):
+        SchedulerConfig(burst_deferral="yes")

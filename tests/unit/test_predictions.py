@@ -4,7 +4,7 @@ estimator expected of each decode step, carried to the metrics that compare them
 from __future__ import annotations
 
 from adaserve_backend.output_processor import make_output
-from adaserve_backend.scheduler.plan import IterationPlan
+from adaserve_backend.scheduler.plan import IterationPlan, predicted_decode_s
 from tests.unit.test_scheduler import START, TableEstimator, scheduler, seq
 
 
@@ -23,7 +23,7 @@ def test_a_decode_step_is_predicted_before_its_measurement_updates_the_estimator
     sched = scheduler(TableEstimator({1: 0.05}))
     plan = IterationPlan(start=START)
     plan.decode = [seq(100)]
-    assert sched._predicted_s(plan) == TableEstimator.ITERATION_S
+    assert predicted_decode_s(sched.estimator, plan) == TableEstimator.ITERATION_S
 
 
 def test_requests_admitted_together_share_the_last_chunk_of_the_first():
