@@ -56,5 +56,5 @@ def make_output(seq: Sequence, new: list[int], now: float, reason: FinishReason 
         slo=seq.slo,
         stats=RequestStats(seq.verifications, seq.draft_tokens, seq.accepted_drafts, queue_wait_s(seq, now, reason),
                            seq.missed, None if seq.predicted_first_token is None
-                           else seq.predicted_first_token - seq.arrival),
+                           else seq.predicted_first_token - seq.arrival, seq.predicted_length),
     )

@@ -50,6 +50,7 @@ class RequestStats:
     queue_wait_s: float | None = None  # arrival to first admission (rejected: to the rejection); None: still waiting
     overload: str | None = None  # why admission gave up its first-token deadline (rejected, or best_effort)
     predicted_ttft_s: float | None = None  # arrival to the first token as predicted when it was admitted
+    predicted_length: int | None = None  # output tokens, the median first predicted (scheduler/output_lengths.py)
 
     @property
     def slo_missed(self) -> bool:

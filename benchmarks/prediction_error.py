@@ -2,7 +2,8 @@
 server's `adaserve_ttft_measured_over_predicted` histogram (Prometheus text on Triton's metrics port):
 the difference of two scrapes covers the requests that ended in between. The bucket edges sit at
 1 -+ each of ERRORS, so the share of predictions within each relative error is exact, and the median
-absolute error is interpolated between those shares."""
+absolute error is interpolated between those shares. The same for the scheduler's output-length
+predictions, per SLO class, in tokens."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import re
 from harness.servers import metrics_text
 
 HISTOGRAM = "adaserve_ttft_measured_over_predicted"
+LENGTH_HISTOGRAM = "adaserve_output_length_error_tokens"  # per slo_class
 ERRORS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.5)  # |measured / predicted - 1|
 _LE = re.compile(r'le="([^"]+)"')
+_CLASS = re.compile(r'slo_class="([^"]+)"')
 
 
 def histogram_buckets(metrics_url: str, name: str = HISTOGRAM) -> dict[float, float] | None:
@@ -27,6 +30,32 @@ def histogram_buckets(metrics_url: str, name: str = HISTOGRAM) -> dict[float, fl
             le = float(m.group(1))
             counts[le] = counts.get(le, 0.0) + float(line.rsplit(" ", 1)[-1])
     return counts
+
+
+def class_buckets(metrics_url: str, name: str = LENGTH_HISTOGRAM) -> dict[str, dict[float, float]] | None:
+    """histogram_buckets per `slo_class` label."""
+    if (text := metrics_text(metrics_url)) is None:
+        return None
+    out: dict[str, dict[float, float]] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket") and (m := _LE.search(line)) and (c := _CLASS.search(line)):
+            counts = out.setdefault(c.group(1), {})
+            counts[float(m.group(1))] = counts.get(float(m.group(1)), 0.0) + float(line.rsplit(" ", 1)[-1])
+    return out
+
+
+def length_errors(before: dict | None, after: dict | None) -> dict[str, dict] | None:
+    """Per SLO class: how many outputs, and the median |predicted - actual| length in tokens (Prometheus'
+    interpolation within the histogram's power-of-two buckets), over the requests between two scrapes."""
+    if before is None or after is None:
+        return None
+    out = {}
+    for cls, counts in after.items():
+        diff = {le: c - before.get(cls, {}).get(le, 0.0) for le, c in counts.items()}
+        n = diff.get(math.inf, 0.0)
+        if n > 0:
+            out[cls] = {"n": int(n), "median_abs_error_tokens": _quantile(diff, n, 0.5)}
+    return out
 
 
 def _edge(counts: dict[float, float], x: float) -> float | None:
@@ -77,3 +106,22 @@ def describe(err: dict | None) -> str:
     median = "> 50%" if err["median_abs_error"] is None else f"{err['median_abs_error']:.0%}"
     return (f"first-token predictions: median |error| {median}, within 15% {err['within'].get('15%', 0):.0%} "
             f"of {err['n']}, measured/predicted p50 {err['median_ratio']:.2f}")
+
+
+def scrape(metrics_url: str) -> dict:
+    """Both prediction histograms at one moment (None each where the endpoint does not answer)."""
+    return {"ttft": histogram_buckets(metrics_url), "lengths": class_buckets(metrics_url)}
+
+
+def errors_between(before: dict, after: dict) -> dict:
+    """Row fields for the requests that ended between two scrapes."""
+    return {"ttft_prediction": prediction_error(before["ttft"], after["ttft"]),
+            "length_prediction": length_errors(before["lengths"], after["lengths"])}
+
+
+def describe_lengths(err: dict | None) -> str:
+    if not err:
+        return "no output-length predictions"
+    return "output-length predictions, median |error| in tokens: " + ", ".join(
+        f"{cls} {e['median_abs_error_tokens']:.0f} of {e['n']}" for cls, e in sorted(err.items())
+        if e["median_abs_error_tokens"] is not None)

@@ -60,7 +60,7 @@ from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_
 from harness.workload import PromptsExhausted, WorkItem, prompt_deck, repeat_share
 
 from . import prefill_rate
-from .prediction_error import describe, histogram_buckets, prediction_error
+from .prediction_error import describe, describe_lengths, errors_between, scrape
 from .vs_peers_levels import (
     ARRIVALS,
     build_levels,
@@ -238,16 +238,16 @@ def main() -> None:
                 bar.set_postfix_str(f"{system} @ {rps} rps, window {level.window}")
                 wait_idle(server)
                 ours = on_triton(system)
-                predictions = histogram_buckets(server.metrics_url) if ours else None
+                predictions = scrape(server.metrics_url) if ours else None
                 records, wall = run_system(system, server, items, args, slos)
                 row = {"system": system, "rps": rps, **score(records, wall)}
                 row |= level_fields(level, row["slo_attainment"])
                 row["rejected"] = sum(1 for r in records if r.error and "unavailable" in r.error.lower())
                 if ours:  # the last requests' metrics are recorded once they ended in the engine
                     wait_idle(server)
-                    row["ttft_prediction"] = prediction_error(predictions, histogram_buckets(server.metrics_url))
+                    row |= errors_between(predictions, scrape(server.metrics_url))
                     tqdm.write(f"{system:>14} @ {rps:>4} rps, window {level.window}: "
-                               f"{describe(row['ttft_prediction'])}")
+                               f"{describe(row['ttft_prediction'])}; {describe_lengths(row['length_prediction'])}")
                 rows.append(row)
                 tqdm.write(f"{system:>14} @ {rps:>4} rps, window {level.window}: attainment "
                            f"{row['slo_attainment']:.2f} (bound {row['bound']:.2f}, TPOT only "

@@ -61,6 +61,8 @@ class TritonEngineLoop(EngineHooks):
         self.engine = self.driver.engine
         self.tokenizer = self.engine.tokenizer
         classes = [c.name for c in config.scheduler.slo_classes] + ["custom", BEST_EFFORT]
+        # a request that gave its targets as numbers equal to a class's is counted under that class
+        self.class_of_targets = {(c.tpot_ms, c.ttft_ms): c.name for c in config.scheduler.slo_classes}
         self.max_hold_ms = config.streaming.max_hold_ms
         self.next_step_s: float | None = None
         self.metrics = EngineMetrics(pb, classes)
@@ -204,10 +206,13 @@ class TritonEngineLoop(EngineHooks):
         ttft = None if rejected else first - out.arrival_time
         tpot = tpot_seconds(first, out.emit_time, out.num_output_tokens)
         tpot_attained = not rejected and attains(tpot, out.slo.tpot_ms)
+        label = out.slo.slo_class
+        if label == "custom":
+            label = self.class_of_targets.get((out.slo.tpot_ms, out.slo.ttft_ms), label)
         self.metrics.on_finish(Finished(
-            out.slo.slo_class, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot,
+            label, out.num_prompt_tokens, out.num_output_tokens, ttft, tpot,
             out.emit_time - out.arrival_time, out.stats.queue_wait_s, attains_ttft(ttft, out.slo.ttft_ms),
-            tpot_attained, rejected, out.stats.overload, out.stats.predicted_ttft_s,
+            tpot_attained, rejected, out.stats.overload, out.stats.predicted_ttft_s, out.stats.predicted_length,
         ))
 
 

@@ -30,12 +30,14 @@ class Finished:
     rejected: bool = False
     overload: str | None = None
     predicted_ttft: float | None = None  # as admission predicted it
+    predicted_length: int | None = None  # output tokens, as the scheduler first predicted them
 
 QUEUE_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0]
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ACCEPTED_BUCKETS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16]
 # measured / predicted: edges at 1 -+ 5, 10, 15, 20, 25 and 50%, so the share of predictions within each
 # error reads off the buckets (benchmarks/prediction_error.py), and at 1/1.15 and 1/1.5
+LENGTH_ERROR_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]  # |predicted - actual| output tokens
 RATIO_BUCKETS = [0.5, 0.67, 0.75, 0.8, 0.85, 0.87, 0.9, 0.95, 1.05, 1.1, 1.15, 1.2, 1.25, 1.5, 2.0, 3.0]
 FLUSH_S = 0.5  # per-step metrics are published this often (Prometheus scrapes every few seconds)
 
@@ -81,6 +83,10 @@ class EngineMetrics:
                                        "Requests whose first token came within the TTFT target")
         self.tpot_attained = per_class("adaserve_tpot_slo_attained_total",
                                        "Requests that met their TPOT target (rejected: not)")
+        lengths = family("adaserve_output_length_error_tokens", "How far an output's length (ended at end of "
+                         "sequence) was from the scheduler's first median prediction", F.HISTOGRAM)
+        self.length_error = {c: lengths.Metric(labels={"slo_class": c}, buckets=LENGTH_ERROR_BUCKETS)
+                             for c in slo_classes}
         reasons = (UNREACHABLE, NO_CAPACITY)
         rejected = family("adaserve_requests_rejected_total",
                           "Requests rejected because no admissible schedule met their first-token deadline", F.COUNTER)
@@ -122,6 +128,8 @@ class EngineMetrics:
         for value, hist in ((r.ttft, self.ttft), (r.tpot, self.tpot)):
             if value is not None:
                 hist.observe(value)
+        if r.predicted_length is not None:
+            self.length_error[r.slo_class].observe(abs(r.output_tokens - r.predicted_length))
         if r.ttft is not None and r.predicted_ttft:
             self.ttft_error.observe(r.ttft / r.predicted_ttft)
         for met, counter in ((r.ttft_attained, self.ttft_attained), (r.tpot_attained, self.tpot_attained),

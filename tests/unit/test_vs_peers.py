@@ -156,3 +156,22 @@ def test_first_token_prediction_error_reads_off_the_histogram():
     assert err["median_abs_error"] == pytest.approx(0.125)  # 3/8 within 10%, 5/8 within 15%
     assert err["median_ratio"] == pytest.approx(1.125)
     assert prediction_error(None, {}) is None and prediction_error({}, {}) is None
+
+
+def test_output_length_errors_read_per_class_off_the_histogram():
+    from adaserve_backend.triton.metrics import LENGTH_ERROR_BUCKETS
+    from benchmarks.prediction_error import LENGTH_HISTOGRAM, class_buckets, describe_lengths, length_errors
+
+    def exposition(errors: dict[str, list[int]]):
+        lines = []
+        for cls, errs in errors.items():
+            lines += [f'{LENGTH_HISTOGRAM}_bucket{{le="{le}",slo_class="{cls}"}} {sum(e <= le for e in errs)}'
+                      for le in LENGTH_ERROR_BUCKETS]
+            lines.append(f'{LENGTH_HISTOGRAM}_bucket{{le="+Inf",slo_class="{cls}"}} {len(errs)}')
+        return "\n".join(lines)
+
+    with metrics_endpoint(exposition({"chat": [3]}), exposition({"chat": [3, 4, 4, 4], "coding": [0, 20]})) as url:
+        err = length_errors(class_buckets(url), class_buckets(url))
+    assert err["chat"] == {"n": 3, "median_abs_error_tokens": pytest.approx(3.0)}  # 1.5 of 3 in (2, 4]
+    assert err["coding"]["n"] == 2
+    assert "chat 3 of 3" in describe_lengths(err) and length_errors(None, {}) is None
