@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -18,18 +19,39 @@ class AttentionBackend(Protocol):
         """Write k, v [T, kv_heads, D] into the cache, attend q [T, heads, D]; returns [T, heads, D]."""
 
 
-BACKENDS = ("auto", "torch", "paged_cpu")
+BACKENDS = ("auto", "torch", "paged_cpu", "flashinfer")
+
+
+def choose_backend(name: str, device_type: str, dtype: torch.dtype,
+                   flashinfer_importable: Callable[[], bool]) -> str:
+    """What `name` means for a cache of `dtype` on `device_type`. auto: paged_cpu for a bfloat16 cache on
+    CPU (make_backend falls back to torch when its kernel does not build), flashinfer for a bfloat16 or
+    float16 cache on CUDA when flashinfer imports, torch otherwise (float32, the exact oracle, always runs
+    torch's SDPA)."""
+    if name != "auto":
+        return name
+    if device_type == "cpu" and dtype == torch.bfloat16:
+        return "paged_cpu"
+    if device_type == "cuda" and dtype in (torch.bfloat16, torch.float16) and flashinfer_importable():
+        return "flashinfer"
+    return "torch"
 
 
 def make_backend(name: str, kv_cache: KVCache, num_heads: int) -> AttentionBackend:
-    """num_heads: query heads (the cache holds the KV heads). auto: paged_cpu for a bfloat16 cache on
-    CPU when its kernel builds, torch otherwise (float32, the exact oracle, always runs torch's SDPA)."""
+    """num_heads: query heads (the cache holds the KV heads); name: one of BACKENDS (see choose_backend)."""
     from .torch_sdpa import TorchSDPABackend
 
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r} (available: {', '.join(BACKENDS)})")
+    from .flashinfer_cuda import flashinfer_importable  # imports no flashinfer until asked
+
     cache = kv_cache.data
-    if name == "paged_cpu" or (name == "auto" and cache.device.type == "cpu" and cache.dtype == torch.bfloat16):
+    chosen = choose_backend(name, cache.device.type, cache.dtype, flashinfer_importable)
+    if chosen == "flashinfer":
+        from .flashinfer_cuda import FlashInferBackend
+
+        return FlashInferBackend(kv_cache, num_heads)
+    if chosen == "paged_cpu":
         from .cpu_kernel import paged_attention_op
         from .paged_cpu import PagedCPUBackend
 
