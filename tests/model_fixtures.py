@@ -80,7 +80,7 @@ def hf_reference(path: str):
     """transformers' own model for a checkpoint, float32, eval mode: the oracle."""
     from transformers import AutoModelForCausalLM
 
-    from adaserve_backend.models.loader import locate
+    from adaserve_backend.models.checkpoint import locate
 
     loc = locate(path)
     return AutoModelForCausalLM.from_pretrained(loc.directory, dtype=torch.float32, **loc.kwargs).eval()

@@ -22,4 +22,4 @@ def load_engine_config(model_dir: str) -> EngineConfig:
 
 
 def load_repository_tokenizer(model_dir: str):
-    return load_tokenizer(locate(load_engine_config(model_dir).target.path))
+    return load_tokenizer(locate(load_engine_config(model_dir).target.path), without_torch=True)

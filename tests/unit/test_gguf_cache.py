@@ -12,7 +12,7 @@ import pytest
 
 from adaserve_backend.config import EMBEDDED_DEFAULT
 from adaserve_backend.models import gguf_cache
-from adaserve_backend.models.loader import load_hf_config, load_tokenizer, locate
+from adaserve_backend.models.checkpoint import load_hf_config, load_tokenizer, locate
 
 
 @pytest.mark.slow

@@ -162,3 +162,28 @@ def test_the_serving_process_imports_no_offline_tools():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tools'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_tokenizer_models_run_without_torch_and_encode_as_the_engine():
+    """The preprocessing and postprocessing models load no torch (they start sooner and exit within
+    the server's shutdown), and their tokenizer gives the engine's token ids and chat template."""
+    import subprocess
+    import sys
+
+    from adaserve_backend.config import EMBEDDED_DEFAULT
+    from adaserve_backend.models import load_tokenizer, locate
+    from adaserve_backend.triton.repository import load_repository_tokenizer
+
+    code = ("import sys; import adaserve_backend.serving.detokenize, adaserve_backend.triton.protocol; "
+            "from adaserve_backend.triton.repository import load_repository_tokenizer as load; "
+            "load('model_repository/preprocessing'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    light = load_repository_tokenizer("model_repository/preprocessing")
+    engine = load_tokenizer(locate(EMBEDDED_DEFAULT))
+    for text in ("def f(x):\n\treturn x ** 2  ", "Ünïcödé 🤖", "<|im_start|>user\nhi<|im_end|>", ""):
+        assert light(text).input_ids == engine(text).input_ids
+    chat = [{"role": "user", "content": "hello"}]
+    assert (light.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            == engine.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    assert light.eos_token_id == engine.eos_token_id
