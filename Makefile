@@ -13,7 +13,7 @@ OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve serve-ray test lint test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
+.PHONY: setup system-deps serve serve-ray test lint test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile gpu-check sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -176,6 +176,13 @@ draft-eval: setup  # the shipped draft on held-out and benchmark families (agree
 
 profile: setup  # this device's roofline and budget B (see tools/profile.py)
 	HF_HUB_OFFLINE=1 $(PY) -m tools.profile --out runs/profile.json
+
+# On a lent GPU machine, with its own python3 (the .venv is not usable there): flashinfer from the carried
+# .wheels/, the GPU tests, the measurements; runs/gpu-check/<date>/gpu-check.{json,md} (docs/gpu.md).
+GPU_PY ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONUNBUFFERED=1 $(GPU_PY) -m tools.gpu_check $(GPU_CHECK_ARGS)
 
 bench-acceptance: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile model_repository/adaserve/1/profile-cpu.json
