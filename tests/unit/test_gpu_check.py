@@ -1,4 +1,4 @@
-"""tools/gpu_check.py and tools/gpu_bench.py without a GPU: the JSON and markdown writers on made-up
+"""tools/gpu_check.py and its steps in tools/gpu/ without a GPU: the JSON and markdown writers on made-up
 results (whole, and cut off after a failing step), the pytest XML summary, the packing of compiled kernels
 into parts the device tool brings back and their install on the next machine, the speed targets, the
 measurement points, and a whole run on a machine without CUDA (every step after env skipped, both files
@@ -6,12 +6,17 @@ written, exit status 1)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
 from tests.flashinfer_stand_in import install as stand_in_flashinfer
-from tools import gpu_bench, gpu_check
-from tools.gpu_bench import Point, attention_points, layer_points, logit_rows, same, targets
+from tools import gpu_check
+from tools.gpu import attention_bench, decoder_stack, kernel_compile, kernels, layer_bench, runner
+from tools.gpu.points import Point, attention_points, layer_points, logit_rows, same
+from tools.gpu.pytest_run import junit_summary
+from tools.gpu.report import render_markdown, write_results
+from tools.gpu.targets import targets
 
 FULL = {
     "schema": 1, "started": "2026-11-27T21:00:00+00:00", "wall_s": 401.5,
@@ -52,7 +57,7 @@ FULL = {
 
 
 def test_the_markdown_holds_every_section_and_survives_missing_parts():
-    md = gpu_check.render_markdown(FULL)
+    md = render_markdown(FULL)
     for text in ("NVIDIA H100 80GB HBM3", "flashinfer 0.6.18.post1", "| tests | FAILED |", "| layers | skipped |",
                  "x / y", "## Compile", "| fp16 | NO | prebuilt (carried), after", "| 110 |", "loaded, not compiled",
                  "28 passed, 1 failed",
@@ -61,19 +66,19 @@ def test_the_markdown_holds_every_section_and_survives_missing_parts():
                  "out of memory", "| b1_decode_ok | NO |"):
         assert text in md, text
     cut = {"started": "t", "env": {"python": "3.12"}, "steps": {"env": {"ok": False, "error": "no CUDA device"}}}
-    md = gpu_check.render_markdown(cut)
+    md = render_markdown(cut)
     assert "no device" in md and "| env | FAILED |" in md and "## Attention" not in md
 
 
 def test_results_are_written_and_copied(tmp_path):
     run, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
-    gpu_check.write_results(FULL, run, out)
+    write_results(FULL, run, out)
     for folder in (run, out):
         assert json.loads((folder / "gpu-check.json").read_text())["env"]["sms"] == 132
         assert (folder / "gpu-check.md").read_text().startswith("# gpu-check 2026-11-27")
     assert not list(run.glob(".*.tmp"))
-    gpu_check.keep_earlier(run)  # a second run the same day keeps the first one's files
+    runner.keep_earlier(run)  # a second run the same day keeps the first one's files
     assert not (run / "gpu-check.json").exists() and len(list(run.glob("gpu-check-*.json"))) == 1
 
 
@@ -86,14 +91,14 @@ def test_the_pytest_xml_summary(tmp_path):
       <testcase classname="tests.gpu.t" name="d"><skipped message="no CUDA"/></testcase>
       <testcase classname="tests.gpu.t" name="e"><skipped message="no CUDA"/></testcase>
       <testcase classname="tests.gpu.t" name="f"/></testsuite></testsuites>""")
-    s = gpu_check.junit_summary(xml)
+    s = junit_summary(xml)
     assert (s["passed"], s["failed"], s["errors"], s["skipped"]) == (2, 1, 1, 2)
     assert s["skip_reasons"] == {"no CUDA": 2}
     assert [f["test"] for f in s["failures"]] == ["tests.gpu.t::b", "tests.gpu.t::c"]
 
 
 def test_compiled_kernels_come_back_in_parts_and_install_on_the_next_machine(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check, "OUT_PART_BYTES", 1000)
+    monkeypatch.setattr(kernels, "OUT_PART_BYTES", 1000)
     cache = tmp_path / "base" / ".cache" / "flashinfer"  # where FLASHINFER_WORKSPACE_BASE puts its JIT cache
     libs = []
     for name in ("batch_prefill_bf16", "segment_packbits"):
@@ -102,10 +107,10 @@ def test_compiled_kernels_come_back_in_parts_and_install_on_the_next_machine(tmp
         so.write_bytes(bytes(range(256)) * 8 + name.encode())
         libs.append(so)
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "base"))
-    assert gpu_check.jit_libraries() == sorted(libs)
+    assert kernels.jit_libraries() == sorted(libs)
     out = tmp_path / "out"
     out.mkdir()
-    packed = gpu_check.pack_kernels(libs, tmp_path, out, "sm90")
+    packed = kernels.pack_kernels(libs, tmp_path, out, "sm90")
     parts = sorted(out.glob("flashinfer-aot-sm90.tar.gz.*"))
     assert packed["libraries"] == 2 and packed["out_parts"] == len(parts) >= 1
     # here: the parts joined into .gpu/aot/; there: unpacked where flashinfer loads prebuilt kernels
@@ -116,13 +121,13 @@ def test_compiled_kernels_come_back_in_parts_and_install_on_the_next_machine(tmp
     assert joined.read_bytes() == (tmp_path / "flashinfer-aot-sm90.tar.gz").read_bytes()
     site = tmp_path / "site"
     (site / "flashinfer").mkdir(parents=True)
-    assert gpu_check.install_carried_kernels("sm90", carried, site) == ["batch_prefill_bf16", "segment_packbits"]
+    assert kernels.install_carried_kernels("sm90", carried, site) == ["batch_prefill_bf16", "segment_packbits"]
     assert (site / "flashinfer/data/aot/segment_packbits/segment_packbits.so").read_bytes() == libs[1].read_bytes()
-    assert gpu_check.install_carried_kernels("sm100", carried, site) == []  # another architecture: not used
+    assert kernels.install_carried_kernels("sm100", carried, site) == []  # another architecture: not used
 
 
 def test_a_run_without_cuda_records_why_and_skips_the_rest(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check, "setup_env", lambda site=None: None)
+    monkeypatch.setattr(runner, "setup_env", lambda site=None: None)
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     code = gpu_check.main(["--out", str(tmp_path / "run"), "--copy-to", str(tmp_path / "out")])
     assert code == 1
@@ -158,25 +163,26 @@ TINY = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, vocab=
 
 
 def test_the_measurements_run_through_on_the_cpu(monkeypatch):
-    """gpu_bench's attention and layer measurements at a tiny shape on the CPU, FlashInfer through the stand-in:
+    """The attention and layer measurements at a tiny shape on the CPU, FlashInfer through the stand-in:
     every row filled, nothing raised (CUDA events become wall time there)."""
     stand_in_flashinfer(monkeypatch)
-    monkeypatch.setattr(gpu_bench, "SHAPE", TINY)
+    for module in (attention_bench, decoder_stack, layer_bench):  # each reads the shape when it runs
+        monkeypatch.setattr(module, "SHAPE", TINY)
     later = time.monotonic() + 600
     rows: list = []
     points = [Point("trees", same("tree", 3, 5, 40)), Point("decodes", same("decode", 4, 1, 33)),
               Point("mix", (("prefill", 0, 20),) + same("tree", 2, 4, 17) + same("decode", 2, 1, 9))]
-    gpu_bench.bench_attention(points, rows, later, log=lambda m: None, device="cpu")
+    attention_bench.bench_attention(points, rows, later, log=lambda m: None, device="cpu")
     assert [r.get("flashinfer_kernel") for r in rows] == ["prefill masked", "decode", "prefill masked"]
     assert all(r["flashinfer_ms"] > 0 and r["sdpa_ms"] > 0 and "speedup" in r and "error" not in r for r in rows)
     sink: dict = {}
     points = [Point("b1 decode", same("decode", 1, 1, 40)), Point("b1 tree 64", same("tree", 1, 8, 40)),
               Point("b1 prefill 2048", (("prefill", 0, 30),))]
-    gpu_bench.bench_layers(2, sink, later, log=lambda m: None, device="cpu", points=points)
+    layer_bench.bench_layers(2, sink, later, log=lambda m: None, device="cpu", points=points)
     got = sink["points"]
     assert len(got) == 6 and all("error" not in r and r["est_forward_ms"] > 0 and r["tflops"] >= 0 for r in got)
     assert set(sink["targets"]) == {"flashinfer", "sdpa"} and "b1_tree64_over_decode" in sink["targets"]["sdpa"]
-    gpu_bench.bench_layers(2, {}, time.monotonic() - 1, log=lambda m: None, device="cpu", points=points[:1])
+    layer_bench.bench_layers(2, {}, time.monotonic() - 1, log=lambda m: None, device="cpu", points=points[:1])
 
 
 WORKER = """
@@ -194,10 +200,10 @@ print("GPU_CHECK_RESULT " + json.dumps({"dtype": dtype, "seconds": 0.1, "first_c
 def test_compile_workers_time_out_fail_and_fall_back_to_carried_kernels(tmp_path, monkeypatch):
     """Two workers at once: one compiles, one hangs past the limit (stopped with its session); the hung
     dtype then loads the carried prebuilt kernels; with nothing carried a failure stays a failure."""
-    monkeypatch.setattr(gpu_check, "WORKER", ["-c", WORKER])
-    monkeypatch.setattr(gpu_check, "arch_tag", lambda: "sm90")
-    monkeypatch.setattr(gpu_check, "jit_libraries", lambda: [])
-    ctx = gpu_check.Context(gpu_check.argparse.Namespace(
+    monkeypatch.setattr(kernel_compile, "WORKER", ["-c", WORKER])
+    monkeypatch.setattr(kernel_compile, "arch_tag", lambda: "sm90")
+    monkeypatch.setattr(kernel_compile, "jit_libraries", lambda: [])
+    ctx = runner.Context(argparse.Namespace(
         budget_s=1000, wheels="w", quick=False, layers=1, compile_timeout=3, use_prebuilt=False,
         out=str(tmp_path), copy_to=None))
     ctx.say = lambda m: None
@@ -210,20 +216,20 @@ def test_compile_workers_time_out_fail_and_fall_back_to_carried_kernels(tmp_path
         monkeypatch.setenv("FAKE_WORKER_FP16", "ok")  # the prebuilt kernels load
         return ["batch_prefill_f16"]
 
-    monkeypatch.setattr(gpu_check, "install_carried_kernels", install)
+    monkeypatch.setattr(kernel_compile, "install_carried_kernels", install)
     t = time.monotonic()
-    out = gpu_check.compile_kernels(ctx)
+    out = kernel_compile.compile_kernels(ctx)
     assert time.monotonic() - t < 30 and installed == ["sm90"]
     assert out["bf16"]["ok"] and out["bf16"]["source"] == "compiled here" and out["bf16"]["first_calls_s"]
     assert out["fp16"]["ok"] and out["fp16"]["source"].startswith("prebuilt (carried)")
     assert out["fp16"]["compile"]["ok"] is False and out["fp16"]["compile"]["returncode"] == -9
     assert ctx.flashinfer_dtypes == ["bf16", "fp16"] and ctx.no_flashinfer is None
 
-    monkeypatch.setattr(gpu_check, "install_carried_kernels", lambda arch: [])
+    monkeypatch.setattr(kernel_compile, "install_carried_kernels", lambda arch: [])
     monkeypatch.setenv("FAKE_WORKER_BF16", "fail")
     ctx.flashinfer_dtypes = None
     try:
-        gpu_check.compile_kernels(ctx)
+        kernel_compile.compile_kernels(ctx)
         raise AssertionError("a failed compile with nothing to fall back to must fail the step")
     except RuntimeError as e:
         assert "no kernels for bf16" in str(e)
