@@ -19,29 +19,37 @@ _LE = re.compile(r'le="([^"]+)"')
 _CLASS = re.compile(r'slo_class="([^"]+)"')
 
 
+def _by_class(text: str, name: str) -> dict[str, dict[float, float]]:
+    """Cumulative counts by upper edge (`le`, +Inf included) of histogram `name`, per `slo_class` label
+    ("" for series without one)."""
+    out: dict[str, dict[float, float]] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket") and (m := _LE.search(line)):
+            c = _CLASS.search(line)
+            counts = out.setdefault(c.group(1) if c else "", {})
+            counts[float(m.group(1))] = counts.get(float(m.group(1)), 0.0) + float(line.rsplit(" ", 1)[-1])
+    return out
+
+
+def _summed(by_class: dict[str, dict[float, float]]) -> dict[float, float]:
+    counts: dict[float, float] = {}
+    for per_class in by_class.values():
+        for le, c in per_class.items():
+            counts[le] = counts.get(le, 0.0) + c
+    return counts
+
+
 def histogram_buckets(metrics_url: str, name: str = HISTOGRAM) -> dict[float, float] | None:
     """Cumulative counts by upper edge (`le`, +Inf included), summed over labels; None if the endpoint
     does not answer."""
-    if (text := metrics_text(metrics_url)) is None:
-        return None
-    counts: dict[float, float] = {}
-    for line in text.splitlines():
-        if line.startswith(f"{name}_bucket") and (m := _LE.search(line)):
-            le = float(m.group(1))
-            counts[le] = counts.get(le, 0.0) + float(line.rsplit(" ", 1)[-1])
-    return counts
+    text = metrics_text(metrics_url)
+    return None if text is None else _summed(_by_class(text, name))
 
 
 def class_buckets(metrics_url: str, name: str = LENGTH_HISTOGRAM) -> dict[str, dict[float, float]] | None:
     """histogram_buckets per `slo_class` label."""
-    if (text := metrics_text(metrics_url)) is None:
-        return None
-    out: dict[str, dict[float, float]] = {}
-    for line in text.splitlines():
-        if line.startswith(f"{name}_bucket") and (m := _LE.search(line)) and (c := _CLASS.search(line)):
-            counts = out.setdefault(c.group(1), {})
-            counts[float(m.group(1))] = counts.get(float(m.group(1)), 0.0) + float(line.rsplit(" ", 1)[-1])
-    return out
+    text = metrics_text(metrics_url)
+    return None if text is None else {c: v for c, v in _by_class(text, name).items() if c}
 
 
 def length_errors(before: dict | None, after: dict | None) -> dict[str, dict] | None:
@@ -109,8 +117,11 @@ def describe(err: dict | None) -> str:
 
 
 def scrape(metrics_url: str) -> dict:
-    """Both prediction histograms at one moment (None each where the endpoint does not answer)."""
-    return {"ttft": histogram_buckets(metrics_url), "lengths": class_buckets(metrics_url)}
+    """Both prediction histograms from one read of the endpoint (None each where it does not answer)."""
+    if (text := metrics_text(metrics_url)) is None:
+        return {"ttft": None, "lengths": None}
+    lengths = _by_class(text, LENGTH_HISTOGRAM)
+    return {"ttft": _summed(_by_class(text, HISTOGRAM)), "lengths": {c: v for c, v in lengths.items() if c}}
 
 
 def errors_between(before: dict, after: dict) -> dict:
