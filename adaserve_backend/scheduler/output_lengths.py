@@ -24,9 +24,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..sequence import Sequence
 
-Key = tuple[float, float, int]
-
-
 def prompt_bucket(prompt_tokens: int) -> int:
     """Prompts within a factor of two of each other share a bucket."""
     return max(0, prompt_tokens).bit_length()
@@ -66,8 +63,6 @@ class OutputLengthPredictor:
             raise ValueError(f"output length quantile must be in [0.5, 1), got {quantile}")
         self.q, self.window, self.min_samples = quantile, window, min_samples
         self.histories: dict[tuple, LengthHistory] = {}
-        # per targets: |predicted - actual| tokens, the median predicted when it started decoding
-        self.errors: dict[tuple, deque[int]] = {}
 
     @staticmethod
     def keys(seq: Sequence) -> list[tuple]:
@@ -83,12 +78,8 @@ class OutputLengthPredictor:
         """A request that finished (end of sequence, stop, or its cap) teaches its length."""
         if self.fixed(seq) or not seq.output:
             return
-        length = len(seq.output)
-        keys = self.keys(seq)
-        if seq.predicted_length is not None:
-            self.errors.setdefault(keys[1], deque(maxlen=1024)).append(abs(seq.predicted_length - length))
-        for key in keys:
-            self.histories.setdefault(key, LengthHistory(self.window)).add(length)
+        for key in self.keys(seq):
+            self.histories.setdefault(key, LengthHistory(self.window)).add(len(seq.output))
 
     def total_range(self, seq: Sequence) -> tuple[int, int, int] | None:
         """Its whole output's length, short end, median and long end, given what it produced so far;
@@ -113,9 +104,4 @@ class OutputLengthPredictor:
         lo, mid, hi = (min(cap, max(floor, t - len(seq.output) - 1)) for t in total)
         seq.remaining_range = (lo, hi)
         if seq.predicted_length is None:  # the first prediction is the one its error is measured on
-            seq.predicted_length = len(seq.output) + 1 + mid
-
-    def median_errors(self) -> dict[tuple[float, float], int]:
-        """Per targets (tpot_ms, ttft_ms), the median absolute error in tokens of the first median
-        prediction, over recent finished requests."""
-        return {key: sorted(e)[len(e) // 2] for key, e in self.errors.items() if e}
+            seq.predicted_length = len(seq.output) + 1 + mid  # (EngineMetrics.length_error)

@@ -100,15 +100,17 @@ def test_kinds_fall_back_from_prompt_bucket_to_targets_to_all():
     assert chat.remaining_range == (8, 8)
 
 
-def test_error_is_measured_per_class_on_the_first_median_prediction():
+def test_error_is_measured_on_the_first_median_prediction():
+    """predicted_length (what the metric's error is taken on) is the first median, not later ones."""
     p = OutputLengthPredictor(0.9, min_samples=2)
     for n in (20, 20, 20):
         p.observe(finished(n))
     seq = finished(1)
     p.plan(seq)
-    seq.output = [7] * 30
-    p.observe(seq)
-    assert p.median_errors() == {(80.0, 2000.0): 10}
+    assert seq.predicted_length == 20
+    seq.output = [7] * 10
+    p.plan(seq)
+    assert seq.predicted_length == 20
 
 
 def test_config_validates_the_quantile():
