@@ -19,8 +19,10 @@ with the model's chat template here, so every server sees the same token ids. Sc
 TTFT+TPOT definition (harness/metrics.py) over all sent requests. `--arrivals azure-code` (or
 `azure-conv`) replays windows of a real trace; `--windows K` runs each level K times on other arrivals
 and requests. Each level is scored against its prefill-only bound (harness/prefill_bound.py) at the
-peak prefill rate measured here before any server starts (`--prefill-rate` gives it instead). Writes
-runs/<date>-vs-peers/vs-peers.{json,png}; servers are always stopped at the end.
+peak prefill rate measured here before any server starts (`--prefill-rate` gives it instead), and each
+row against the decode-aware bound (harness/decode_ceiling.py) over its own output lengths, at the peak
+decode rate measured likewise (`--decode-rate`). Writes runs/<date>-vs-peers/vs-peers.{json,png};
+servers are always stopped at the end.
 """
 
 from __future__ import annotations
@@ -59,11 +61,12 @@ from harness.servers import (
 from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
 from harness.workload import PromptsExhausted, WorkItem, prompt_deck, repeat_share
 
-from . import prefill_rate
+from . import decode_rate, prefill_rate
 from .prediction_error import describe, describe_lengths, errors_between, scrape
 from .vs_peers_levels import (
     ARRIVALS,
     build_levels,
+    decode_bound_fields,
     describe_levels,
     embedded_tokenizer,
     level_fields,
@@ -168,6 +171,8 @@ def main() -> None:
                     help="runs per level, each on its own arrivals (another seed or trace window) and requests")
     ap.add_argument("--prefill-rate", type=float, metavar="TOK_S",
                     help="peak prefill rate for the prefill-only bound (default: measured before any server starts)")
+    ap.add_argument("--decode-rate", type=float, metavar="TOK_S",
+                    help="peak decode rate for the decode-aware bound (default: measured before any server starts)")
     ap.add_argument("--output-scale", type=float, default=0.5, help="scales the categories' output lengths")
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS),
                     help=f"of {', '.join(SYSTEMS)}, and adaserve:NAME for each --variant")
@@ -207,12 +212,14 @@ def main() -> None:
     except (ValueError, FileNotFoundError, PromptsExhausted) as e:  # before any server starts
         ap.error(str(e))
     repeats = repeat_share([it for lv in levels for it in lv.items])
-    # R before any server starts: the measurement shares the machine with nothing
+    # R and D before any server starts: the measurements share the machine with nothing
     rate = (prefill_rate.measure_prefill_rate() if args.prefill_rate is None
             else prefill_rate.given_rate(args.prefill_rate))
+    decode = (decode_rate.measure_decode_rate() if args.decode_rate is None
+              else decode_rate.given_rate(args.decode_rate))
     levels = with_bounds(levels, rate.tok_s)
-    print(f"SLO targets: {slos.describe()}\n{prefill_rate.describe(rate)}\nlevels ({args.arrivals}, "
-          f"{args.windows} window(s) each):\n  " + "\n  ".join(describe_levels(levels))
+    print(f"SLO targets: {slos.describe()}\n{prefill_rate.describe(rate)}\n{decode_rate.describe(decode)}\n"
+          f"levels ({args.arrivals}, {args.windows} window(s) each):\n  " + "\n  ".join(describe_levels(levels))
           + f"\nprompts sent twice to one server: {repeats:.1%}"
           + (f" (the {args.prompts} set repeats by design)" if repeats else ""), flush=True)
 
@@ -242,6 +249,7 @@ def main() -> None:
                 records, wall = run_system(system, server, items, args, slos)
                 row = {"system": system, "rps": rps, **score(records, wall)}
                 row |= level_fields(level, row["slo_attainment"])
+                row |= decode_bound_fields(level, records, rate.tok_s, decode.tok_s, row["slo_attainment"])
                 row["rejected"] = sum(1 for r in records if r.error and "unavailable" in r.error.lower())
                 if ours:  # the last requests' metrics are recorded once they ended in the engine
                     wait_idle(server)
@@ -250,7 +258,8 @@ def main() -> None:
                                f"{describe(row['ttft_prediction'])}; {describe_lengths(row['length_prediction'])}")
                 rows.append(row)
                 tqdm.write(f"{system:>14} @ {rps:>4} rps, window {level.window}: attainment "
-                           f"{row['slo_attainment']:.2f} (bound {row['bound']:.2f}, TPOT only "
+                           f"{row['slo_attainment']:.2f} (bounds: prefill-only {row['bound']:.2f}, decode-aware "
+                           f"{row['bound_decode']:.2f}; TPOT only "
                            f"{row['tpot_slo_attainment']:.2f}), goodput {row['goodput_tok_s']:.1f} tok/s, "
                            f"TTFT p50/p99 {fmt_ms(row['ttft_ms_p50'])}/{fmt_ms(row['ttft_ms_p99'])}, errors "
                            f"{row['errors']}")
@@ -265,7 +274,8 @@ def main() -> None:
 
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
             "arrivals": args.arrivals, "windows": args.windows, "prompts": args.prompts, "repeat_share": repeats,
-            "prefill_rate": rate.to_dict(), "levels": [level_meta(lv) for lv in levels],
+            "prefill_rate": rate.to_dict(), "decode_rate": decode.to_dict(),
+            "levels": [level_meta(lv) for lv in levels],
             "exact_length": args.exact_length, "variants": args.variants,
             "output_scale": args.output_scale, "seed": args.seed, "slo_targets": dataclasses.asdict(slos),
             "vllm_priorities": priorities(slos),

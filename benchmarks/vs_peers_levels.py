@@ -1,7 +1,8 @@
 """The requests of a side-by-side run (benchmarks/vs_peers.py): per load level K windows of arrivals
 (K Poisson or gamma draws, or K stretches of a real trace), each window its own requests dealt from the
 run's one prompt deck, chat prompts rendered to text, each window with its burst (the most arrivals in
-5 s) and, once the machine's peak prefill rate is known, its prefill-only bound.
+5 s) and, once the machine's peak prefill rate is known, its prefill-only bound; once a system has run
+it, the decode-aware bound of that run (its own output lengths: the bound's decode work).
 
 Every window's requests are new to every server: the deck deals without replacement across all levels
 and windows, so several windows cost prompts, not repeats.
@@ -14,6 +15,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.decode_bound import TwoPhaseJob, decode_aware_bound
+from harness.decode_ceiling import decode_aware_ceiling
+from harness.metrics import RequestRecord
 from harness.prefill_bound import BoundResult, Job, prefill_only_bound
 from harness.slo_targets import SloTargets
 from harness.trace_windows import NAMED_TRACES, is_trace, load_trace, peak_arrivals, trace_window
@@ -103,6 +107,37 @@ def level_fields(level: Level, attainment: float) -> dict:
     bound = level.bound.share if level.bound else None
     return {"window": level.window, "window_seed": level.seed, "peak_5s": level.peak_5s, "bound": bound,
             "over_bound": attainment / bound if bound else None}
+
+
+def decode_jobs(level: Level, records: Sequence[RequestRecord]) -> list[TwoPhaseJob]:
+    """A window's requests as the decode-aware bound sees them, with the output lengths one system's run
+    produced: each system's bound is over its own outputs, since a longer output also moves its last
+    token's deadline later (a shorter one is not always easier, so no other system's length would do). A
+    request the run did not finish has no known length and is charged its prefill alone: less work, and
+    one deadline fewer, so the bound can only rise."""
+    by_id = {r.request_id: r for r in records}
+    jobs = []
+    for it, n in zip(level.items, level.prompt_tokens, strict=True):
+        r = by_id.get(it.request_id)
+        outputs = r.output_tokens if r is not None and r.finished else 1
+        jobs.append(TwoPhaseJob(it.arrival_s, it.arrival_s + it.ttft_slo_ms / 1e3, n, max(0, outputs - 1),
+                                it.tpot_slo_ms / 1e3))
+    return jobs
+
+
+def decode_bound_fields(level: Level, records: Sequence[RequestRecord], prefill_tok_s: float,
+                        decode_tok_s: float, attainment: float) -> dict:
+    """A result row's decode-aware bound over its own run: the model's optimum (or an upper bound on it
+    where the solver stopped early: `bound_decode_exact` false), attainment over it, what the dropping
+    heuristic reaches (`bound_decode_policy`), and the requests a best set gives up (the optimum's, or
+    the heuristic's where the optimum is not known)."""
+    jobs = decode_jobs(level, records)
+    ceiling = decode_aware_ceiling(jobs, prefill_tok_s, decode_tok_s)
+    policy = decode_aware_bound(jobs, prefill_tok_s, decode_tok_s)
+    dropped = sorted(set(range(len(jobs))) - set(ceiling.served)) if ceiling.exact else policy.dropped
+    return {"bound_decode": ceiling.share, "over_bound_decode": attainment / ceiling.share if ceiling.share else None,
+            "bound_decode_exact": ceiling.exact, "bound_decode_policy": policy.share,
+            "bound_decode_dropped": [level.items[i].request_id for i in dropped]}
 
 
 def level_meta(level: Level) -> dict:

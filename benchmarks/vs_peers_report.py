@@ -1,7 +1,7 @@
 """The side-by-side result as people read it: a Markdown table and a PNG (attainment, goodput and TTFT
 p99 against RPS, one line per system). With several windows per level each system's level is the mean
-over its windows, its min-max spread beside it; with the prefill-only bound, the bound and attainment
-over it too (benchmarks/vs_peers_windows.py)."""
+over its windows, its min-max spread beside it; with the prefill-only and decode-aware bounds, each bound
+and attainment over it too (benchmarks/vs_peers_windows.py)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,32 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.metrics import fmt_ms  # noqa: E402
 
-from .vs_peers_windows import aggregate, has_bound, plot_attainment, window_lines, with_spread  # noqa: E402
+from .vs_peers_windows import (  # noqa: E402
+    aggregate,
+    has_bound,
+    has_decode_bound,
+    plot_attainment,
+    window_lines,
+    with_spread,
+)
 
 COLUMNS = ("system", "rps", "joint attainment", "TPOT-only", "goodput tok/s", "TTFT p50",
            "TTFT p99", "TPOT p50", "TPOT p99", "output tokens (at EOS)",
            "errors")
 BOUND_COLUMNS = ("prefill-only bound", "joint / bound")  # where the run measured the bound
+DECODE_BOUND_COLUMNS = ("decode-aware bound", "joint / decode bound")
 
 
 def table_rows(rows: list[dict]) -> list[list[str]]:
     """Rows as table cells: per system and level, over windows where there are several (aggregate)."""
     rows = aggregate(rows)
-    bound = has_bound(rows)
+    bound, decode = has_bound(rows), has_decode_bound(rows)
     return [[r["system"], f"{r['rps']:g}", with_spread(r, "slo_attainment"), with_spread(r, "tpot_slo_attainment"),
              with_spread(r, "goodput_tok_s", "{:.1f}"),
              fmt_ms(r["ttft_ms_p50"]), fmt_ms(r["ttft_ms_p99"]), fmt_ms(r["tpot_ms_p50"]), fmt_ms(r["tpot_ms_p99"]),
              _lengths(r), f"{r['errors']}/{r['requests']}"]
             + ([with_spread(r, "bound"), with_spread(r, "over_bound")] if bound else [])
+            + ([with_spread(r, "bound_decode"), with_spread(r, "over_bound_decode")] if decode else [])
             for r in sorted(rows, key=lambda r: (r["rps"], r["system"]))]
 
 
@@ -58,7 +67,8 @@ def best_of_each(rows: list[dict]) -> list[dict]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    columns = COLUMNS + (BOUND_COLUMNS if has_bound(rows) else ())
+    columns = (COLUMNS + (BOUND_COLUMNS if has_bound(rows) else ())
+               + (DECODE_BOUND_COLUMNS if has_decode_bound(rows) else ()))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     return "\n".join(lines)
@@ -96,15 +106,17 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    """Attainment (over windows: mean, min-max bars; the prefill-only bound dashed), attainment over the
-    bound where measured, goodput and TTFT p99 (means over windows) against RPS."""
+    """Attainment (over windows: mean, min-max bars; the prefill-only bound dashed, each system's
+    decode-aware bound dotted), attainment over each bound where measured, goodput and TTFT p99 (means
+    over windows) against RPS."""
     metrics = [("slo_attainment", "SLO attainment (TTFT and TPOT)"),
                *([("over_bound", "attainment / prefill-only bound")] if has_bound(rows) else []),
+               *([("over_bound_decode", "attainment / decode-aware bound")] if has_decode_bound(rows) else []),
                ("goodput_tok_s", "goodput (tok/s)"), ("ttft_ms_p99", "TTFT p99 (s)")]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
     agg = aggregate(rows)
     for ax, (key, label) in zip(axes, metrics):
-        if key in ("slo_attainment", "over_bound"):
+        if key in ("slo_attainment", "over_bound", "over_bound_decode"):
             plot_attainment(ax, rows, key)
         else:
             for system in dict.fromkeys(r["system"] for r in agg):

@@ -1,6 +1,7 @@
-"""Windows and the prefill-only bound in the side-by-side report (benchmarks/vs_peers_report.py): per
-system and level the mean over windows with their min-max spread, the bound, attainment over it, each
-window's burst, and the attainment panels of the plot.
+"""Windows and the bounds in the side-by-side report (benchmarks/vs_peers_report.py): per system and
+level the mean over windows with their min-max spread, the prefill-only bound (one per window) and the
+decode-aware one (per system and window: over its own outputs), attainment over each, each window's
+burst, and the attainment panels of the plot.
 
 A level run on K windows has K rows per system (`window` 0..K-1); every window of a level has the same
 number of requests, so the mean of the windows' attainments is the level's attainment over all its
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import statistics
 
-SPREAD = ("slo_attainment", "tpot_slo_attainment", "ttft_slo_attainment", "goodput_tok_s", "bound", "over_bound")
+SPREAD = ("slo_attainment", "tpot_slo_attainment", "ttft_slo_attainment", "goodput_tok_s", "bound", "over_bound",
+          "bound_decode", "over_bound_decode")
 MEAN = ("throughput_tok_s", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99",
         "output_tokens_mean", "stopped_at_eos")  # means of the windows' figures: a summary, not a percentile
 SUM = ("errors", "requests", "finished", "violations", "rejected")
@@ -58,6 +60,10 @@ def has_bound(rows: list[dict]) -> bool:
     return any(r.get("bound") is not None for r in rows)
 
 
+def has_decode_bound(rows: list[dict]) -> bool:
+    return any(r.get("bound_decode") is not None for r in rows)
+
+
 def level_windows(rows: list[dict]) -> dict[float, dict[int, dict]]:
     """Per level, per window: its burst and bound (the same for every system that ran it)."""
     out: dict[float, dict[int, dict]] = {}
@@ -80,9 +86,11 @@ def window_lines(rows: list[dict]) -> list[str]:
 
 
 def plot_attainment(ax, rows: list[dict], key: str = "slo_attainment") -> None:
-    """Per system, the mean over windows with min-max error bars; for attainment itself, the bound
-    (mean over windows, dashed; its spread shaded)."""
+    """Per system, the mean over windows with min-max error bars; for attainment itself, the prefill-only
+    bound (mean over windows, dashed; its spread shaded) and each system's decode-aware bound (mean over
+    windows, dotted in the system's colour)."""
     agg = aggregate(rows)
+    dotted = False
     for system in dict.fromkeys(r["system"] for r in agg):
         pts = sorted((r["rps"], r[key], r.get("spread", {}).get(key)) for r in agg
                      if r["system"] == system and r.get(key) is not None)
@@ -90,8 +98,14 @@ def plot_attainment(ax, rows: list[dict], key: str = "slo_attainment") -> None:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         err = [[y - (s[0] if s else y) for _, y, s in pts], [(s[1] if s else y) - y for _, y, s in pts]]
-        ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=system)
-    if key == "over_bound":
+        line = ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=system)
+        bound = sorted((r["rps"], r["bound_decode"]) for r in agg
+                       if r["system"] == system and r.get("bound_decode") is not None)
+        if key == "slo_attainment" and bound:
+            ax.plot([x for x, _ in bound], [b for _, b in bound], ":", color=line[0].get_color(),
+                    label=None if dotted else "decode-aware bound (dotted, per system)")
+            dotted = True
+    if key in ("over_bound", "over_bound_decode"):
         ax.axhline(1.0, color="k", ls="--", lw=0.8)  # at the bound
     levels = {rps: [w["bound"] for w in ws.values() if w["bound"] is not None]
               for rps, ws in level_windows(rows).items()}

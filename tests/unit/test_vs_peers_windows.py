@@ -238,17 +238,20 @@ def test_a_run_goes_level_by_level_window_by_window_and_records_each(tmp_path, m
     monkeypatch.setattr(vs_peers.signal, "signal", lambda *a: None)
     monkeypatch.setattr(sys, "argv", ["vs_peers", "--rps", "1", "2", "--duration", "5", "--windows", "2",
                                       "--systems", "vllm", "llamacpp-bf16", "--prefill-rate", "5000",
+                                      "--decode-rate", "500",
                                       "--out", str(tmp_path)])
     vs_peers.main()
     result = json.loads((tmp_path / "vs-peers.json").read_text())
     assert result["windows"] == 2 and result["repeat_share"] == 0.0
     assert result["prefill_rate"]["tok_s"] == 5000.0 and result["prefill_rate"]["measured"] is False
+    assert result["decode_rate"]["tok_s"] == 500.0 and result["decode_rate"]["measured"] is False
     assert [(lv["rps"], lv["window"]) for lv in result["levels"]] == [(1.0, 0), (1.0, 1), (2.0, 0), (2.0, 1)]
     rows = result["rows"]
     assert [(r["system"], r["rps"], r["window"]) for r in rows] == [
         (s, rps, w) for s in ("vllm", "llamacpp-bf16") for rps in (1.0, 2.0) for w in (0, 1)]
     for r in rows:
         assert r["bound"] == 1.0 and r["over_bound"] == r["slo_attainment"] and r["peak_5s"] >= 1
+        assert r["bound_decode"] == 1.0 and r["over_bound_decode"] == r["slo_attainment"]
     assert sent["vllm"] == sent["llamacpp-bf16"]  # the same requests, in the same order, to every system
     prompts = [it.prompt for items in sent["vllm"] for it in items]
     assert len(prompts) == len(set(prompts)) == 5 + 5 + 10 + 10
