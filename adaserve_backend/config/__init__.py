@@ -1,6 +1,7 @@
 """Configuration dataclasses: pure data, loaded once, never mutated afterwards. Each concern has its own
 frozen dataclass with documented defaults, validated loudly when it is made."""
 
+from .drain import DrainConfig
 from .engine import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, StreamingConfig, from_dict
 from .scheduling import (
            DEFAULT_SLO_CLASSES,
@@ -12,7 +13,7 @@ from .scheduling import (
 )
 from .speculation import LOOKUP_MAX_NGRAM, Lookup, SpeculationConfig
 
-__all__ = ["EMBEDDED_DEFAULT", "EMBEDDED_DRAFT", "CacheConfig", "EngineConfig", "ModelConfig",
+__all__ = ["DrainConfig", "EMBEDDED_DEFAULT", "EMBEDDED_DRAFT", "CacheConfig", "EngineConfig", "ModelConfig",
            "StreamingConfig", "from_dict",
            "DEFAULT_SLO_CLASSES", "POLICY_NAMES", "SPECULATIVE_POLICIES", "SchedulerConfig",
            "SLOClass", "check_policy_name",

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .drain import DrainConfig
 from .scheduling import SchedulerConfig
 from .speculation import SpeculationConfig
 
@@ -128,6 +129,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     speculation: SpeculationConfig = SpeculationConfig()
     streaming: StreamingConfig = StreamingConfig()
+    drain: DrainConfig = DrainConfig()  # how a stopping server ends its in-flight requests
     # torch intra-op threads of the engine process; None keeps torch's default (one per core). OpenMP
     # threads wait for each other at every kernel, so when another process takes one of the cores (a
     # tokenizer, the gRPC server, a client) a two-thread GEMM can stall for many milliseconds.
@@ -148,6 +150,7 @@ class EngineConfig:
             "scheduler": SchedulerConfig,
             "speculation": SpeculationConfig,
             "streaming": StreamingConfig,
+            "drain": DrainConfig,
         }
         kwargs = {"threads": data.pop("threads")} if "threads" in data else {}
         for key, part in parts.items():

@@ -22,7 +22,7 @@ from ..request import FinishReason, Overloaded, RequestOutput
 from ..serving.coalesce import must_send, next_step_estimate
 from ..serving.detokenize import Rendered, StreamState, text_delta
 from ..serving.engine_thread import EngineHooks, EngineThread, Step
-from ..serving.errors import ErrorKind, output_error
+from ..serving.errors import SHUTTING_DOWN, ErrorKind, output_error
 from ..slo import BEST_EFFORT, attains, attains_ttft, tpot_seconds
 from . import exit_watchdog
 from .cancellation import CancellationWatcher
@@ -64,6 +64,8 @@ class TritonEngineLoop(EngineHooks):
         # a request that gave its targets as numbers equal to a class's is counted under that class
         self.class_of_targets = {(c.tpot_ms, c.ttft_ms): c.name for c in config.scheduler.slo_classes}
         self.max_hold_ms = config.streaming.max_hold_ms
+        self.drain_grace_s = config.drain.grace_s
+        self.stop_seen_at: float | None = None  # when the server's stop was first seen (the grace counts from it)
         self.next_step_s: float | None = None
         self.metrics = EngineMetrics(pb, classes)
         self.active: dict[str, Active] = {}
@@ -92,6 +94,9 @@ class TritonEngineLoop(EngineHooks):
             if "abort_request_id" in tensors:
                 self.driver.abort(_string(tensors["abort_request_id"]))
                 self.responses.send(sender, None, final=True)
+                return
+            if self.stop_seen_at is not None:  # draining: Triton refuses new requests itself; so does this
+                self.responses.error(sender, SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
                 return
             if "request_id" in tensors:
                 request_id = _string(tensors["request_id"])
@@ -126,11 +131,21 @@ class TritonEngineLoop(EngineHooks):
         self.metrics.publish(self.engine, time.monotonic())  # freed blocks and an empty batch show at once
 
     def server_stopping(self) -> bool:
-        # see shutdown_probe.py: finalize would only come after the exit timeout
-        stopping = self.shutdown_probe.stopping()
-        if stopping and self.shutdown_probe.server_stopped and not self.exit_watchdog_armed:
-            self.exit_watchdog_armed = exit_watchdog.arm()  # bounds the exit however the server was started
-        return stopping
+        """True once the server stops and the drain's grace has run out (config/drain.py). Until then
+        the requests in flight go on: Triton refuses new ones from the first moment, and unloads this
+        model as soon as the last one ends. See shutdown_probe.py: finalize would only come after the
+        exit timeout."""
+        if not self.shutdown_probe.stopping():
+            return False
+        now = time.monotonic()
+        if self.stop_seen_at is None:
+            self.stop_seen_at = now
+            log.info("the server stops: %d requests in flight get %.1f s to finish", len(self.active),
+                     self.drain_grace_s)
+        if self.shutdown_probe.server_stopped and not self.exit_watchdog_armed:
+            # bounds the exit however the server was started
+            self.exit_watchdog_armed = exit_watchdog.arm(self.drain_grace_s + exit_watchdog.EXIT_MARGIN_S)
+        return now - self.stop_seen_at >= self.drain_grace_s
 
     def died(self) -> None:
         self.metrics.engine_failed()

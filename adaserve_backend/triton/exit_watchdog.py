@@ -9,10 +9,12 @@ and Kubernetes then kill it after their own grace period, with no say in when.
 
 What: once the scheduler model sees the *server* stopping (shutdown_probe: "Server not ready", never a
 model unload, when the server goes on serving), it arms this watchdog. A detached process holds a pidfd
-of tritonserver (so a recycled pid is never hit) and waits GRACE_S; if the server is still there it
+of tritonserver (so a recycled pid is never hit) and waits the drain's grace (config/drain.py: the
+requests in flight may still finish) and then EXIT_MARGIN_S; if the server is still there it
 kills it (SIGKILL: SIGTERM is what it is already ignoring), then removes the shared-memory regions of
 the server's Python backend stubs, which a killed server leaves in /dev/shm. A server that exits in
-time is left alone.
+time is left alone. A server that is its PID namespace's init (a container's PID 1) cannot be killed
+from inside the namespace (pid_namespaces(7)): the Docker image runs it under docker/entrypoint.sh.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import time
 
 log = logging.getLogger("adaserve")
 
-# From the moment the stop is seen: Triton's own orderly exit takes about 3.5 s here, and every stream
-# has had its final response within a serving check (shutdown_probe.CHECK_EVERY_S), so a server still
-# there after this is one that waits on clients.
-GRACE_S = 4.0
+# From the end of the drain's grace: every stream has had its final response within a serving check
+# (shutdown_probe.CHECK_EVERY_S) and a step, and Triton's own orderly exit (unloading the models, then its
+# once-a-second check for live ones) takes a few seconds, so a server still there after this is one
+# that waits on clients. With the default grace, the kill comes inside `docker stop`'s 10 s.
+EXIT_MARGIN_S = 4.0
 STUB_EXIT_S = 2.0  # how long the stubs take to notice their parent is gone and exit
 SHM_DIR = "/dev/shm"
 REGION_PREFIX = "triton_python_backend_shm_region"
@@ -84,9 +87,9 @@ def _watch(pidfd: int, server: int, grace_s: float) -> None:
             pass  # the stub removed it, or it was never there
 
 
-def arm(grace_s: float = GRACE_S) -> bool:
-    """Start the watchdog for this stub's tritonserver; False where there is none to watch (the engine
-    runs outside Triton, or on a system without pidfds)."""
+def arm(grace_s: float = EXIT_MARGIN_S) -> bool:
+    """Start the watchdog for this stub's tritonserver, to kill it `grace_s` from now; False where there
+    is none to watch (the engine runs outside Triton, or on a system without pidfds)."""
     server = tritonserver_pid(os.getppid())
     if server is None or not hasattr(os, "pidfd_open"):
         return False

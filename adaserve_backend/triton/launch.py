@@ -12,6 +12,7 @@ this interpreter, and makes this project and its virtual environment importable 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import site
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from .. import PROJECT_ROOT
 from ..child_process import ServerProcess
+from .repository import DRAIN_GRACE_ENV, served_drain_grace_s
 
 
 def pytriton_root() -> Path:
@@ -66,18 +68,25 @@ def server_environment() -> dict[str, str]:
     return env
 
 
-# Triton waits this long for in-flight requests once it is told to stop. The models answer theirs
-# themselves within a serving check (shutdown_probe.CHECK_EVERY_S) and a step of the engine, so a few seconds
-# cover them; Triton's own default of 30 s only prolonged a shutdown whose requests were already gone.
-EXIT_TIMEOUT_S = 5
+# Triton waits for in-flight requests once it is told to stop, up to its exit timeout, and then exits
+# at once, cutting off what is still generating. So the timeout is the drain's grace (config/drain.py)
+# plus this: the models end what is left within a serving check (shutdown_probe.CHECK_EVERY_S) and a
+# step of the engine, and unload in a few seconds. Triton's own default of 30 s only prolonged a
+# shutdown whose requests were already gone.
+EXIT_MARGIN_S = 5
+
+
+def exit_timeout_s(drain_grace_s: float) -> int:
+    return math.ceil(drain_grace_s) + EXIT_MARGIN_S
 
 
 def server_command(
     model_repository: str, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002, log_verbose: int = 0,
-    host: str = "127.0.0.1",
+    host: str = "127.0.0.1", drain_grace_s: float | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """`host`: the address all three endpoints listen on (the loopback by default: the OpenAI frontend,
-    with its API key, is what other machines should reach)."""
+    with its API key, is what other machines should reach). `drain_grace_s`: instead of engine.json's
+    drain.grace_s (`make serve` passes 0: its frontend drains)."""
     root = pytriton_root()
     libs = root.parent.parent / "nvidia_pytriton.libs"
     env = server_environment()
@@ -86,6 +95,10 @@ def server_command(
                                                [str(PROJECT_ROOT), *site.getsitepackages(), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if drain_grace_s is None:
+        drain_grace_s = served_drain_grace_s(model_repository)
+    else:
+        env[DRAIN_GRACE_ENV] = str(drain_grace_s)
     argv = [
         str(root / "bin" / "tritonserver"),
         f"--model-repository={os.path.abspath(model_repository)}",
@@ -96,7 +109,7 @@ def server_command(
         f"--http-address={host}",
         f"--grpc-address={host}",
         f"--metrics-address={host}",
-        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        f"--exit-timeout-secs={exit_timeout_s(drain_grace_s)}",
         "--allow-metrics=true",
         f"--log-verbose={log_verbose}",
     ]
@@ -113,9 +126,9 @@ def add_server_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def triton_server(http: int, grpc: int, metrics: int, log_path: Path, model_repository: Path | None = None,
-                  host: str = "127.0.0.1") -> ServerProcess:
+                  host: str = "127.0.0.1", drain_grace_s: float | None = None) -> ServerProcess:
     argv, env = server_command(str(model_repository or PROJECT_ROOT / "model_repository"), http,
-                               grpc, metrics, host=host)
+                               grpc, metrics, host=host, drain_grace_s=drain_grace_s)
     return ServerProcess("adaserve (tritonserver)", argv, env, f"http://localhost:{http}/v2/health/ready",
                          f"http://localhost:{metrics}/metrics",
                          ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)

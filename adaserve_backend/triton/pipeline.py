@@ -53,8 +53,9 @@ log = logging.getLogger("adaserve")
 # How long finalize waits for request threads still reading the scheduler model's stream (Triton's own
 # exit timeout is 30 s). Finalize normally comes after every stream ended (see the module docstring).
 DRAIN_TIMEOUT_S = 3.0
-# The scheduler model ends its requests within a step of a shutdown; a client whose request it has not
-# ended after this long is answered anyway (at the risk the module docstring describes).
+# The scheduler model ends its requests within a step of the end of the drain's grace; a client whose
+# request it has not ended this long after that is answered anyway (at the risk the module docstring
+# describes).
 ANSWER_AFTER_S = 5.0
 # A finished BLS stream stays referenced this long (see the module docstring); the stub's cleanup of
 # it follows its final response by milliseconds.
@@ -62,12 +63,15 @@ RETIRE_S = 2.0
 DETOKENIZERS = ("scheduler", "postprocessing")
 
 class BLSPipeline:
-    def __init__(self, pb, model_name: str = "ensemble", detokenizer: str = "scheduler") -> None:
+    def __init__(self, pb, model_name: str = "ensemble", detokenizer: str = "scheduler",
+                 drain_grace_s: float = 0.0) -> None:
+        """`drain_grace_s`: the scheduler model's (config/drain.py), which this model waits out too."""
         if detokenizer not in DETOKENIZERS:
             raise ValueError(f"detokenizer must be one of {DETOKENIZERS}, got {detokenizer!r}")
         self.pb = pb
         self.scheduler_text = detokenizer == "scheduler"
         self.shutdown_probe = ShutdownProbe(pb, model_name)
+        self.drain_grace_s = drain_grace_s
         self.active: dict[str, object] = {}  # request id -> response sender
         self.lock = threading.Lock()
         self.stopping = False
@@ -264,14 +268,16 @@ class BLSPipeline:
         self._abort(request_id)
 
     def _between_sweeps(self) -> bool:
-        """Drop retired streams; once the server stops, skip cancellation and answer what the scheduler
-        model has not ended after ANSWER_AFTER_S (it ends each request itself, and the request thread
-        answers its client after that: see the module docstring)."""
+        """Drop retired streams; once the server stops, skip cancellation (a stopping server refuses the
+        abort's BLS call: a client that leaves during the drain is generated for until its request ends)
+        and answer what the scheduler model has not ended ANSWER_AFTER_S after the drain's grace (it ends
+        each request itself, and the request thread answers its client after that: see the module
+        docstring)."""
         self._release_retired()
         if not (self.active and self.shutdown_probe.stopping()):  # see shutdown_probe.py
             return False
         self._stopped_at = self._stopped_at or time.monotonic()
-        if time.monotonic() - self._stopped_at > ANSWER_AFTER_S:
+        if time.monotonic() - self._stopped_at > self.drain_grace_s + ANSWER_AFTER_S:
             self._answer_all()
         return True
 

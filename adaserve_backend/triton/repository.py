@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
-from ..config import EngineConfig
+from ..config import DrainConfig, EngineConfig
 from ..models import load_tokenizer, locate
 
 ENV_OVERRIDE = "ADASERVE_ENGINE_CONFIG"  # point every model at another engine JSON (tests, experiments)
+# engine.json's drain.grace_s for this server only. Why: `make serve` drains in its frontend and then
+# stops tritonserver, which should end what is left at once (0) rather than grant a second grace.
+DRAIN_GRACE_ENV = "ADASERVE_DRAIN_GRACE_S"
 
 
 def engine_config_path(model_dir: str) -> str:
@@ -18,7 +22,20 @@ def engine_config_path(model_dir: str) -> str:
 
 
 def load_engine_config(model_dir: str) -> EngineConfig:
-    return EngineConfig.from_json(engine_config_path(model_dir))
+    config = EngineConfig.from_json(engine_config_path(model_dir))
+    grace = os.environ.get(DRAIN_GRACE_ENV)
+    if grace is None:
+        return config
+    try:
+        seconds = float(grace)
+    except ValueError:
+        raise ValueError(f"${DRAIN_GRACE_ENV} must be a number of seconds, got {grace!r}") from None
+    return dataclasses.replace(config, drain=DrainConfig(grace_s=seconds))
+
+
+def served_drain_grace_s(model_repository: str) -> float:
+    """The drain grace the repository's models will use (engine.json, or $DRAIN_GRACE_ENV)."""
+    return load_engine_config(os.path.join(model_repository, "adaserve")).drain.grace_s
 
 
 def load_repository_tokenizer(model_dir: str):

@@ -14,6 +14,7 @@ from adaserve_backend.triton import shutdown_probe
 from adaserve_backend.triton.engine_loop import TritonEngineLoop
 from adaserve_backend.triton.pipeline import BLSPipeline
 from adaserve_backend.triton.protocol import response_error
+from adaserve_backend.triton.repository import DRAIN_GRACE_ENV
 from tests import fake_pb
 from tests.engines import make_engine
 from tests.model_fixtures import tiny_checkpoint
@@ -39,9 +40,15 @@ def detokenizer():
 
 
 @pytest.fixture
-def served(monkeypatch, detokenizer):
+def drain_grace_s():
+    return 0.0  # a stopping server ends its requests at once; the drain's test parametrizes it
+
+
+@pytest.fixture
+def served(monkeypatch, detokenizer, drain_grace_s):
     target = tiny_checkpoint("llama")
     engine = make_engine(target, target, "adaserve", tokenizer=Detok())
+    monkeypatch.setenv(DRAIN_GRACE_ENV, str(drain_grace_s))  # instead of the served engine.json's
     loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
     loop.streams = []  # the senders of the scheduler model's requests, as the pipeline made them
 
@@ -55,7 +62,7 @@ def served(monkeypatch, detokenizer):
 
     monkeypatch.setattr(fake_pb, "MODELS",
                         {"preprocessing": preprocessing, "adaserve": adaserve, "postprocessing": postprocessing})
-    pipeline = BLSPipeline(fake_pb, detokenizer=detokenizer)
+    pipeline = BLSPipeline(fake_pb, detokenizer=detokenizer, drain_grace_s=drain_grace_s)
     yield pipeline, loop
     pipeline.shutdown()
     if not loop.driver.stopping:
@@ -211,6 +218,36 @@ def test_a_stopping_server_is_noticed_before_finalize(served, monkeypatch):
         assert stream.finished.wait(3) and "shutting down" in response_error(stream.sent[-1][0])[1]
     loop.driver.thread.join(3)
     assert in_flight and not loop.driver.thread.is_alive() and kv_free(loop)
+
+
+@pytest.mark.parametrize("drain_grace_s", [2.0])
+def test_a_stopping_server_lets_requests_finish_within_the_drain_and_ends_the_rest_after_it(served, monkeypatch,
+                                                                                         drain_grace_s):
+    """The drain (config/drain.py): once the server stops, a request that finishes within the grace ends
+    normally, one that cannot is ended with "shutting down" when the grace runs out, not before."""
+    pipeline, loop = served
+    real_step = loop.engine.step  # paced, so that the short request needs a while but well under the grace
+    monkeypatch.setattr(loop.engine, "step", lambda: (time.sleep(0.1), real_step())[1])
+    short, long = client("a short story", 12), client("a long story", 400)
+    for r in (short, long):
+        r.inputs["min_tokens"] = r.inputs["max_tokens"]  # no early EOS from the tiny model
+        pipeline.submit(r)
+    deadline = time.monotonic() + 30
+    while not (short.sender.sent and long.sender.sent):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert not short.sender.finished.is_set(), "the short request must still be generating at the stop"
+    stopped = time.monotonic()
+    monkeypatch.setattr(fake_pb, "SERVER_READY", False)  # as Triton stops: BLS refused, models not ready
+    assert short.sender.finished.wait(drain_grace_s)
+    assert not short.sender.sent[-1][0].has_error(), short.sender.sent[-1][0].error().message()
+    assert long.sender.finished.wait(drain_grace_s + 3)
+    ended_after = time.monotonic() - stopped
+    assert long.sender.sent[-1][0].has_error(), (len(long.sender.sent), ended_after)
+    assert "shutting down" in long.sender.sent[-1][0].error().message()
+    assert drain_grace_s <= ended_after < drain_grace_s + 3, ended_after
+    loop.driver.thread.join(3)
+    assert not loop.driver.thread.is_alive() and kv_free(loop)
 
 
 def test_a_client_is_answered_only_after_its_scheduler_stream_ended(served, monkeypatch):
