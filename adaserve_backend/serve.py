@@ -1,5 +1,7 @@
 """`make serve`: tritonserver with the model repository, and the OpenAI-compatible frontend in front
-of it; stopping this process (Ctrl-C, SIGTERM) stops both.
+of it; stopping this process (Ctrl-C, SIGTERM) stops both. The frontend drains (openai_frontend/drain.py)
+for engine.json's drain.grace_s, or --drain-grace-s, and then stops tritonserver, which is started with
+a grace of 0: it ends what is left at once rather than granting a second grace.
 
     python -m adaserve_backend.serve --http-port 8000 --grpc-port 8001 --metrics-port 8002 --openai-port 9000
 """
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from . import PROJECT_ROOT
 from .triton.launch import add_server_arguments, triton_server
+from .triton.repository import served_drain_grace_s
 
 
 def main() -> None:
@@ -24,11 +27,14 @@ def main() -> None:
                     help="the OpenAI frontend's address (0.0.0.0: every interface)")
     ap.add_argument("--api-key",
                     help="the OpenAI frontend requires `Authorization: Bearer KEY` (default: $ADASERVE_API_KEY)")
+    ap.add_argument("--drain-grace-s", type=float,
+                    help="on SIGTERM, how long generations in flight may still run (default: engine.json's drain)")
     ap.add_argument("--log", default=str(PROJECT_ROOT / "runs" / "tritonserver.log"), help="tritonserver's log file")
     args = ap.parse_args()
+    grace_s = args.drain_grace_s if args.drain_grace_s is not None else served_drain_grace_s(args.model_repository)
     server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log),
                            Path(args.model_repository),
-                           args.host)
+                           args.host, drain_grace_s=0.0)
     print(f"starting tritonserver (log: {args.log}) ...", flush=True)
     # SIGTERM while tritonserver starts ends this process through `finally` (Python's default would end
     # it at once and leave tritonserver running); once serving, the frontend handles it. Not while the
@@ -56,6 +62,7 @@ def main() -> None:
                   "--triton-metrics-url", f"http://{triton_host}:{args.metrics_port}/metrics",
                   "--port", str(args.openai_port), "--host", args.openai_host,
                   "--served-model-name", args.served_model_name, "--model-repository", args.model_repository,
+                  "--drain-grace-s", str(grace_s),
                   *(["--api-key", args.api_key] if args.api_key else [])], on_shutdown=server.signal_stop)
     except (RuntimeError, TimeoutError) as e:
         sys.exit(str(e))

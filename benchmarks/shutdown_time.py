@@ -64,15 +64,18 @@ def open_stream(port: int) -> socket.socket:
     return conn
 
 
-def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None = None) -> dict:
-    """`during_startup_s`: send the signal that long after the start, ready or not (no streams then)."""
+def one_run(streams: int, sig: int, log_dir: str, during_startup_s: float | None = None,
+            drain_grace_s: float | None = None) -> dict:
+    """`during_startup_s`: send the signal that long after the start, ready or not (no streams then);
+    `drain_grace_s`: make serve's --drain-grace-s (None: engine.json's)."""
     http_port, grpc_port, metrics_port, openai_port = free_ports(4)
     log = open(os.path.join(log_dir, f"serve-{http_port}.log"), "w")
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "adaserve_backend.serve", "--http-port",
                              str(http_port), "--grpc-port",
                              str(grpc_port), "--metrics-port", str(metrics_port), "--openai-port", str(openai_port),
-                             "--log", os.path.join(log_dir, f"triton-{http_port}.log")],
+                             "--log", os.path.join(log_dir, f"triton-{http_port}.log"),
+                             *(["--drain-grace-s", str(drain_grace_s)] if drain_grace_s is not None else [])],
                             cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.monotonic() + (during_startup_s if during_startup_s is not None else 600)
@@ -119,12 +122,14 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=4, help="streams in flight when the signal comes (0: idle)")
     ap.add_argument("--signal", choices=["TERM", "INT"], default="TERM")
     ap.add_argument("--during-startup", type=float, metavar="S", help="signal S seconds after the start, ready or not")
+    ap.add_argument("--drain-grace-s", type=float, help="make serve's drain grace (default: engine.json's)")
     ap.add_argument("--log-dir", default="runs/shutdown")
     args = ap.parse_args()
     os.makedirs(args.log_dir, exist_ok=True)
     runs = []
     for i in range(args.runs):
-        r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir, args.during_startup)
+        r = one_run(args.streams, getattr(signal, "SIG" + args.signal), args.log_dir, args.during_startup,
+                    args.drain_grace_s)
         runs.append(r)
         print(f"run {i + 1}/{args.runs}: ready in {r['ready_s']} s, stopped in {r['seconds']:.2f} s, "
               f"exit {r['exit_code']}, "

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from .backends import RETRY_AFTER_S, Backend, BackendError, http_error
 from .bodies import DONE, Tally, sse
+from .drain import DEFAULT_GRACE_S, Drain, serve
 from .params import Generation, OpenAIError, parse, shown
 
 log = logging.getLogger("adaserve.openai")
@@ -59,6 +60,7 @@ class Frontend:
         self.backend, self.model_name, self.render_chat = backend, model_name, render_chat
         self.api_key, self.max_in_flight = api_key, max_in_flight
         self.in_flight = 0
+        self.drain = Drain()  # serve_frontend sets its grace
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
@@ -106,7 +108,7 @@ class Frontend:
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
-        why = await self.backend.unhealthy()
+        why = "shutting down" if self.drain.draining else await self.backend.unhealthy()
         return web.Response(status=503, text=why) if why else web.Response(text="ok")
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -124,6 +126,7 @@ class Frontend:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        self.drain.refuse_new()
         if self.in_flight >= self.max_in_flight:
             raise OpenAIError(503, f"{self.in_flight} requests are in flight already", kind="server_overloaded",
                               retry_after_s=RETRY_AFTER_S)
@@ -158,7 +161,7 @@ class Frontend:
     async def _next(self, stream, tally: Tally) -> str | None:
         """The next text delta ("" for a response without text), None at the end."""
         try:
-            text, extra = await anext(stream)
+            text, extra = await self.drain.guard(anext(stream))
         except StopAsyncIteration:
             return None
         except BackendError as e:
@@ -226,12 +229,12 @@ def chat_renderer(tokenizer) -> Callable[[tuple[dict, ...]], str]:
     return render
 
 
-SHUTDOWN_TIMEOUT_S = 5.0  # what a stopping frontend waits for its handlers (aiohttp's default: 60 s)
+SHUTDOWN_TIMEOUT_S = 5.0  # what a stopping frontend waits for its handlers after the drain (aiohttp's: 60 s)
 
 
 def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None = None) -> None:
-    """`on_shutdown`: called as soon as a stop begins, before the handlers are waited for (`make serve`
-    stops tritonserver there: its models then end every in-flight request, which ends the handlers)."""
+    """`on_shutdown`: called once the drain is over (drain.py), before the handlers are waited for
+    (`make serve` stops tritonserver there: its models then end what is left, which ends the handlers)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--triton-url", default="localhost:8001", help="Triton gRPC host:port")
     ap.add_argument("--triton-metrics-url", help="Triton's metrics, e.g. http://localhost:8002/metrics: /health then "
@@ -243,22 +246,21 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     ap.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT, help="generations at once; beyond, 503")
     ap.add_argument("--served-model-name", default="adaserve", help="the `model` clients name")
     ap.add_argument("--model-repository", default="model_repository", help="for the chat template")
+    ap.add_argument("--drain-grace-s", type=float, default=DEFAULT_GRACE_S,
+                    help="on SIGTERM, how long generations in flight may still run (new ones get 503)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from .triton_backend import TritonBackend  # here: the Ray app serves this module without Triton
 
     backend = TritonBackend(args.triton_url, args.triton_metrics_url)
     serve_frontend(Frontend(backend, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
-                            args.api_key or None, args.max_in_flight), args.host, args.port, on_shutdown)
+                            args.api_key or None, args.max_in_flight), args.host, args.port, on_shutdown,
+                   args.drain_grace_s)
 
 
-def serve_frontend(frontend: Frontend, host: str, port: int, on_shutdown: Callable[[], None] | None = None) -> None:
-    """Run the frontend's application until stopped (SIGINT / SIGTERM)."""
-    app = frontend.app()
-    if on_shutdown is not None:
-        async def begin_stop(app: web.Application) -> None:
-            on_shutdown()
-
-        app.on_shutdown.append(begin_stop)
-    web.run_app(app, host=host, port=port, handler_cancellation=True, print=None,
-                shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=IDLE_CONNECTION_S)
+def serve_frontend(frontend: Frontend, host: str, port: int, on_shutdown: Callable[[], None] | None = None,
+                   drain_grace_s: float = DEFAULT_GRACE_S) -> None:
+    """Run the frontend's application until stopped (SIGINT / SIGTERM), then drain (drain.py)."""
+    frontend.drain = Drain(drain_grace_s)
+    serve(frontend.app(), host, port, frontend.drain, lambda: frontend.in_flight, on_shutdown,
+          handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=IDLE_CONNECTION_S)

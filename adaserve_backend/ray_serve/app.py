@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         backend = RayBackend(handle, tokenizer, config.scheduler, config.target_cache.block_size)
         frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
                             args.max_in_flight)
-        serve_frontend(frontend, args.host, args.port, on_shutdown=backend.stop)
+        serve_frontend(frontend, args.host, args.port, on_shutdown=backend.stop, drain_grace_s=config.drain.grace_s)
     finally:
         started = time.monotonic()
         if args.address is not None:  # a cluster that outlives us: take our application off it

@@ -1,6 +1,9 @@
 """Stopping a real tritonserver while a stream is generating (issue 13, bug 7): the client gets a final
 answer from the server, not a dropped connection, and the server exits within seconds rather than
-waiting out Triton's 30 s exit timeout. A server of its own: the shared one must keep serving."""
+waiting out Triton's 30 s exit timeout. A server of its own: the shared one must keep serving.
+
+The servers here run with a drain grace of 0 (every request ended at once), but for the drain's own
+test: a grace lets what fits it finish and ends the rest when it runs out (config/drain.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,13 @@ pytestmark = pytest.mark.slow
 EXIT_WITHIN_S = 10.0  # Triton's own exit timeout is 30 s; our models finalize in a few seconds
 
 
+def refused(answer: str) -> bool:
+    """A request sent after the signal was answered with an error (Triton's own refusal, or the
+    pipeline's "shutting down" when a model it calls refuses it)."""
+    return answer not in ("accepted", "no answer") and ("not ready" in answer.lower() or "shutting down" in answer
+                                                        or "unavailable" in answer.lower())
+
+
 def is_final(result) -> bool:
     return result.get_response().parameters["triton_final_response"].bool_param
 
@@ -29,7 +39,7 @@ def test_stopping_the_server_ends_a_running_stream_and_exits_within_seconds(tmp_
     """SIGTERM to tritonserver alone, as a service manager or `docker stop` does (a SIGTERM to the whole
     process group, as ServerProcess.stop sends, behaved the same when tried)."""
     http, grpc, metrics = free_ports(3)
-    process = triton_server_process(http, grpc, metrics, tmp_path / "server.log")
+    process = triton_server_process(http, grpc, metrics, tmp_path / "server.log", drain_grace_s=0)
     process.start(timeout_s=600)
     client = grpcclient.InferenceServerClient(f"localhost:{grpc}")
     try:
@@ -74,7 +84,7 @@ def test_make_serve_stops_in_seconds_idle_or_with_streams_held_open(tmp_path, st
     (the frontend stops tritonserver first, so the models end their requests)."""
     from benchmarks.shutdown_time import one_run
 
-    r = one_run(streams, sig, str(tmp_path))
+    r = one_run(streams, sig, str(tmp_path), drain_grace_s=0)
     assert r["orphans"] == 0 and not r["ports_held"], r
     assert r["seconds"] < EXIT_WITHIN_S, r
     for tail in r["stream_tails"]:
@@ -100,7 +110,28 @@ def test_tritonserver_alone_exits_in_seconds_with_streams_held_open(tmp_path):
     from benchmarks.direct_shutdown import one_run
 
     for k in range(5):
-        r = one_run(4, close=False, out=tmp_path)
+        r = one_run(4, close=False, out=tmp_path, grace_s=0)
         answered = [a for a in r["answers"] if a]
         assert len(answered) == 4 and all("shutting down" in (a["error"] or "") for a in answered), (k, r)
         assert r["exited_s"] is not None and r["exited_s"] <= 5.0, (k, r)
+        assert r["ready_after_signal"] != 200 and refused(r["request_after_signal"]), (k, r)
+
+
+def test_tritonserver_alone_drains_what_fits_the_grace_and_ends_the_rest_with_streams_held_open(tmp_path):
+    """The drain, as `docker stop` meets it: SIGTERM with three long streams and one short one held
+    open. Readiness drops and a new request is refused at once; the short stream completes normally
+    within the grace; the long ones end with "shutting down" once the grace has run out, not before;
+    and the process is gone by the grace plus the exit watchdog's margin."""
+    from adaserve_backend.triton.exit_watchdog import EXIT_MARGIN_S
+    from benchmarks.direct_shutdown import one_run
+
+    grace_s = 4.0
+    r = one_run(4, close=False, out=tmp_path, grace_s=grace_s, short=1)
+    assert r["ready_after_signal"] != 200 and refused(r["request_after_signal"]), r
+    assert all(r["answers"]), r
+    (short,) = [a for a in r["answers"] if a["short"]]
+    assert short["error"] is None and 0 < short["s"] <= grace_s, r
+    for a in r["answers"]:
+        if not a["short"]:
+            assert "shutting down" in (a["error"] or "") and grace_s <= a["s"] <= grace_s + 1.5, r
+    assert r["exited_s"] is not None and r["exited_s"] <= grace_s + EXIT_MARGIN_S + 1.0, r
