@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from .kv_cache.block_pool import extend_keys
+from .kv_cache.block_pool import ROOT_KEY, extend_keys
 from .scheduler.deadlines import prefill_left
 
 PROBE_TOKENS = 1024  # the second prompt length the first-token prediction is sampled at (linear between)
@@ -27,11 +27,13 @@ def hint(key: bytes) -> str:
     return key[:8].hex()
 
 
-def prefix_hints(token_ids, block_size: int, keys: list[bytes] | None = None) -> tuple[str, ...]:
+def prefix_hints(token_ids, block_size: int, keys: list[bytes] | None = None,
+                 root: bytes = ROOT_KEY) -> tuple[str, ...]:
     """The hints of a prompt's full blocks but the one holding its last token (always prefilled).
-    `keys`: the block keys known so far, extended in place (as BlockManager.match takes them)."""
+    `keys`: the block keys known so far, extended in place (as BlockManager.match takes them); `root`:
+    the request's scope_root (an isolated tenant's prompt matches only its own blocks)."""
     n = max(len(token_ids) - 1, 0) // block_size
-    return tuple(hint(k) for k in extend_keys(keys if keys is not None else [], token_ids, block_size, n)[:n])
+    return tuple(hint(k) for k in extend_keys(keys if keys is not None else [], token_ids, block_size, n, root)[:n])
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,9 @@ class Request:
     slo: SLO = SLO()
     arrival_time: float | None = None
     tenant: str | None = None  # whose suffix index it reads and feeds (SpeculationConfig.suffix_scope "tenant")
+    # An isolated party's scope: its prefix-cache blocks and suffix index are shared only with requests
+    # of the same scope (kv_cache/block_pool.scope_root, speculation/copies.py); None: as before.
+    cache_scope: str | None = None
 
     def validate(self, vocab_size: int, max_model_len: int) -> None:
         """Raise ValueError with a message a client can act on."""
@@ -108,6 +111,8 @@ class Request:
             raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if self.tenant is not None and not 0 < len(self.tenant) <= MAX_TENANT_CHARS:
             raise ValueError(f"a tenant is 1-{MAX_TENANT_CHARS} characters")
+        if self.cache_scope is not None and not 0 < len(self.cache_scope) <= MAX_TENANT_CHARS:
+            raise ValueError(f"a cache_scope is 1-{MAX_TENANT_CHARS} characters")
         if len(self.stop_strings) > MAX_STOP_WORDS or any(len(w) > MAX_STOP_CHARS for w in self.stop_strings):
             raise ValueError(f"at most {MAX_STOP_WORDS} stop_words of at most {MAX_STOP_CHARS} characters each")
         if len(self.prompt_ids) + self.max_tokens > max_model_len:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .kv_cache.block_pool import scope_root
 from .request import Request
 from .slo import SLO
 from .stop_strings import StopScan
@@ -74,6 +75,11 @@ class Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.request.prompt_ids + self.output
+
+    @property
+    def cache_root(self) -> bytes:
+        """What its prefix-cache keys chain from: its cache scope's own root (block_pool.scope_root)."""
+        return scope_root(self.request.cache_scope)
 
     @property
     def decoding(self) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .block_pool import BlockPool, extend_keys
+from .block_pool import ROOT_KEY, BlockPool, extend_keys
 
 
 class KVCacheFull(RuntimeError):
@@ -186,15 +186,15 @@ class BlockManager:
             self.pool.release(s.block_table.pop())
 
     # ---- prefix caching ------------------------------------------------------------------------
-    def match(self, tokens: Sequence[int], max_tokens: int,
-              keys: list[bytes] | None = None) -> tuple[list[int], list[bytes]]:
+    def match(self, tokens: Sequence[int], max_tokens: int, keys: list[bytes] | None = None,
+              root: bytes = ROOT_KEY) -> tuple[list[int], list[bytes]]:
         """The cached blocks (and their keys) holding the longest prefix of `tokens`, in whole blocks
         of at most `max_tokens` tokens. `keys`: the tokens' block keys known so far (extended in place,
-        so a caller that keeps them hashes each block once)."""
+        so a caller that keeps them hashes each block once); `root`: the request's scope_root."""
         if not self.prefix_caching:
             return [], []
         n = min(max_tokens, len(tokens)) // self.block_size
-        keys = extend_keys(keys if keys is not None else [], tokens, self.block_size, n)
+        keys = extend_keys(keys if keys is not None else [], tokens, self.block_size, n, root)
         blocks = []
         for key in keys[:n]:
             block = self.pool.lookup(key)
@@ -215,14 +215,16 @@ class BlockManager:
             self.pool.share(block)
         self._seqs[seq_id] = SequenceSlots(list(blocks), len(blocks) * self.block_size, keys=list(keys))
 
-    def publish(self, seq_id: int, tokens: Sequence[int], payload_of: Callable[[int], object] | None = None) -> None:
+    def publish(self, seq_id: int, tokens: Sequence[int], payload_of: Callable[[int], object] | None = None,
+                root: bytes = ROOT_KEY) -> None:
         """Key the sequence's full committed blocks not keyed yet (`tokens`: at least its committed
-        ones) and cache them; with `payload_of`, a block whose payload is None is keyed, not cached."""
+        ones) and cache them; with `payload_of`, a block whose payload is None is keyed, not cached.
+        `root`: the request's scope_root (the one it was matched with)."""
         s = self._seqs.get(seq_id)
         if s is None or not self.prefix_caching:
             return
         first = len(s.keys)
-        extend_keys(s.keys, tokens, self.block_size, s.num_committed // self.block_size)
+        extend_keys(s.keys, tokens, self.block_size, s.num_committed // self.block_size, root)
         for i in range(first, len(s.keys)):
             payload = payload_of(i) if payload_of is not None else None
             if payload_of is None or payload is not None:

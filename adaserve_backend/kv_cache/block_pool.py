@@ -9,6 +9,11 @@ tokens are ever keyed: a speculative tree or a prefill chunk in flight never ent
 
 A cached block may carry a payload: what a reader of the prefix needs besides its KV (a
 feature-conditioned draft needs the target's feature of the block's last position).
+
+A request with a cache scope (Request.cache_scope: an isolated tenant's) chains its first block from
+its scope's own root instead of ROOT_KEY, as vLLM's `cache_salt` does: its keys then differ from every
+other scope's for the same tokens, so it neither finds nor leaves blocks another scope can find, while
+requests without a scope key exactly as before.
 """
 
 from __future__ import annotations
@@ -18,8 +23,18 @@ import itertools
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 
 ROOT_KEY = b""
+
+
+@lru_cache(maxsize=1024)
+def scope_root(cache_scope: str | None) -> bytes:
+    """What a scope's first block chains from: ROOT_KEY without a scope, else a digest of the scope
+    (of a block key's length, under its own personalization, so it equals no key of any tokens)."""
+    if cache_scope is None:
+        return ROOT_KEY
+    return hashlib.blake2b(cache_scope.encode(), digest_size=16, person=b"adaserve-scope").digest()
 
 
 def block_key(prev: bytes, tokens: Sequence[int]) -> bytes:
@@ -28,11 +43,13 @@ def block_key(prev: bytes, tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(prev + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
-def extend_keys(keys: list[bytes], tokens: Sequence[int], block_size: int, num_blocks: int) -> list[bytes]:
+def extend_keys(keys: list[bytes], tokens: Sequence[int], block_size: int, num_blocks: int,
+                root: bytes = ROOT_KEY) -> list[bytes]:
     """`keys`, the keys of the first full blocks of `tokens`, extended in place to `num_blocks` blocks
-    (a token list only grows, so keys once computed stay valid)."""
+    (a token list only grows, so keys once computed stay valid). `root`: what the first block chains
+    from (scope_root)."""
     for i in range(len(keys), num_blocks):
-        keys.append(block_key(keys[-1] if keys else ROOT_KEY, tokens[i * block_size : (i + 1) * block_size]))
+        keys.append(block_key(keys[-1] if keys else root, tokens[i * block_size : (i + 1) * block_size]))
     return keys
 
 

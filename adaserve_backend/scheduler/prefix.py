@@ -27,7 +27,8 @@ def common_prefix(seq: Sequence, caches: list[BlockManager]) -> tuple[int, list]
     if not all(c.prefix_caching for c in caches):
         return 0, []
     limit = len(seq.tokens) - 1
-    matches = [c.match(seq.tokens, limit, seq.block_keys.setdefault(c.block_size, [])) for c in caches]
+    matches = [c.match(seq.tokens, limit, seq.block_keys.setdefault(c.block_size, []), seq.cache_root)
+               for c in caches]
     step = math.lcm(*(c.block_size for c in caches))
     return min(len(blocks) * c.block_size for (blocks, _), c in zip(matches, caches)) // step * step, matches
 

@@ -165,7 +165,7 @@ class Scheduler:
             for blocks in (self.target_blocks, self.draft_blocks):
                 if blocks is not None:
                     blocks.trim(seq.seq_id)
-            self.target_blocks.publish(seq.seq_id, seq.tokens)  # (the draft worker publishes the draft's)
+            self.target_blocks.publish(seq.seq_id, seq.tokens, root=seq.cache_root)  # (the draft's: draft worker)
         return outputs
 
     def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:

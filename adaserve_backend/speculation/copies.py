@@ -19,6 +19,8 @@ from .lookup import NgramIndex, graft
 from .suffix_index import SuffixIndex, prior
 from .token_tree import CandidateTree, TokenTree, truncate_depth
 
+ISOLATED = "isolated"  # the suffix-index scope of a request with a cache scope: (ISOLATED, its scope)
+
 
 class Copies:
     def __init__(self, lookup: Lookup = Lookup()) -> None:
@@ -69,7 +71,11 @@ class Copies:
                 self.suffix.finish(seq.seq_id)
 
     def _scope(self, seq: Sequence):
-        """Which requests' tokens this one matches and feeds (None: the suffix index is not for it)."""
+        """Which requests' tokens this one matches and feeds (None: the suffix index is not for it). A
+        request with a cache scope (an isolated tenant's) matches only its own scope's, whatever
+        suffix_scope says short of "off"; a tuple, so it equals no tenant's name nor the shared ""."""
         if self.suffix is None:
             return None
+        if seq.request.cache_scope is not None:
+            return (ISOLATED, seq.request.cache_scope)
         return "" if self.lookup.suffix_scope == "shared" else seq.request.tenant

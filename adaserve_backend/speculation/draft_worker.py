@@ -102,7 +102,8 @@ class DraftWorker:
             row = (block_index + 1) * size - 1 - start
             return features[row : row + 1].clone() if 0 <= row < features.shape[0] else None
 
-        self.runner.blocks.publish(seq.seq_id, seq.tokens, last_feature if self.keeps_features else None)
+        self.runner.blocks.publish(seq.seq_id, seq.tokens, last_feature if self.keeps_features else None,
+                                   seq.cache_root)
 
     def _seed_features(self, seq: Sequence) -> None:
         """A request that started on cached draft blocks reads on with the feature their last block

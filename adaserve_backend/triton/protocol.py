@@ -25,6 +25,7 @@ INPUT_NAMES = (
     "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
     "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
     "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "ttft_slo_ms", "slo_class", "tenant",
+    "cache_scope",
 )
 # Inputs the front model (or a gateway) sets itself rather than forwarding a client's: its own request id,
 # a cancellation by that id, when the request reached the server (protocol._arrival), and whether to be
@@ -196,6 +197,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         slo=slo,
         arrival_time=_arrival(x),
         tenant=x.scalar("tenant", None, str) or None,
+        cache_scope=x.scalar("cache_scope", None, str) or None,
     )
     options = ResponseOptions(
         stream=x.scalar("stream", False, bool),
