@@ -7,7 +7,8 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
-# Addresses: Triton's endpoints, and the OpenAI frontend's (0.0.0.0: every interface). API key: ADASERVE_API_KEY.
+# Addresses: Triton's endpoints, and the OpenAI frontend's (0.0.0.0: every interface). API key: ADASERVE_API_KEY,
+# or tenants with their own keys and limits: API_KEYS_FILE=path (docs/tenants.md).
 HOST ?= 127.0.0.1
 OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -39,7 +40,7 @@ $(VENV)/.installed-ray: $(VENV)/.installed requirements-ray.txt
 serve: setup  # the embedded default model behind a real tritonserver, and the OpenAI API in front of it
 	HF_HUB_OFFLINE=1 $(PY) -m adaserve_backend.serve --model-repository model_repository \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) \
-		--host $(HOST) --openai-host $(OPENAI_HOST)
+		--host $(HOST) --openai-host $(OPENAI_HOST) $(if $(API_KEYS_FILE),--api-keys-file $(API_KEYS_FILE))
 
 REPLICAS ?= 2
 RAY_ARGS ?=

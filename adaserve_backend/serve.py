@@ -9,6 +9,7 @@ a grace of 0: it ends what is left at once rather than granting a second grace.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -27,10 +28,17 @@ def main() -> None:
                     help="the OpenAI frontend's address (0.0.0.0: every interface)")
     ap.add_argument("--api-key",
                     help="the OpenAI frontend requires `Authorization: Bearer KEY` (default: $ADASERVE_API_KEY)")
+    ap.add_argument("--api-keys-file",
+                    help="the OpenAI frontend's tenants: hashed keys with their limits (docs/tenants.md)")
     ap.add_argument("--drain-grace-s", type=float,
                     help="on SIGTERM, how long generations in flight may still run (default: engine.json's drain)")
     ap.add_argument("--log", default=str(PROJECT_ROOT / "runs" / "tritonserver.log"), help="tritonserver's log file")
     args = ap.parse_args()
+    if args.api_keys_file:  # a bad keys file stops us now, not after tritonserver has loaded the model
+        from .openai_frontend.http_app import API_KEY_ENV
+        from .openai_frontend.tenancy import repository_tenancy
+
+        repository_tenancy(args.api_keys_file, args.api_key or os.environ.get(API_KEY_ENV), args.model_repository)
     grace_s = args.drain_grace_s if args.drain_grace_s is not None else served_drain_grace_s(args.model_repository)
     server = triton_server(args.http_port, args.grpc_port, args.metrics_port, Path(args.log),
                            Path(args.model_repository),
@@ -63,7 +71,9 @@ def main() -> None:
                   "--port", str(args.openai_port), "--host", args.openai_host,
                   "--served-model-name", args.served_model_name, "--model-repository", args.model_repository,
                   "--drain-grace-s", str(grace_s),
-                  *(["--api-key", args.api_key] if args.api_key else [])], on_shutdown=server.signal_stop)
+                  *(["--api-key", args.api_key] if args.api_key else []),
+                  *(["--api-keys-file", args.api_keys_file] if args.api_keys_file else [])],
+                 on_shutdown=server.signal_stop)
     except (RuntimeError, TimeoutError) as e:
         sys.exit(str(e))
     finally:

@@ -26,6 +26,7 @@ from .backends import RETRY_AFTER_S, Backend, BackendError, http_error
 from .bodies import DONE, Tally, sse
 from .drain import DEFAULT_GRACE_S, Drain, serve
 from .params import Generation, OpenAIError, parse, shown
+from .tenancy import Tenancy, repository_tenancy
 
 log = logging.getLogger("adaserve.openai")
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
@@ -56,9 +57,11 @@ def read_json(raw: bytes):
 
 class Frontend:
     def __init__(self, backend: Backend, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
-                 api_key: str | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+                 api_key: str | None = None, max_in_flight: int = MAX_IN_FLIGHT,
+                 tenancy: Tenancy | None = None) -> None:
         self.backend, self.model_name, self.render_chat = backend, model_name, render_chat
         self.api_key, self.max_in_flight = api_key, max_in_flight
+        self.tenancy = tenancy  # --api-keys-file: every key a tenant's (tenancy.py); not with api_key
         self.in_flight = 0
         self.drain = Drain()  # serve_frontend sets its grace
 
@@ -99,7 +102,9 @@ class Frontend:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         """With an API key, every path but OPEN_PATHS needs `Authorization: Bearer <key>` (compared in
-        constant time, as vLLM and llama.cpp do)."""
+        constant time, as vLLM and llama.cpp do); with tenants, a key of theirs (tenancy.py)."""
+        if self.tenancy is not None and request.path not in OPEN_PATHS:
+            return await self.tenancy.guard(request, handler)
         if self.api_key and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
@@ -113,7 +118,8 @@ class Frontend:
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The frontend's own gauge (the engines' metrics are Triton's, :8002): generations in flight."""
-        return web.Response(text=f"# TYPE {IN_FLIGHT_GAUGE} gauge\n{IN_FLIGHT_GAUGE} {self.in_flight}\n")
+        text = f"# TYPE {IN_FLIGHT_GAUGE} gauge\n{IN_FLIGHT_GAUGE} {self.in_flight}\n"
+        return web.Response(text=text + (self.tenancy.metrics_text() if self.tenancy is not None else ""))
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model",
@@ -147,6 +153,8 @@ class Frontend:
             raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
         prompt = self.render_chat(gen.messages) if gen.messages is not None else gen.prompt
         tally = Tally(endpoint, self.model_name)
+        if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
+            gen = self.tenancy.admit(request, gen, tally)
         stream = self.backend.stream(gen, prompt)
         try:
             first = await self._next(stream, tally)  # errors before any output become plain HTTP errors
@@ -242,6 +250,8 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                     help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; none: no key)")
+    ap.add_argument("--api-keys-file", help="tenants: hashed API keys, each with its SLO bounds and limits "
+                    "(docs/tenants.md); not with --api-key")
     ap.add_argument("--port", type=int, default=9000)
     ap.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT, help="generations at once; beyond, 503")
     ap.add_argument("--served-model-name", default="adaserve", help="the `model` clients name")
@@ -253,8 +263,9 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     from .triton_backend import TritonBackend  # here: the Ray app serves this module without Triton
 
     backend = TritonBackend(args.triton_url, args.triton_metrics_url)
+    tenancy = repository_tenancy(args.api_keys_file, args.api_key, args.model_repository)  # loudly, before serving
     serve_frontend(Frontend(backend, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
-                            args.api_key or None, args.max_in_flight), args.host, args.port, on_shutdown,
+                            args.api_key or None, args.max_in_flight, tenancy), args.host, args.port, on_shutdown,
                    args.drain_grace_s)
 
 

@@ -59,7 +59,8 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     slo: SLO = SLO()
-    tenant: str | None = None  # OpenAI's `user`: whose suffix index the request shares (suffix_scope "tenant")
+    tenant: str | None = None  # whose suffix index it shares (suffix_scope "tenant"): OpenAI's `user`, or the key's
+    cache_scope: str | None = None  # an isolated tenant's (tenancy.py): its own prefix cache and suffix index
 
 
 def _number(body: Mapping, name: str, lo: float, hi: float, default: float) -> float:

@@ -23,6 +23,11 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
         raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
     if gen.tenant is not None and "tenant" in supported:  # an older repository has no suffix index to scope
         extra["tenant"] = np.array([gen.tenant.encode()], dtype=object)
+    if gen.cache_scope is not None:  # isolation is never dropped: a repository without it cannot serve the tenant
+        if "cache_scope" not in supported:
+            raise OpenAIError(500, "this server's model repository cannot isolate tenants (no cache_scope input)",
+                              kind="internal_error")
+        extra["cache_scope"] = np.array([gen.cache_scope.encode()], dtype=object)
     return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms,
                             ttft_slo_ms=gen.slo.ttft_ms,
                             slo_class=gen.slo.slo_class, temperature=gen.temperature,

@@ -17,6 +17,7 @@ import time
 from ..config import EngineConfig
 from ..models import load_tokenizer, locate
 from ..openai_frontend.http_app import API_KEY_ENV, MAX_IN_FLIGHT, Frontend, chat_renderer, serve_frontend
+from ..openai_frontend.tenancy import load_tenancy
 from .backend import APP_NAME, RayBackend
 from .replica import EngineReplica
 from .router import ROUTERS
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=9000)
     ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                     help=f"as the OpenAI frontend's (default: ${API_KEY_ENV})")
+    ap.add_argument("--api-keys-file", help="as the OpenAI frontend's: tenants with their limits (docs/tenants.md)")
     ap.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT)
     ap.add_argument("--served-model-name", default="adaserve")
     ap.add_argument("--record-routing", default=None, metavar="PATH",
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     from ray import serve
 
     config = EngineConfig.from_json(args.engine_config)  # loudly, before any replica starts
+    tenancy = load_tenancy(args.api_keys_file, args.api_key, config.scheduler)
     tokenizer = load_tokenizer(locate(config.target.path))
     # Ray starts its workers at niceness 15, behind everything else on the machine; an engine replica
     # is the server's foreground work (a cluster started elsewhere sets this itself).
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
                         record_routing=args.record_routing)
         backend = RayBackend(handle, tokenizer, config.scheduler, config.target_cache.block_size)
         frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
-                            args.max_in_flight)
+                            args.max_in_flight, tenancy)
         serve_frontend(frontend, args.host, args.port, on_shutdown=backend.stop, drain_grace_s=config.drain.grace_s)
     finally:
         started = time.monotonic()

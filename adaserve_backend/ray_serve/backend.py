@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 from ..chat import encode_prompt
 from ..config import SchedulerConfig
+from ..kv_cache.block_pool import scope_root
 from ..openai_frontend.backends import BackendError
 from ..openai_frontend.params import Generation
 from ..replica_routing import Job, prefix_hints
@@ -24,7 +25,7 @@ REPLICA_FAILED = "the replica serving this request failed; retry"
 def engine_request(gen: Generation, prompt_ids: list[int]) -> Request:
     return Request(uuid.uuid4().hex, prompt_ids, max_tokens=gen.max_tokens, min_tokens=gen.min_tokens,
                    sampling=SamplingParams(gen.temperature, gen.top_p, gen.top_k, gen.seed), stop_strings=gen.stop,
-                   slo=gen.slo, tenant=gen.tenant)
+                   slo=gen.slo, tenant=gen.tenant, cache_scope=gen.cache_scope)
 
 
 class RayBackend:
@@ -66,7 +67,7 @@ class RayBackend:
             slo = self.scheduler.resolve_slo(gen.slo)
         except ValueError as e:
             raise BackendError(str(e), ErrorKind.INVALID_ARG) from None
-        hints = prefix_hints(ids, self.block_size) if self.block_size else ()
+        hints = prefix_hints(ids, self.block_size, root=scope_root(gen.cache_scope)) if self.block_size else ()
         job = Job(len(ids), slo.tpot_s if slo.tpot_ms else None, slo.ttft_s if slo.ttft_ms else None,
                   prompt, hints, self.block_size)
         responses = self.handle.options(stream=True).generate.remote(request, job)
