@@ -1,9 +1,12 @@
 """KV capacity of one iteration, as pure bookkeeping over the block managers: every request's worst-case
 appends to the target cache and, when speculating, the draft cache; whether they fit the free blocks,
 and taking them. The scheduler decides what to do when they do not (preempt, stop speculating, fail a
-lone request)."""
+lone request); `fit_iteration` applies the order it decides in."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..kv_cache import BlockManager
 from ..sequence import Sequence
@@ -50,3 +53,38 @@ def draft_chain_len(target: BlockManager, draft: BlockManager, seq: Sequence) ->
     start, end = draft_chain_span(seq, target.num_committed(seq.seq_id), draft.num_committed(seq.seq_id))
     return max(end - start, 0)
 
+
+
+@dataclass
+class Fit:
+    """What one iteration runs once its worst-case KV needs are reserved."""
+
+    decode: list[Sequence]
+    depth: int
+    width: int
+    copies: bool  # whether trees may take the suffix index's copied chains
+
+
+def fit_iteration(target: BlockManager, draft: BlockManager | None, running: list[Sequence],
+                  decode: list[Sequence], chunks: dict[Sequence, int], depth: int, width: int,
+                  lookup_reserved: int, lookup_suffix_tokens: int, preempt_one: Callable[[], None]) -> Fit | None:
+    """Reserve the iteration's worst case, shrinking it until it fits: `preempt_one` (which removes a
+    request from `running`) while more than one request runs, then no speculation for a lone request.
+    None: a lone request that does not fit even without speculation."""
+    copies = bool(lookup_reserved and decode)  # the suffix index's proposals need no draft step
+    while True:
+        decode = [s for s in decode if s in running]
+        prefill = {s: n for s, n in chunks.items() if s in running}
+        copied = (lookup_reserved if depth else lookup_suffix_tokens) if copies else 0  # beside the beams
+        needs, draft_needs = iteration_needs(target, draft, decode, prefill, depth, width, copied)
+        if fits(target, needs) and fits(draft, draft_needs):
+            reserve(target, needs)
+            reserve(draft, draft_needs)
+            return Fit(decode, depth, width, copies)
+        if len(running) > 1:
+            preempt_one()
+        elif depth or copies:
+            depth = width = 0
+            copies = False
+        else:
+            return None

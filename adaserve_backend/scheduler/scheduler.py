@@ -23,23 +23,14 @@ from ..output_processor import append_tokens, make_output
 from ..request import INTERNAL_ERROR, FinishReason, RequestOutput
 from ..sequence import Sequence
 from .admission import best_effort_victim, keeps_slos
-from .capacity import fits, iteration_needs, reserve
-from .deadlines import (
-    NO_CAPACITY,
-    UNREACHABLE,
-    deferred_in_burst,
-    edf_key,
-    missed,
-    note_prefill_times,
-    predict_first_tokens,
-    rejection_message,
-)
+from .capacity import fit_iteration
+from .deadlines import NO_CAPACITY, UNREACHABLE, rejection_message
+from .first_tokens import FirstTokenGate, prefill_view
 from .output_lengths import OutputLengthPredictor
 from .plan import IterationPlan, IterationResult, IterationStats, predicted_decode_s
 from .policies import Policy
 from .prefill_estimator import Estimator
-from .prefill_pacing import prefill_budget, split_chunks
-from .prefix import PrefixStats, note_cached_prefixes, reuse_prefix
+from .prefix import PrefixStats, reuse_prefix
 
 log = logging.getLogger("adaserve")
 
@@ -72,6 +63,8 @@ class Scheduler:
         self.prefill_stats: deque[IterationStats] = deque(maxlen=10_000)  # ... and prefill-only ones (n = 0)
         self.decode_iterations = 0
         self.prefix_stats = PrefixStats()
+        self.gate = FirstTokenGate(config, policy, estimator, self.slo_admission, self.target_blocks,
+                                   self.draft_blocks)
         q = config.output_length_quantile
         self.lengths = OutputLengthPredictor(q) if q is not None else None
 
@@ -125,7 +118,7 @@ class Scheduler:
             decode = []
         speculates = self.draft_blocks is not None and decode
         depth, width = self.estimator.next_depth_width(len(decode)) if speculates else (0, 0)
-        chunks = self._prefill_chunks(prefill, decode, depth, width, now)
+        chunks = self.gate.chunks(prefill, decode, depth, width, now)
         plan.decode, plan.depth, plan.width, plan.copies = self._ensure_capacity(decode, chunks, depth, width, plan)
         plan.prefill = {s: n for s, n in chunks.items() if s in self.running}
         plan.block_tables = {s.seq_id: self.target_blocks.table(s.seq_id) for s in plan.scheduled}
@@ -226,20 +219,9 @@ class Scheduler:
                 i = self.waiting.index(seq)
             else:
                 break
-        self._predict_first_tokens(started, now)
+        self.gate.predict(started, self.running, now)
         if self.slo_admission:
             self._give_up_late(now, plan)
-
-    def _predict_first_tokens(self, started: list[Sequence], now: float) -> None:
-        """What admission expects for starting requests' first tokens, once this step's admissions are
-        all in, at this step's prefill budget (deadlines.predict_first_tokens); the predictor's error is
-        measured against it: EngineMetrics."""
-        est = self.estimator
-        if est.cost is not None:
-            n, prefilling = self.prefill_view()
-            decode = [s for s in self.running if s.decoding]
-            chunk = max(1, self._prefill_budget(prefilling, decode, *(est.depth_width(n) if n else (0, 0)), now))
-            predict_first_tokens(started, n, prefilling, now, est, chunk)
 
     def _time_out(self, now: float, plan: IterationPlan) -> None:
         limit = self.config.max_request_s
@@ -247,34 +229,25 @@ class Scheduler:
             self._drop(seq)
             plan.failed.append((seq, f"request timed out: unfinished {limit:g} s after it arrived"))
 
-    # ---- first-token deadlines (see deadlines.py) ------------------------------------------------
+    # ---- first-token deadlines (first_tokens.py, deadlines.py) ------------------------------------
     def prefill_view(self) -> tuple[int, list[Sequence]]:
         """Decoding requests (what prefill rides along) and the running requests still prefilling."""
-        decoding = sum(s.decoding for s in self.running)
-        return decoding, [s for s in self.running if not s.decoding]
+        return prefill_view(self.running)
+
+    def prefill_cap(self, num_decode: int) -> int:
+        """Prefill tokens an iteration beside `num_decode` decoding requests may carry."""
+        return self.gate.prefill_cap(num_decode)
 
     def _give_up_unreachable(self, now: float, plan: IterationPlan) -> set[Sequence]:
-        """EDF order (edf_key: deadlines and each prompt's own prefill time, what the caches hold for
-        it skipped); a request whose first token would be late even if it started now, behind only the
-        running prefills due before it, is past saving: the overload answer applies at once. Returns
-        the requests a burst holds back (deadlines.deferred_in_burst) if the config asks for it."""
-        note_cached_prefixes(self.waiting, self.target_blocks, self.draft_blocks)
-        if self.estimator.cost is not None:
-            note_prefill_times(self.waiting, self.estimator, self.prefill_cap(0))
-        self.waiting = deque(sorted(self.waiting, key=edf_key))
-        n, prefilling = self.prefill_view()
-        for seq, at in missed(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n)):
+        """The overload answer at once for requests past saving; returns those a burst holds back."""
+        self.waiting, late = self.gate.unreachable(self.waiting, self.running, now)
+        for seq, at in late:
             self._overload(seq, UNREACHABLE, at, plan)
-        if not self.config.burst_deferral:
-            return set()
-        return deferred_in_burst(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n))
+        return self.gate.deferred(self.waiting, self.running, now)
 
     def _give_up_late(self, now: float, plan: IterationPlan) -> None:
-        """A request not admitted now waits at least one more iteration; if that already makes its first
-        token late, no admissible schedule meets its deadline: the overload answer applies, so no request
-        waits past its deadline unanswered."""
-        n, prefilling = self.prefill_view()
-        for seq, at in missed(self.waiting, self.estimator, now, n, prefilling, self.prefill_cap(n), after_next=True):
+        """So that no request waits past its deadline unanswered (FirstTokenGate.late_after_next)."""
+        for seq, at in self.gate.late_after_next(self.waiting, self.running, now):
             self._overload(seq, NO_CAPACITY, at, plan)
 
     def _overload(self, seq: Sequence, reason: str, first_token: float, plan: IterationPlan) -> None:
@@ -286,49 +259,19 @@ class Scheduler:
             self._drop(seq)
             plan.rejected.append((seq, rejection_message(seq, first_token)))
 
-    def prefill_cap(self, num_decode: int) -> int:
-        """Prefill tokens an iteration beside `num_decode` decoding requests may carry."""
-        return self.policy.prefill_cap(self.config, num_decode)
-
-    def _prefill_budget(self, prefill, decode, depth, width, now) -> int:
-        """Prefill tokens this iteration carries: SLO-aware pacing with admission, else the cap."""
-        cap = self.prefill_cap(len(decode))
-        if self.slo_admission and prefill:
-            return prefill_budget(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes)
-        return cap
-
-    def _prefill_chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:
-        """SLO-aware prefill takes first tokens in deadline order; the rest in the running queue's."""
-        order = sorted(prefill, key=edf_key) if self.slo_admission else prefill
-        return split_chunks(order, self._prefill_budget(prefill, decode, depth, width, now))
-
     # ---- KV capacity ---------------------------------------------------------------------------
     def _ensure_capacity(self, decode, chunks, depth, width, plan: IterationPlan):
-        """Preempt the least urgent requests until this iteration's worst-case KV needs fit; a lone
-        request that still does not fit decodes without speculation, or fails if even that cannot fit.
-        Returns the surviving decode list, depth, width and whether trees may take copies."""
-        copies = bool(self.lookup.reserved and decode)  # the suffix index's proposals need no draft step
-        while True:
-            decode = [s for s in decode if s in self.running]
-            prefill = {s: n for s, n in chunks.items() if s in self.running}
-            # lookup: beside beams
-            copied = (self.lookup.reserved if depth else self.lookup.suffix_tokens) if copies else 0
-            needs, draft_needs = iteration_needs(self.target_blocks, self.draft_blocks, decode,
-                                                 prefill, depth, width, copied)
-            if fits(self.target_blocks, needs) and fits(self.draft_blocks, draft_needs):
-                reserve(self.target_blocks, needs)
-                reserve(self.draft_blocks, draft_needs)
-                return decode, depth, width, copies
-            if len(self.running) > 1:
-                self._preempt(self.policy.victim(self.running))
-            elif depth or copies:
-                depth = width = 0
-                copies = False
-            else:
-                seq = self.running[0]
-                self._drop(seq)
-                plan.failed.append((seq, NO_ROOM))
-                return [], 0, 0, False
+        """Preempt the least urgent requests until this iteration's worst-case KV needs fit
+        (capacity.fit_iteration); a lone request that does not fit even without speculation fails."""
+        fit = fit_iteration(self.target_blocks, self.draft_blocks, self.running, decode, chunks, depth, width,
+                            self.lookup.reserved, self.lookup.suffix_tokens,
+                            lambda: self._preempt(self.policy.victim(self.running)))
+        if fit is None:
+            seq = self.running[0]
+            self._drop(seq)
+            plan.failed.append((seq, NO_ROOM))
+            return [], 0, 0, False
+        return fit.decode, fit.depth, fit.width, fit.copies
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: the request keeps its output and re-prefills it when re-admitted."""

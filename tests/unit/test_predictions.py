@@ -52,7 +52,7 @@ def test_requests_admitted_together_share_the_last_chunk_of_the_first():
 def test_beside_decodes_a_first_token_is_predicted_at_the_paced_chunk_not_the_cap(monkeypatch):
     """Pacing gives a prompt fewer tokens per iteration than the cap while others decode; its first
     token is predicted at what pacing gives now."""
-    from adaserve_backend.scheduler import scheduler as scheduler_module
+    from adaserve_backend.scheduler import first_tokens
     from tests.unit.test_deadlines import Clock, arrive, deadline_scheduler, step
 
     est = TableEstimator({1: 0.05, 2: 0.05}, prefill_token_s=0.001)
@@ -60,7 +60,7 @@ def test_beside_decodes_a_first_token_is_predicted_at_the_paced_chunk_not_the_ca
     arrive(sched, "decoding", clock, ttft_ms=5000, max_tokens=50)
     step(sched, clock)
     assert [s.decoding for s in sched.running] == [True]
-    monkeypatch.setattr(scheduler_module, "prefill_budget", lambda *a, **k: 64)
+    monkeypatch.setattr(first_tokens, "prefill_budget", lambda *a, **k: 64)
     later = arrive(sched, "later", clock, ttft_ms=5000, prompt=300)
     sched.schedule(clock.now)
     assert later.predicted_first_token == clock.now + est.first_token_s(1, 300, 64)
