@@ -14,7 +14,7 @@ OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve serve-ray test lint test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool vllm-env peers profile gpu-check sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
+.PHONY: setup system-deps serve serve-ray test lint test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool soak vllm-env peers profile gpu-check sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -161,6 +161,13 @@ bench-vs-vllm: bench-peers
 
 bench-load-tool: setup vllm-env  # `vllm bench serve`, unchanged, against our OpenAI endpoint and vLLM's; our two runners
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.load_tool $(BENCH_ARGS)
+
+# The served stack (tritonserver + the OpenAI frontend) under mixed-SLO load near capacity for DURATION_MIN
+# minutes, with cancelled, dropped and hostile clients; PASS/FAIL per issue 71's target (docs/benchmarking.md).
+DURATION_MIN ?= 30
+SOAK_ARGS ?=
+soak: setup
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.soak --duration-min $(DURATION_MIN) $(SOAK_ARGS)
 
 # The shipped draft (EAGLE-3 recipe, tools/draft): the target's continuations in two processes, then
 # teacher data and training. Every stage is cached in DRAFT_CACHE, so an interrupted run resumes.
