@@ -85,7 +85,8 @@ class CacheConfig:
     prefix_caching: full committed blocks are kept, keyed by their whole token prefix, and shared by
       later requests with the same prefix (kv_cache/block_pool.py). Outputs are unchanged; only
       timing can tell that a prefix was seen before (as in vLLM and SGLang): turn it off where tenants
-      must not learn that from each other.
+      must not learn that from each other, or give each its own cache scope (Request.cache_scope, an
+      isolated tenant's: docs/tenants.md), whose blocks only its own requests find.
     """
 
     block_size: int = 16

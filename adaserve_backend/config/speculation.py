@@ -56,7 +56,9 @@ class SpeculationConfig:
       (requests with the same `tenant`; requests without one neither read nor feed the index), "off".
       Outputs never change, but the time a request takes can show that its continuation was seen
       before (as with prefix caching): servers shared by parties who must not learn of each other's
-      requests use "tenant" or "off". suffix_max_tokens: the index's bound over all requests.
+      requests use "tenant" or "off", or give each such party a cache scope (Request.cache_scope, an
+      isolated tenant's: docs/tenants.md), which matches only its own scope's requests short of "off".
+      suffix_max_tokens: the index's bound over all requests.
 
     Defaults come from a float32 profile of the embedded model on a 2-core CPU: B is where a
     verification forward stays within 1.3x its flat latency (docs/experiments.md#profile); the served
