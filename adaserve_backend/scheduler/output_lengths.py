@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -58,11 +58,12 @@ class OutputLengthPredictor:
     """Per kind of request (its targets and prompt bucket, falling back to its targets alone, then to
     all requests), the lengths of the last `window` that finished."""
 
-    def __init__(self, quantile: float, window: int = 512, min_samples: int = 16) -> None:
+    def __init__(self, quantile: float, window: int = 512, min_samples: int = 16, max_kinds: int = 1024) -> None:
         if not 0.5 <= quantile < 1.0:
             raise ValueError(f"output length quantile must be in [0.5, 1), got {quantile}")
-        self.q, self.window, self.min_samples = quantile, window, min_samples
-        self.histories: dict[tuple, LengthHistory] = {}
+        self.q, self.window, self.min_samples, self.max_kinds = quantile, window, min_samples, max_kinds
+        # Clients choose their own targets, so the kinds are unbounded: the least recently taught go first.
+        self.histories: OrderedDict[tuple, LengthHistory] = OrderedDict()
 
     @staticmethod
     def keys(seq: Sequence) -> list[tuple]:
@@ -80,6 +81,9 @@ class OutputLengthPredictor:
             return
         for key in self.keys(seq):
             self.histories.setdefault(key, LengthHistory(self.window)).add(len(seq.output))
+            self.histories.move_to_end(key)
+        while len(self.histories) > self.max_kinds:
+            self.histories.popitem(last=False)
 
     def total_range(self, seq: Sequence) -> tuple[int, int, int] | None:
         """Its whole output's length, short end, median and long end, given what it produced so far;

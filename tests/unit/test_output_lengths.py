@@ -118,3 +118,11 @@ def test_config_validates_the_quantile():
     for bad in (0.2, 1.0, "high"):
         with pytest.raises(ValueError, match="output_length_quantile"):
             SchedulerConfig(output_length_quantile=bad)
+
+
+def test_kinds_of_requests_are_bounded_whatever_targets_clients_choose():
+    predictor = OutputLengthPredictor(0.9, max_kinds=8)
+    for tpot in range(50):
+        predictor.observe(finished(5, tpot_ms=10 + tpot))
+    assert len(predictor.histories) == 8
+    assert () in predictor.histories  # every request teaches the catch-all, so it is never the oldest
