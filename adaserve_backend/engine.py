@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import time
 from collections.abc import Iterable, Iterator
 
@@ -23,6 +24,7 @@ import torch
 from .calibration_pool import engine_parts, pooled
 from .config import EngineConfig
 from .cost_model.cost_model import CostModel, load_cost_model
+from .device import check_device, on_cpu, synchronize
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
@@ -38,6 +40,8 @@ from .speculation.draft_worker import DraftWorker
 from .speculation.tree_choice import choose_trees
 from .speculation.verify import target_inputs, verify
 
+log = logging.getLogger("adaserve")
+
 
 class Engine:
     def __init__(
@@ -45,15 +49,22 @@ class Engine:
         eos_token_ids: Iterable[int] = (), tokenizer=None,
     ) -> None:
         self.config = config
-        if config.threads is not None:
+        self.device = check_device(config.target.device)  # before any weights are read
+        if config.threads is not None:  # the host's threads (scheduling, sampling) on any device
             torch.set_num_threads(config.threads)
         self.policy = make_policy(config.scheduler.policy)
         target = target or load_model(config.target)
+        if target.embed_tokens.weight.device != self.device:
+            raise ValueError(f"the target model is on {target.embed_tokens.weight.device}; the config says "
+                             f"{config.target.device}")
         self.target = ModelRunner(target, config.target_cache)
         self.vocab_size, self.max_model_len = target.spec.vocab_size, self.target.max_len
         self.draft = (DraftWorker.for_target(self.target, config, draft, self.policy.lookup(config.speculation))
                       if self.policy.speculative else None)
         self.eos_token_ids = frozenset(eos_token_ids)
+        if not on_cpu(self.device):
+            log.info("engine on %s: the CPU kernels (prepacked and fused layers, GGUF-block dtypes, paged_cpu "
+                     "attention) stay off; attention runs %s", self.device, type(self.target.attn).__name__)
         spec = config.speculation
         self.cost = self._calibrate(config) if spec.calibrate else load_cost_model(spec.profile_path)
         self.budget = self.cost.budget if self.cost else config.speculation.budget
@@ -69,6 +80,10 @@ class Engine:
 
     def _calibrate(self, config: EngineConfig) -> CostModel:
         draft, keep = self.draft.runner if self.draft else None, config.speculation.calibration_pool
+        if keep != 1 and not on_cpu(self.device):
+            # The pool steadies a CPU's timing noise and names a machine by its CPU, not by its GPU.
+            log.info("calibration on %s: this start's alone (the calibration pool is for CPU engines)", self.device)
+            keep = 1
         if keep == 1:  # this start's alone: no machine record to name or read
             return calibrate(self.target, draft)
         parts = engine_parts(config, self.target.model.spec, draft.model.spec if draft
@@ -124,10 +139,13 @@ class Engine:
             cands = self.draft.propose(plan, self.max_model_len)
         else:  # model-free proposals need no draft step
             cands = self.draft.copies.alone(plan, self.max_model_len) if self.draft is not None and plan.copies else []
+        # The times below teach the estimator: on a GPU each waits for the work it times (no-ops on the CPU).
+        synchronize(self.device)
         t_spec = time.monotonic()
         trees = choose_trees(plan, cands, self.policy, self.estimator, self.config.speculation)
         t_select = time.monotonic()
         out = self.target.forward(target_inputs(plan, trees))
+        synchronize(self.device)
         result = verify(plan, trees, cands, out, self.target, self.draft, time.monotonic())
         result.speculation, result.selection = t_spec - plan.start, t_select - t_spec
         result.draft_chain_tokens = self.draft.chain_tokens if drafting else 0

@@ -1,4 +1,5 @@
-"""Measure forward latency against the number of tokens in the batch, on the current device."""
+"""Measure forward latency against the number of tokens in the batch, on the runner's device (on a GPU
+every time waits for the device first: device.synchronize)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,20 @@ from tqdm import tqdm
 
 from .cost_model.cost_model import CostModel
 from .cost_model.roofline import fit_roofline, pick_budget
+from .device import synchronize
 from .model_runner import ModelRunner, SeqInput
 
 
-def timed_ms(fn, repeats: int) -> float:
-    """Median wall time of `fn` in ms, after one warm-up call (synchronising CUDA if in use)."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+def timed_ms(fn, repeats: int, device: torch.device | str = "cpu") -> float:
+    """Median wall time of `fn` in ms, after one warm-up call, each waiting for the work `fn` queued on
+    `device`."""
     fn()
-    sync()
+    synchronize(device)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
-        sync()
+        synchronize(device)
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e3
 
@@ -52,7 +54,8 @@ def measure_forward(
     base = 1 << 30  # sequence ids no engine uses
 
     def features(k: int) -> torch.Tensor | None:  # what a feature-conditioned draft reads; values do not matter
-        return torch.zeros(k, runner.model.spec.hidden_size) if runner.model.takes_features else None
+        return (torch.zeros(k, runner.model.spec.hidden_size, device=runner.device) if runner.model.takes_features
+                else None)
 
     for s in range(num_seqs):
         # Its own blocks, taken as a scheduler would: an engine's runner writes only where they were reserved.
@@ -76,7 +79,7 @@ def measure_forward(
     out = {}
     for n in tqdm(sizes, desc=desc, leave=False):
         inputs = batch(n)
-        out[n] = timed_ms(lambda: run(inputs), repeats)
+        out[n] = timed_ms(lambda: run(inputs), repeats, runner.device)
     for s in range(num_seqs):
         runner.free(base + s)
     return out
@@ -177,7 +180,7 @@ def measure_engine_steps(engine, batches: list[int], contexts: list[int], steps:
             batch.keep(n)
             context = batch.context()
             points.append({"n": n, "context": context, "new_tokens": n, "prefills": 0,
-                           "ms": timed_ms(engine.step, steps)})
+                           "ms": timed_ms(engine.step, steps, engine.device)})
             for prefill in prefills:
                 times = []
                 for _ in range(3):

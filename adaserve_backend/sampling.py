@@ -27,7 +27,9 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """argmax for greedy requests, else one sample from `target_probs`."""
+    """argmax for greedy requests, else one sample from `target_probs`, drawn where `generator` lives."""
     if params.greedy:
         return int(torch.argmax(logits))
+    if generator is not None and logits.device != generator.device:
+        logits = logits.to(generator.device)
     return int(torch.multinomial(target_probs(logits, params), 1, generator=generator))

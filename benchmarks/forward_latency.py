@@ -70,7 +70,7 @@ def measure_prefill(runner: ModelRunner, n: int, repeats: int) -> float:
         runner.commit(seq, [])
 
     try:
-        return timed_ms(run, repeats)
+        return timed_ms(run, repeats, runner.device)
     finally:
         runner.free(seq)
 

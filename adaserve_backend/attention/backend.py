@@ -52,6 +52,8 @@ def make_backend(name: str, kv_cache: KVCache, num_heads: int) -> AttentionBacke
 
         return FlashInferBackend(kv_cache, num_heads)
     if chosen == "paged_cpu":
+        if cache.device.type != "cpu":
+            raise ValueError(f"attention backend paged_cpu runs a CPU kernel; the cache is on {cache.device}")
         from .cpu_kernel import paged_attention_op
         from .paged_cpu import PagedCPUBackend
 

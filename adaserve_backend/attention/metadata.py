@@ -39,14 +39,14 @@ def is_chain(parents: Sequence[int]) -> bool:
 
 
 def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
-    """bool [n, n]: entry (i, j) is True iff j is i or an ancestor of i (parents[i] < i, -1 = root)."""
+    """bool [n, n] on the host: entry (i, j) is True iff j is i or an ancestor of i (parents[i] < i, -1 = root)."""
     n = len(parents)
     if is_chain(parents):
-        return torch.ones(n, n, dtype=torch.bool).tril_()
+        return torch.ones(n, n, dtype=torch.bool, device="cpu").tril_()
     rows: list[int] = []  # each row as an int bitmask: a tree region is small, bit ops are cheap
     for i, p in enumerate(parents):
         rows.append((rows[p] if p >= 0 else 0) | (1 << i))
-    bits = torch.tensor([[(r >> j) & 1 for j in range(n)] for r in rows], dtype=torch.bool)
+    bits = torch.tensor([[(r >> j) & 1 for j in range(n)] for r in rows], dtype=torch.bool, device="cpu")
     return bits
 
 
@@ -65,7 +65,9 @@ def build_metadata(
             raise ValueError(f"sequence {seq_id}: {q_len} new tokens but a region of {region}")
         kv_len = s.num_slots
         anc = ancestor_mask(s.region_parents)[region - q_len :]
-        masks.append(torch.cat([torch.ones(q_len, s.num_committed, dtype=torch.bool), anc], dim=1).to(device))
+        # built on the host, one copy to the device per sequence
+        seen = torch.ones(q_len, s.num_committed, dtype=torch.bool, device="cpu")
+        masks.append(torch.cat([seen, anc], dim=1).to(device))
         pages = blocks.blocks_for(kv_len)
         kv_indices.extend(s.block_table[:pages])
         kv_indptr.append(len(kv_indices))

