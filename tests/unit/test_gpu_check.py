@@ -38,7 +38,8 @@ FULL = {
     "tests": {"passed": 28, "failed": 1, "errors": 0, "skipped": 1, "seconds": 48.0, "log": "runs/x/gpu-tests.log",
               "failures": [{"test": "tests.gpu.test_flashinfer_cuda::test_gqa_groups[28-4]", "kind": "failure",
                             "message": "AssertionError: mismatch"}],
-              "skip_reasons": {"this flashinfer keeps its packed mask under other names": 1}},
+              "skip_reasons": {"this flashinfer keeps its packed mask under other names": 1},
+              "reported": {"tests.gpu.test_engine_cuda::test_bf16": {"engine_bf16_TorchSDPABackend": "{'a': 1}"}}},
     "accuracy": [{"dtype": "bf16", "batch": "mixed", "backend": "flashinfer", "tokens": 300, "max_abs_err": 0.0078,
                   "max_abs_err_vs_unrounded": 0.009, "max_abs_ref": 1.9},
                  {"dtype": "fp16", "batch": "decode", "backend": "sdpa", "tokens": 8, "error": "RuntimeError: no"}],
@@ -60,7 +61,7 @@ def test_the_markdown_holds_every_section_and_survives_missing_parts():
     md = render_markdown(FULL)
     for text in ("NVIDIA H100 80GB HBM3", "flashinfer 0.6.18.post1", "| tests | FAILED |", "| layers | skipped |",
                  "x / y", "## Compile", "| fp16 | NO | prebuilt (carried), after", "| 110 |", "loaded, not compiled",
-                 "28 passed, 1 failed",
+                 "28 passed, 1 failed", "`tests.gpu.test_engine_cuda::test_bf16` reports engine_bf16_TorchSDPABackend",
                  "test_gqa_groups[28-4]", "## Accuracy", "RuntimeError: no", "| 8 trees x 16 @ 512 | 128 |",
                  "out of time", "## Decoder layers", "760", "| b1 decode | 1 | flashinfer | 0.2 | 7 |",
                  "out of memory", "| b1_decode_ok | NO |"):
@@ -90,11 +91,13 @@ def test_the_pytest_xml_summary(tmp_path):
       <testcase classname="tests.gpu.t" name="c"><error message="fixture broke"/></testcase>
       <testcase classname="tests.gpu.t" name="d"><skipped message="no CUDA"/></testcase>
       <testcase classname="tests.gpu.t" name="e"><skipped message="no CUDA"/></testcase>
-      <testcase classname="tests.gpu.t" name="f"/></testsuite></testsuites>""")
+      <testcase classname="tests.gpu.t" name="f"><properties><property name="agreement" value="{'x': 0.9}"/>
+      </properties></testcase></testsuite></testsuites>""")
     s = junit_summary(xml)
     assert (s["passed"], s["failed"], s["errors"], s["skipped"]) == (2, 1, 1, 2)
     assert s["skip_reasons"] == {"no CUDA": 2}
     assert [f["test"] for f in s["failures"]] == ["tests.gpu.t::b", "tests.gpu.t::c"]
+    assert s["reported"] == {"tests.gpu.t::f": {"agreement": "{'x': 0.9}"}}
 
 
 def test_compiled_kernels_come_back_in_parts_and_install_on_the_next_machine(tmp_path, monkeypatch):

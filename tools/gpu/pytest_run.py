@@ -1,6 +1,7 @@
-"""The `tests` step: pytest tests/gpu (FlashInfer and SDPA on CUDA against the torch reference) and the CPU
-tests of the plan inputs, in a subprocess told which FlashInfer kernels to leave out, summarized from its
-JUnit XML; the log is copied out with the results."""
+"""The `tests` step: pytest tests/gpu (FlashInfer and SDPA on CUDA against the torch reference, the engine on
+cuda against transformers) and the CPU tests of the plan inputs, in a subprocess told which FlashInfer kernels
+to leave out, summarized from its JUnit XML (with what tests report through record_property, such as bf16's
+agreement with float32); the log is copied out with the results."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def run_tests(ctx) -> dict:
     xml = ctx.run_dir / "pytest.xml"
     log = ctx.run_dir / "gpu-tests.log"
     cmd = [sys.executable, "-m", "pytest", "tests/gpu", "tests/unit/test_flashinfer_plan.py", "-q", "-ra",
-           "-p", "no:cacheprovider", "--confcutdir=tests/gpu", "-o", "addopts=", f"--junitxml={xml}"]
+           "-p", "no:cacheprovider", "--confcutdir=tests/gpu", "-o", "addopts=",
+           "-o", "junit_family=xunit1", f"--junitxml={xml}"]  # xunit1: it keeps record_property's values
     extra = {"GPU_CHECK_NO_FLASHINFER": ctx.no_flashinfer} if ctx.no_flashinfer else {}
     if ctx.flashinfer_dtypes is not None:  # kernels that did not compile are not tried again there
         extra["GPU_CHECK_FLASHINFER_DTYPES"] = ",".join(ctx.flashinfer_dtypes) or "none"
@@ -44,8 +46,11 @@ def junit_summary(path: Path) -> dict:
     counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     failures = []
     skips: dict[str, int] = {}
+    reported: dict[str, dict[str, str]] = {}
     for case in root.iter("testcase"):
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        for prop in case.iter("property"):
+            reported.setdefault(name, {})[prop.get("name", "")] = prop.get("value", "")
         for tag in ("failure", "error"):
             for f in case.findall(tag):
                 failures.append({"test": name, "kind": tag, "message": (f.get("message") or "")[:500]})
@@ -54,4 +59,4 @@ def junit_summary(path: Path) -> dict:
             skips[reason] = skips.get(reason, 0) + 1
     return {"passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
             "failed": counts["failures"], "errors": counts["errors"], "skipped": counts["skipped"],
-            "skip_reasons": skips, "failures": failures}
+            "skip_reasons": skips, "failures": failures, "reported": reported}

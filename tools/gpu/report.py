@@ -80,6 +80,8 @@ def render_markdown(r: dict) -> str:
             out.append(f"- {f['kind']}: `{f['test']}`: {f['message'][:300]}")
         for reason, n in t.get("skip_reasons", {}).items():
             out.append(f"- skipped {n}: {reason}")
+        for test, values in t.get("reported", {}).items():
+            out += [f"- `{test}` reports {name}: {value}" for name, value in values.items()]
         out.append("")
     a = r.get("accuracy")
     if a:
