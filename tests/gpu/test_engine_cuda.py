@@ -3,7 +3,8 @@
 float32 is the oracle: greedy outputs equal transformers' greedy generate token for token, under the
 adaserve policy (a random plain draft, an untrained EAGLE-3-layout feature draft loaded from its file, the
 target drafting for itself) and the continuous one, over a batch mix of staggered requests (prefill chunks
-beside token trees and decodes), with the startup calibration timing the GPU. bfloat16 runs the served
+beside token trees and decodes; a sampled request draws the same tokens from the same seed), with the
+startup calibration timing the GPU. bfloat16 runs the served
 path (FlashInfer where tools/gpu_check installed and compiled it, else SDPA; SDPA too) and its agreement
 with float32 is reported beside transformers' own bfloat16 against its float32. The embedded SmolLM2 with
 the shipped draft runs where its GGUF can be read on this machine (docs/gpu.md says what travels).
@@ -27,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from adaserve_backend.config import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, EngineConfig, ModelConfig  # noqa: E402
 from adaserve_backend.engine import Engine  # noqa: E402
-from adaserve_backend.request import Request  # noqa: E402
+from adaserve_backend.request import Request, SamplingParams  # noqa: E402
 from tests.engines import EOS, assert_all_blocks_free, run_staggered, small_config, workload  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -122,6 +123,13 @@ def test_float32_on_cuda_is_transformers_greedy_token_for_token(paths, policy, d
     assert_on_cuda(engine)
     assert type(engine.target.attn).__name__ == "TorchSDPABackend"  # float32: FlashInfer has no kernels for it
     assert_matches(run_staggered(engine, reqs), want)
+    # a sampled request draws on the host from its seeded generator: the same seed, the same tokens
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+    drawn = []
+    for i in range(2):
+        engine.add_request(Request(f"sampled-{i}", reqs[0].prompt_ids, max_tokens=8, ignore_eos=True, sampling=params))
+        drawn.append(engine.run_until_done()[f"sampled-{i}"])
+    assert len(drawn[0]) == 8 and drawn[0] == drawn[1]
     assert_all_blocks_free(engine)
     if draft is not None:
         assert engine.draft.runner.model.takes_features == (draft == "feature")
