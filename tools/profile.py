@@ -117,7 +117,8 @@ def retake_step_fit(cfg: EngineConfig, args) -> None:
 
 
 def save(model: CostModel, cfg: EngineConfig, path: str, extra: dict) -> None:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+    on_gpu = torch.device(cfg.target.device).type == "cuda"  # what the profile measured, not what is installed
+    device = torch.cuda.get_device_name(cfg.target.device) if on_gpu else platform.processor() or platform.machine()
     model.save(path, {"device": device, "dtype": cfg.target.dtype, "threads": torch.get_num_threads(), **extra})
     print(f"wrote {path}")
 
