@@ -61,11 +61,18 @@ def steps_speed(row: dict, step: EngineStepCost) -> float:
     typical step: a step's time over its price spreads to the slow side (a tenth of them 10-20% over
     the median), and queues and attainment follow the total busy time, which a median priced 2-4% short
     (evidence: docs/experiments.md#sim-total-speed). The draft's forwards are assumed to move with the
-    target's."""
+    target's.
+
+    Each step is measured as the fit prices it: a drafting step less its speculation (priced apart, by
+    the draft's terms), a step that drafts nothing whole. The second's `spec_ms` is no draft: it is the
+    step's CPU work before the forward (scheduling, copies, selection), which `from_iterations` fits
+    into the target's terms, and which the simulator charges nowhere else; left out of the measured
+    side, a run whose steps spend more of their time there is priced that much fast (evidence:
+    docs/experiments.md#sim-undrafted-overhead)."""
     timed = [r for r in row.get("iterations", []) if r["step_ms"] > 0]
     if not timed:
         raise SystemExit(f"--speed steps: the {row['policy']} run at {row['rps']:g} rps recorded no iterations")
-    measured = sum(r["step_ms"] - r["spec_ms"] for r in timed)
+    measured = sum(r["step_ms"] - (r["spec_ms"] if r["depth"] else 0.0) for r in timed)
     return measured / sum(step.ms(r["n"], r["context"], r["verified"] + r["prefill"], r["n"] if r["depth"]
                                   else 0, r.get("prefills", 0))
                           for r in timed)

@@ -35,6 +35,21 @@ def test_a_runs_speed_is_its_steps_over_the_fits_price_of_the_same_steps():
         steps_speed({"policy": "adaserve", "rps": 4.0, "iterations": []}, STEP)
 
 
+def test_a_step_that_drafts_nothing_is_measured_whole_as_the_fit_prices_it():
+    # the engine's spec_ms of a step without drafts is its scheduling, copies and selection, which
+    # from_iterations fits into the target's terms: the speed must not leave it out, or every run that
+    # spends more time there (adaserve under load) is simulated that much fast
+    overhead = 0.15  # ms per decoding request before the forward
+    def undrafted(n, factor=1.0):
+        r = record(n, 100 * n, n)
+        return {**r, "spec_ms": factor * overhead * n, "step_ms": factor * (r["step_ms"] + overhead * n)}
+    fit = EngineStepCost.from_iterations([undrafted(n) for n in range(1, 33)])
+    slower = [undrafted(n, factor=1.3) for n in range(1, 33)]
+    assert steps_speed({"iterations": slower}, fit) == pytest.approx(1.3)
+    priced = sum(fit.ms(r["n"], r["context"], r["verified"]) for r in slower) * steps_speed({"iterations": slower}, fit)
+    assert priced == pytest.approx(sum(r["step_ms"] for r in slower))
+
+
 def test_acceptance_is_scaled_until_the_simulated_tokens_per_verification_match():
     model = acceptance_model("engine")
     runs = [{"mean_accepted_per_verify": 1.5}, {"mean_accepted_per_verify": 1.7}]
