@@ -32,21 +32,22 @@ from harness.servers import free_ports
 
 WATCH_S = 40.0  # how long after the signal the run watches for answers and the exit
 LONG_TOKENS = 1500  # a stream that outlasts any grace here
-SHORT_TOKENS = 24  # a stream that finishes within a grace of a few seconds, even on 2 cores
+SHORT_TOKENS = 12  # a stream that finishes within a grace of a few seconds, even on 2 busy cores
 
 
 def is_final(result, error) -> bool:
     return error is not None or result.get_response().parameters["triton_final_response"].bool_param
 
 
-def http_status(url: str) -> int | None:
+def http_status(url: str) -> int | str:
+    """The status, or why there is none."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=10) as r:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
-    except OSError:
-        return None
+    except OSError as e:
+        return f"no answer: {e}"
 
 
 def open_stream(grpcclient, url: str, i: int, tokens: int):
@@ -89,13 +90,15 @@ def one_run(streams: int, close: bool, out: Path, grace_s: float | None = None, 
             refused = "no answer"
         late.stop_stream()  # a probe: an open stream of its own would hold the server (see the module docstring)
         answers: list = [None] * streams
+        after = [0] * streams  # responses each stream got after the signal (it kept generating)
         while time.monotonic() < stopped + WATCH_S and (None in answers or server.proc.poll() is None):
             for i, q in enumerate(events):
                 while answers[i] is None and not q.empty():
                     result, error, at = q.get()
+                    after[i] += at > stopped
                     if is_final(result, error):
                         answers[i] = {"s": round(at - stopped, 2), "error": str(error)[:80] if error else None,
-                                      "short": i >= streams - short}
+                                      "short": i >= streams - short, "responses_after_signal": after[i]}
                         if close:
                             clients[i].stop_stream()
             time.sleep(0.05)

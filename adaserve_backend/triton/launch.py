@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .. import PROJECT_ROOT
 from ..child_process import ServerProcess
+from . import exit_watchdog
 from .repository import DRAIN_GRACE_ENV, served_drain_grace_s
 
 
@@ -71,9 +72,11 @@ def server_environment() -> dict[str, str]:
 # Triton waits for in-flight requests once it is told to stop, up to its exit timeout, and then exits
 # at once, cutting off what is still generating. So the timeout is the drain's grace (config/drain.py)
 # plus this: the models end what is left within a serving check (shutdown_probe.CHECK_EVERY_S) and a
-# step of the engine, and unload in a few seconds. Triton's own default of 30 s only prolonged a
-# shutdown whose requests were already gone.
-EXIT_MARGIN_S = 5
+# step of the engine, and unload in a few seconds. Longer than the exit watchdog's margin, so that with
+# streams held open the watchdog ends the process, not Triton's exit at once (which has crashed on its
+# way out, SIGSEGV, when a starved CPU delayed the watchdog). Triton's own default of 30 s only
+# prolonged a shutdown whose requests were already gone.
+EXIT_MARGIN_S = math.ceil(exit_watchdog.EXIT_MARGIN_S) + 4  # whole seconds: Triton takes an integer
 
 
 def exit_timeout_s(drain_grace_s: float) -> int:
