@@ -29,11 +29,12 @@ for step. Why R and D make the model optimistic: docs/benchmarking.md.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.prefill_bound import EPS_S
+from harness.prefill_bound import EPS_S, busy_period
 
 
 @dataclass(frozen=True)
@@ -100,16 +101,17 @@ def decode_aware_bound(jobs: Sequence[TwoPhaseJob], prefill_tok_s: float,
     # keeps it from costing others.
     dropped = {ph.owner for ph in phases
                if ph.release_s + (work[ph.owner] if ph.decode else ph.work_s) > ph.deadline_s + EPS_S}
+    release, phase_work = [ph.release_s for ph in phases], [ph.work_s for ph in phases]
     kept: list[int] = []  # indices into phases, sorted by release
     for k in sorted(range(len(phases)), key=lambda k: (phases[k].deadline_s, phases[k].decode, phases[k].owner)):
         owner = phases[k].owner
         if owner in dropped:
             continue
-        _insort(kept, k, phases)
+        bisect.insort(kept, k, key=lambda m: (phases[m].release_s, m))
         # k has the latest deadline of the kept phases, so EDF runs it last: the others' schedule is
         # unchanged, and k ends when the busy period that holds its release does.
         while True:
-            end, members = _busy_period(kept, k, phases)
+            _, end, members = busy_period(kept, k, release, phase_work)
             if end <= phases[k].deadline_s + EPS_S:
                 break
             victim = _most_work(members, phases, work)
@@ -129,32 +131,3 @@ def _most_work(members: list[int], phases: list[_Phase], work: list[float]) -> i
         ph = phases[m]
         latest[ph.owner] = max(latest.get(ph.owner, -math.inf), ph.deadline_s)
     return max(latest, key=lambda o: (work[o], latest[o], o))
-
-
-def _insort(kept: list[int], k: int, phases: list[_Phase]) -> None:
-    key = (phases[k].release_s, k)
-    lo, hi = 0, len(kept)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if (phases[kept[mid]].release_s, kept[mid]) < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    kept.insert(lo, k)
-
-
-def _busy_period(kept: list[int], k: int, phases: list[_Phase]) -> tuple[float, list[int]]:
-    """The busy period of a work-conserving machine over `kept` (sorted by release) that holds phase
-    k's release: (its end, its phases). A phase released exactly when the machine falls idle starts a
-    new one."""
-    end = -math.inf
-    members: list[int] = []
-    for m in kept:
-        r = phases[m].release_s
-        if r >= end:  # idle before r: a new busy period
-            if r > phases[k].release_s:  # k's period has ended
-                break
-            end, members = r, []
-        end += phases[m].work_s
-        members.append(m)
-    return end, members

@@ -18,6 +18,7 @@ tests/unit/test_prefill_bound.py.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,16 +50,17 @@ def prefill_only_bound(jobs: Sequence[Job], rate_tok_s: float) -> BoundResult:
     if rate_tok_s <= 0:
         raise ValueError(f"the prefill rate must be positive, got {rate_tok_s}")
     work = [j.tokens / rate_tok_s for j in jobs]
+    release = [j.release_s for j in jobs]
     # A job late even alone is in no feasible set: dropping it first keeps it from costing others.
     hopeless = {i for i, j in enumerate(jobs) if j.release_s + work[i] > j.deadline_s + EPS_S}
     kept: list[int] = []  # a feasible set, kept sorted by release time
     dropped = set(hopeless)
     for i in sorted(set(range(len(jobs))) - hopeless, key=lambda i: (jobs[i].deadline_s, i)):
-        _insort(kept, i, jobs)
+        bisect.insort(kept, i, key=lambda k: (jobs[k].release_s, k))
         # i has the latest deadline of the set, so EDF runs it last: the schedule of the others is
         # unchanged, and i ends when the busy period that holds its release does.
         while True:
-            start, end, members = _busy_period(kept, i, jobs, work)
+            start, end, members = busy_period(kept, i, release, work)
             if end <= jobs[i].deadline_s + EPS_S:
                 break
             # the longest in that busy period; on a tie the newest deadline (i itself) goes
@@ -70,28 +72,17 @@ def prefill_only_bound(jobs: Sequence[Job], rate_tok_s: float) -> BoundResult:
     return BoundResult(rate_tok_s, len(jobs), len(jobs) - len(dropped), tuple(sorted(dropped)))
 
 
-def _insort(kept: list[int], i: int, jobs: Sequence[Job]) -> None:
-    key = (jobs[i].release_s, i)
-    lo, hi = 0, len(kept)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if (jobs[kept[mid]].release_s, kept[mid]) < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    kept.insert(lo, i)
-
-
-def _busy_period(kept: list[int], i: int, jobs: Sequence[Job], work: list[float]) -> tuple[float, float, list[int]]:
-    """The busy period of a work-conserving machine over `kept` (sorted by release) that holds job
-    i's release: (start, end, its jobs). Busy periods do not depend on the order jobs run in, and a
-    job released exactly when the machine falls idle starts a new one."""
+def busy_period(kept: list[int], i: int, release: Sequence[float],
+                work: Sequence[float]) -> tuple[float, float, list[int]]:
+    """The busy period of a work-conserving machine over `kept` (indices sorted by release) that holds
+    item i's release: (start, end, its items). Busy periods do not depend on the order items run in,
+    and an item released exactly when the machine falls idle starts a new one."""
     start = end = float("-inf")
     members: list[int] = []
     for k in kept:
-        r = jobs[k].release_s
+        r = release[k]
         if r >= end:  # idle before r: a new busy period
-            if r > jobs[i].release_s:  # i's period has ended
+            if r > release[i]:  # i's period has ended
                 break
             start, end, members = r, r, []
         end += work[k]
