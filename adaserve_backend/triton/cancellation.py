@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 
 log = logging.getLogger("adaserve")
 
@@ -39,9 +38,8 @@ class CancellationWatcher:
 
     def __init__(self, name: str, lock: threading.Lock, candidates: Callable[[], Iterable[str]],
                  sender_of: Callable[[str], object | None], cancel: Callable[[str], None], stopped: Callable[[], bool],
-                 before_sweep: Callable[[], bool] = lambda: False, ipc_lock: threading.Lock | None = None) -> None:
+                 before_sweep: Callable[[], bool] = lambda: False) -> None:
         self.lock, self.candidates, self.sender_of, self.cancel = lock, candidates, sender_of, cancel
-        self.ipc_lock = ipc_lock if ipc_lock is not None else nullcontext()  # taken inside `lock`, never around it
         self.stopped, self.before_sweep = stopped, before_sweep
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -69,8 +67,7 @@ class CancellationWatcher:
                 if self.stopped():
                     return len(ids)
                 sender = self.sender_of(request_id)
-                with self.ipc_lock:
-                    cancelled = sender is not None and sender.is_cancelled()
+                cancelled = sender is not None and sender.is_cancelled()
             if cancelled:
                 self.cancel(request_id)
         return len(ids)

@@ -54,11 +54,7 @@ class Active:
 class TritonEngineLoop(EngineHooks):
     def __init__(self, pb, model_dir: str, engine: Engine | None = None, model_name: str = "adaserve") -> None:
         self.pb = pb
-        # One stub call into Triton at a time from this model's own threads (responses, cancellation
-        # polls, the serving check, metrics): the engine's stub died of a segfault under a soak with
-        # them concurrent (docs/experiments.md#soak-crash-1). Taken inside `lock`, never around it.
-        self.ipc_lock = threading.Lock()
-        self.shutdown_probe = ShutdownProbe(pb, model_name, self.ipc_lock)
+        self.shutdown_probe = ShutdownProbe(pb, model_name)
         config = load_engine_config(model_dir)
         build = (lambda: engine) if engine is not None else (lambda: Engine.from_config(config))
         self.driver = EngineThread(build, self)
@@ -75,14 +71,14 @@ class TritonEngineLoop(EngineHooks):
         self.active: dict[str, Active] = {}
         self.lock = threading.Lock()
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
-        self.responses = SendThread(pb, ipc_lock=self.ipc_lock)
+        self.responses = SendThread(pb)
         self.exit_watchdog_armed = False
         # On its own thread: polling from the engine thread stalls the loop once per sweep, longer the more
         # requests are in flight (docs/experiments.md#cancel-thread).
         self.cancel_watch = CancellationWatcher(
             "adaserve-cancel-watch", self.lock, lambda: [i for i, a in self.active.items() if a.watched],
             lambda i: a.sender if (a := self.active.get(i)) is not None else None, self.driver.abort,
-            lambda: self.driver.stopping, ipc_lock=self.ipc_lock).start()
+            lambda: self.driver.stopping).start()
         self.driver.start()
 
     # ---- called from Triton's execute -----------------------------------------------------------
@@ -132,8 +128,7 @@ class TritonEngineLoop(EngineHooks):
 
     # ---- on the engine thread (EngineHooks) -----------------------------------------------------
     def idle(self) -> None:
-        with self.ipc_lock:  # freed blocks and an empty batch show at once
-            self.metrics.publish(self.engine, time.monotonic())
+        self.metrics.publish(self.engine, time.monotonic())  # freed blocks and an empty batch show at once
         # Not the serving check: a BLS call from here, idle, crashed the stub under load (a segfault in
         # the Python runtime within minutes: docs/experiments.md#idle-probe-crash), as it did while the
         # model initialized. So a stream held open after its request ended still holds a stopping server.
@@ -156,16 +151,14 @@ class TritonEngineLoop(EngineHooks):
         return now - self.stop_seen_at >= self.drain_grace_s
 
     def died(self) -> None:
-        with self.ipc_lock:
-            self.metrics.engine_failed()
+        self.metrics.engine_failed()
 
     def stepped(self, step: Step) -> None:
         self.next_step_s = next_step_estimate(self.next_step_s, step.seconds)
         if self.max_hold_ms:
             self._send_due(time.monotonic())
         tokens = sum(len(o.new_token_ids) for o in step.outputs)
-        with self.ipc_lock:
-            self.metrics.on_step(self.engine, tokens, step.iteration, time.monotonic())
+        self.metrics.on_step(self.engine, tokens, step.iteration, time.monotonic())
 
     def deliver(self, out: RequestOutput) -> None:
         with self.lock:
@@ -176,8 +169,7 @@ class TritonEngineLoop(EngineHooks):
                 del self.active[out.request_id]
         if out.finished and out.finish_reason not in (FinishReason.ABORT, FinishReason.ERROR):
             try:
-                with self.ipc_lock:
-                    self._record(out)
+                self._record(out)
             except Exception:
                 log.exception("recording metrics failed")
         # a rejection never follows a data response (the scheduler's promise)

@@ -1,6 +1,5 @@
 """The decoupled model's responses leave from one thread of their own, in the order they were queued:
 Triton's execute and the engine loop only queue them, so neither ever waits on a slow or vanished client.
-Each send holds the model's stub-IPC lock, if given (engine_loop.py says why).
 """
 
 from __future__ import annotations
@@ -8,7 +7,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from contextlib import nullcontext
 
 from ..serving.errors import ErrorKind
 from .protocol import ERROR_OUTPUT, error_tensor
@@ -17,9 +15,8 @@ log = logging.getLogger("adaserve")
 
 
 class SendThread:
-    def __init__(self, pb, name: str = "adaserve-responses", ipc_lock: threading.Lock | None = None) -> None:
+    def __init__(self, pb, name: str = "adaserve-responses") -> None:
         self.pb = pb
-        self.ipc_lock = ipc_lock if ipc_lock is not None else nullcontext()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -45,10 +42,9 @@ class SendThread:
                 return
             sender, response, flags = item
             try:
-                with self.ipc_lock:
-                    if response is None:
-                        sender.send(flags=flags)
-                    else:
-                        sender.send(response, flags=flags)
+                if response is None:
+                    sender.send(flags=flags)
+                else:
+                    sender.send(response, flags=flags)
             except Exception:  # the client is gone; its request was or will be cancelled
                 log.warning("could not send a response", exc_info=True)

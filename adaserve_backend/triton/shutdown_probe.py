@@ -19,9 +19,7 @@ parent (`ExecuteBLSRequest`), so the probe does not race.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from contextlib import nullcontext
 
 log = logging.getLogger("adaserve")
 
@@ -31,9 +29,8 @@ PROBE_MODEL = "adaserve-serving-probe"  # no model has this name
 
 
 class ShutdownProbe:
-    def __init__(self, pb, model_name: str, ipc_lock: threading.Lock | None = None) -> None:
+    def __init__(self, pb, model_name: str) -> None:
         self.pb, self.model_name = pb, model_name
-        self.ipc_lock = ipc_lock if ipc_lock is not None else nullcontext()
         self._checked, self._stopping = 0.0, False
         self.server_stopped = False  # Triton itself said it stops (not only this model's unload)
 
@@ -50,8 +47,7 @@ class ShutdownProbe:
             return self._stopping
         self._checked = now
         try:
-            with self.ipc_lock:
-                probe = self.pb.InferenceRequest(model_name=PROBE_MODEL, inputs=[], requested_output_names=[]).exec()
+            probe = self.pb.InferenceRequest(model_name=PROBE_MODEL, inputs=[], requested_output_names=[]).exec()
             self._stopping = probe.has_error() and SERVER_NOT_READY in probe.error().message()
             self.server_stopped = self._stopping
         except Exception as e:  # BLS refused altogether (a finalizing stub): stopping as well
