@@ -213,8 +213,8 @@ def test_timeline_and_counts():
 
 
 def test_tree_rss_reads_this_process():
-    rss, each = tree_rss(os.getpid())
-    assert rss > 10 and list(each) == [psutil.Process().name()]
+    rss, each = tree_rss(os.getpid())  # in a whole suite this process may have children (servers) too
+    assert rss > 10 and list(each)[0] == psutil.Process().name()
     assert tree_rss(2**22 + 12345) == (0.0, {})
 
 
