@@ -57,7 +57,7 @@ class Engine:
         if target.embed_tokens.weight.device != self.device:
             raise ValueError(f"the target model is on {target.embed_tokens.weight.device}; the config says "
                              f"{config.target.device}")
-        self.target = ModelRunner(target, config.target_cache)
+        self.target = ModelRunner(target, config.target_cache, graphs=config.target.cuda_graph_max_batch)
         self.vocab_size, self.max_model_len = target.spec.vocab_size, self.target.max_len
         self.draft = (DraftWorker.for_target(self.target, config, draft, self.policy.lookup(config.speculation))
                       if self.policy.speculative else None)

@@ -9,15 +9,19 @@ so the runner writes into blocks it was given. The target and the draft model ea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .attention import build_metadata, make_backend
+from .attention.metadata import is_chain
 from .config import CacheConfig
 from .kv_cache import BlockManager, KVCache, KVCacheFull, bytes_per_block, chain_parents
 from .models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,11 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: CacheConfig, attention_backend: str = "auto") -> None:
+    """graphs: the largest plain-decode batch replayed as a CUDA graph (decode_graphs.py), 0 for none; only
+    on cuda with FlashInfer attention. graph_capture: how graphs are captured (the CPU tests' seam)."""
+
+    def __init__(self, model: LlamaModel, cache: CacheConfig, attention_backend: str = "auto", graphs: int = 0,
+                 graph_capture: Callable | None = None) -> None:
         spec = model.spec
         self.model = model
         self.device = model.embed_tokens.weight.device
@@ -66,9 +74,32 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError(f"kv cache memory_mb={cache.memory_mb} holds not even one block of {per_block} bytes")
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.prefix_caching)
-        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks,
+        graphs = graphs if (self.device.type == "cuda" or graph_capture is not None) else 0
+        # with graphs, one block more than the block manager hands out: the padding rows' scratch block
+        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks + (graphs > 0),
                           cache.block_size, dtype, self.device)
         self.attn = make_backend(attention_backend, self.kv, spec.num_heads)
+        self.graphs = None
+        if graphs > 0:
+            self.graphs = self._capture(graphs, scratch_block=num_blocks, capture=graph_capture)
+
+    def _capture(self, max_batch: int, scratch_block: int, capture: Callable | None):
+        from .decode_graphs import DecodeGraphs, cuda_capture
+
+        if not hasattr(self.attn, "graph_decode_wrapper"):
+            log.info("CUDA graphs off: attention runs %s, graphs need FlashInfer", type(self.attn).__name__)
+            return None
+        with torch.inference_mode():
+            graphs = DecodeGraphs(self.model, self.attn, scratch_block, max_batch, self.max_len,
+                                  capture=capture or cuda_capture)
+        log.info("CUDA graphs captured for plain decode, batches %s", ", ".join(map(str, graphs.buckets)))
+        return graphs
+
+    def _graph_decode(self, inputs: Sequence[SeqInput]) -> bool:
+        """Whether this forward (its tokens appended) is plain decode that a graph replays."""
+        return (self.graphs is not None and self.graphs.fits(len(inputs))
+                and all(len(x.token_ids) == 1 and x.num_logits == 1
+                        and is_chain(self.blocks.seq(x.seq_id).region_parents) for x in inputs))
 
     @property
     def max_len(self) -> int:
@@ -119,8 +150,11 @@ class ModelRunner:
             row += n
             token_offsets.append(row)
         meta = build_metadata(self.blocks, [(x.seq_id, len(x.token_ids)) for x in inputs], self.device)
-        self.attn.plan(meta)
         features = torch.cat([x.features for x in inputs]).to(self.device) if self.model.takes_features else None
+        if self._graph_decode(inputs):
+            hidden, feats, logits = self.graphs.run(ids, positions, meta, features)
+            return ForwardOutput(logits, offsets, hidden, token_offsets, feats)
+        self.attn.plan(meta)
         hidden, feats = self.model.run(
             torch.tensor(ids, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),

@@ -160,7 +160,24 @@ class FlashInferBackend:
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert self.meta is not None and self.wrapper is not None, "plan() must run before forward()"
         self.cache.write(layer, self.meta.slot_mapping, k, v)
+        return self.run_wrapper(self.wrapper, layer, q)
+
+    def run_wrapper(self, wrapper, layer: int, q: torch.Tensor) -> torch.Tensor:
         if q.stride(-1) != 1:
             q = q.contiguous()
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        return self.wrapper.run(q, self.layers[layer], out=out)
+        return wrapper.run(q, self.layers[layer], out=out)
+
+    # ---- CUDA graphs of plain decode (decode_graphs.py): a wrapper per batch size, planned outside ----
+    def graph_decode_wrapper(self, indptr_buf: torch.Tensor, indices_buf: torch.Tensor, last_page_len_buf: torch.Tensor):
+        """A decode wrapper for graph capture: its batch is len(last_page_len_buf), and plan writes the page
+        tables into these buffers, which the captured kernels read."""
+        return import_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
+            workspace(self.cache.data.device), kv_layout="NHD", use_tensor_cores=True, backend=KERNEL_BACKEND,
+            use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf, paged_kv_indices_buffer=indices_buf,
+            paged_kv_last_page_len_buffer=last_page_len_buf)
+
+    def plan_graph_decode(self, wrapper, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor):
+        """indptr and last_page_len on the host (plan reads them there), indices on the device."""
+        wrapper.plan(indptr, indices, last_page_len, self.num_heads, self.num_kv_heads, self.head_dim,
+                     self.cache.block_size, pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.dtype)

@@ -60,6 +60,10 @@ class ModelConfig:
       whole (8,192 x 576 bf16 = 9.4 MB, as much as its decoder layer), while the rare tail rarely wins;
       verification stays over the full vocabulary either way, so this trades acceptance for draft speed
       only.
+    cuda_graph_max_batch: on cuda with FlashInfer attention, plain decode batches (one token per request)
+      of up to this many requests replay CUDA graphs captured at load, one per batch-size bucket
+      (decode_graphs.py); larger batches, trees and prefill run eager. 0: always eager. Ignored on the
+      CPU and under the SDPA fallback (float32 included).
     """
 
     path: str = EMBEDDED_DEFAULT
@@ -67,6 +71,7 @@ class ModelConfig:
     device: str = "cpu"
     max_model_len: int = 2048
     head_rows: int | None = None
+    cuda_graph_max_batch: int = 32
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "q4_1", "q4_1_int8", "q8_0"):
@@ -78,6 +83,8 @@ class ModelConfig:
                              "float16 or float32")
         if self.max_model_len <= 0:
             raise ValueError("max_model_len must be positive")
+        if not 0 <= self.cuda_graph_max_batch <= 512:
+            raise ValueError(f"cuda_graph_max_batch must be 0 (eager) to 512, got {self.cuda_graph_max_batch}")
         if self.head_rows is not None and self.head_rows < 1:
             raise ValueError(f"head_rows must be >= 1 (or null for the draft's whole head), got {self.head_rows}")
 

@@ -49,7 +49,8 @@ class DraftWorker:
             if config.draft is not None:
                 draft = load_model(dataclasses.replace(config.draft, max_model_len=target.max_len))
         check_draft_fits(target.model, draft)
-        return cls(ModelRunner(draft, config.draft_cache), target, lookup)
+        graphs = config.draft.cuda_graph_max_batch if config.draft is not None else 0
+        return cls(ModelRunner(draft, config.draft_cache, graphs=graphs), target, lookup)
 
     def chain(self, seq: Sequence) -> list[int]:
         start, end = draft_chain_span(seq, self.target.num_committed(seq.seq_id), self.runner.num_committed(seq.seq_id))

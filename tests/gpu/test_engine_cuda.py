@@ -69,12 +69,14 @@ def paths(tmp_path_factory):
     return {"target": target, "plain": plain, "feature": feature}
 
 
-def cuda_config(policy: str, target: str, draft: str | None, dtype: str = "float32", **spec) -> EngineConfig:
+def cuda_config(policy: str, target: str, draft: str | None, dtype: str = "float32", graphs: int = 32,
+                **spec) -> EngineConfig:
     """tests/engines.py's small engine (4-token pages, 8-token chunks), both models on cuda; draft None:
-    the target drafts for itself."""
+    the target drafts for itself; graphs: cuda_graph_max_batch (used with FlashInfer only)."""
     base = small_config(policy, **spec)
-    model = ModelConfig(path=target, dtype=dtype, device="cuda", max_model_len=MAX_LEN)
-    return dataclasses.replace(base, target=model, draft=draft and ModelConfig(path=draft, dtype=dtype, device="cuda"))
+    model = ModelConfig(path=target, dtype=dtype, device="cuda", max_model_len=MAX_LEN, cuda_graph_max_batch=graphs)
+    return dataclasses.replace(base, target=model, draft=draft and ModelConfig(path=draft, dtype=dtype, device="cuda",
+                                                                               cuda_graph_max_batch=graphs))
 
 
 @functools.cache
@@ -186,13 +188,17 @@ def test_bf16_on_cuda_runs_and_its_agreement_with_float32_is_reported(paths, mon
     assert_matches(fp32, {r.request_id: hf_greedy(target, r) for r in reqs})
     why_not = flashinfer_left_out()
     report = {"transformers_bf16": agreement({r.request_id: hf_greedy(target, r, torch.bfloat16) for r in reqs}, fp32)}
-    for backend in ("flashinfer", "sdpa") if why_not is None else ("sdpa",):
+    for backend in ("flashinfer", "flashinfer_eager", "sdpa") if why_not is None else ("sdpa",):
         if backend == "sdpa":
             monkeypatch.setattr(flashinfer_cuda, "flashinfer_importable", lambda: False)
-        engine = Engine(cuda_config("adaserve", target, draft, dtype="bfloat16"), eos_token_ids=[EOS])
+        graphs = 0 if backend == "flashinfer_eager" else 32
+        engine = Engine(cuda_config("adaserve", target, draft, dtype="bfloat16", graphs=graphs), eos_token_ids=[EOS])
         assert_on_cuda(engine)
-        want_attn = {"flashinfer": "FlashInferBackend", "sdpa": "TorchSDPABackend"}[backend]
+        want_attn = {"flashinfer": "FlashInferBackend", "flashinfer_eager": "FlashInferBackend",
+                     "sdpa": "TorchSDPABackend"}[backend]
         assert type(engine.target.attn).__name__ == type(engine.draft.runner.attn).__name__ == want_attn
+        # plain decode replays CUDA graphs where the attention is FlashInfer and graphs are asked for
+        assert (engine.target.graphs is not None) == (backend == "flashinfer") == (engine.draft.runner.graphs is not None)
         got = run_staggered(engine, reqs)
         assert all(0 < len(got[r.request_id]) <= r.max_tokens for r in reqs)
         assert_all_blocks_free(engine)
