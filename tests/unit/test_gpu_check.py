@@ -127,6 +127,9 @@ def test_compiled_kernels_come_back_in_parts_and_install_on_the_next_machine(tmp
     assert kernels.install_carried_kernels("sm90", carried, site) == ["batch_prefill_bf16", "segment_packbits"]
     assert (site / "flashinfer/data/aot/segment_packbits/segment_packbits.so").read_bytes() == libs[1].read_bytes()
     assert kernels.install_carried_kernels("sm100", carried, site) == []  # another architecture: not used
+    only = tmp_path / "only"
+    (only / "flashinfer").mkdir(parents=True)  # the engine step takes those of one head_dim alone
+    assert kernels.install_carried_kernels("sm90", carried, only, only="prefill") == ["batch_prefill_bf16"]
 
 
 def test_a_run_without_cuda_records_why_and_skips_the_rest(tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
 """The `install` step: flashinfer-python and apache-tvm-ffi from the carried .wheels/ into .gpu/site (pip
 --no-index --no-deps: everything else flashinfer imports is already on the GPU machine, which reaches no
-registry), with `--use-prebuilt` the carried kernels too, and flashinfer's first import, timed."""
+registry), with `--use-prebuilt` the carried kernels too, and flashinfer's first import, timed. First, the
+embedded SmolLM2 and the gguf wheel where their parts were carried (model_parts.py; absent parts only leave
+the model out)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from tools.gpu.env import AOT_CARRIED, ROOT, SITE, arch_tag, setup_env
 from tools.gpu.kernels import install_carried_kernels
+from tools.gpu.model_parts import install_embedded_model
 
 
 def wheel_version(name: str, wheels: list[Path]) -> str | None:
@@ -23,13 +26,15 @@ def wheel_version(name: str, wheels: list[Path]) -> str | None:
 
 
 def install(ctx) -> dict:
+    embedded = install_embedded_model()  # never raises; said here too, in case flashinfer's install does
+    ctx.results["env"]["embedded_model"] = "installed" if embedded["installed"] else embedded["why"]
     wheels = sorted(ctx.wheels.glob("*.whl"))
     if not wheels:
         raise FileNotFoundError(f"no wheels in {ctx.wheels}: download them there and carry the folder (docs/gpu.md)")
     want = wheel_version("flashinfer-python", wheels)
     meta = SITE / "flashinfer" / "_build_meta.py"
     have = re.search(r'__version__ = "([^"]+)"', meta.read_text()).group(1) if meta.exists() else None
-    out = {"wheels": [w.name for w in wheels]}
+    out = {"embedded_model": embedded, "wheels": [w.name for w in wheels]}
     if have is not None and have == want:
         out["pip"] = f"flashinfer {have} already in {SITE.relative_to(ROOT)}"
     else:

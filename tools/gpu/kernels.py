@@ -49,10 +49,10 @@ def pack_kernels(libs: list[Path], run_dir: Path, out_dir: Path | None, arch: st
     return out
 
 
-def install_carried_kernels(arch: str, carried: Path = AOT_CARRIED, site: Path = SITE) -> list[str]:
+def install_carried_kernels(arch: str, carried: Path = AOT_CARRIED, site: Path = SITE, only: str = "") -> list[str]:
     """Prebuilt kernels carried as .gpu/aot/flashinfer-aot-<arch>.tar.gz (what `--prebuild` or an earlier
     run packed: <module>/<module>.so each) go where flashinfer looks for prebuilt ones, which it loads
-    without building; only for this device's architecture."""
+    without building; only for this device's architecture, and only modules whose name holds `only`."""
     tar_path = carried / f"flashinfer-aot-{arch}.tar.gz"
     dst = site / "flashinfer" / "data" / "aot"
     if not tar_path.is_file() or not (site / "flashinfer").is_dir():
@@ -61,7 +61,7 @@ def install_carried_kernels(arch: str, carried: Path = AOT_CARRIED, site: Path =
     with tarfile.open(tar_path) as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
-            if not member.isfile() or len(parts) != 2 or parts[1] != f"{parts[0]}.so":
+            if not member.isfile() or len(parts) != 2 or parts[1] != f"{parts[0]}.so" or only not in parts[0]:
                 continue  # only <module>/<module>.so, nothing that could land elsewhere
             (dst / parts[0]).mkdir(parents=True, exist_ok=True)
             (dst / parts[0] / parts[1]).write_bytes(tar.extractfile(member).read())

@@ -128,7 +128,70 @@ def render_markdown(r: dict) -> str:
                     "b16_tree64_over_decode", "b16_tree64_ok", "prefill2048_flops_fraction", "prefill2048_ok"]
             names = list(tg)
             out += table(["target"] + names, [[k] + [tg[n].get(k) for n in names] for k in keys])
+    out += draft_section(r.get("draft"))
+    out += engine_section(r.get("engine"))
+    out += graphs_section(r.get("graphs"))
     return "\n".join(out).rstrip() + "\n"
+
+
+def draft_section(d: dict | None) -> list[str]:
+    if not d:
+        return []
+    out = [f"## Draft beam step (EAGLE-3-style one-layer head at Llama-3.1-8B's width, random bf16, "
+           f"{fmt(d.get('weight_mb'))} MB of weights a step; eager with {d.get('backend')}, and replayed as a "
+           f"CUDA graph; target: graph ms <= {fmt(d.get('target_ms'))})", ""]
+    if d.get("graphs_not_measured"):
+        out += [f"CUDA graphs not measured: {d['graphs_not_measured']}.", ""]
+    out += table(["point", "batch", "width", "context", "tokens", "eager ms", "graph ms", "target met", "eager / graph",
+                  "read MB", "KV MB", "HBM of sheet (graph, else eager)", "eager plan ms", "graph plan ms", "kernel",
+                  "ids agree", "max abs diff", "note"],
+                 [[x.get("name"), x.get("batch"), x.get("width"), x.get("context"), x.get("tokens"), x.get("eager_ms"),
+                   x.get("graph_ms"), x.get("target_ok"), x.get("speedup"), x.get("read_mb"), x.get("kv_mb"),
+                   x.get("hbm_fraction", x.get("eager_hbm_fraction")), x.get("eager_plan_ms"),
+                   x.get("graph_plan_ms"), x.get("graph_kernel"), x.get("graph_ids_agree"),
+                   x.get("graph_max_abs_diff"), x.get("skipped") or x.get("error") or x.get("graph_error")]
+                  for x in d.get("points", [])])
+    tg = d.get("targets")
+    if tg:
+        out += table(["context", "points", "met", "slowest ms", "slowest point", "all met"],
+                     [[c, t.get("points"), t.get("met"), t.get("worst_ms"), t.get("worst_point"), t.get("ok")]
+                      for c, t in tg.items()])
+    return out
+
+
+def engine_section(e: dict | None) -> list[str]:
+    if not e:
+        return []
+    st = e.get("settings", {})
+    out = [f"## The engine end to end ({e.get('model', 'the embedded SmolLM2')} + the shipped draft, "
+           f"{st.get('dtype', '-')} on {st.get('device', '-')}; {st.get('prompt_tokens', '-')}-token prompt, "
+           f"{st.get('output_tokens', '-')} tokens greedy; single: median of {st.get('runs', '-')} runs)", ""]
+    if e.get("skipped"):
+        return out + [f"Skipped: {e['skipped']}", ""]
+    if e.get("flashinfer_kernels") or e.get("flashinfer"):
+        out += [f"FlashInfer at head_dim 64: {e.get('flashinfer_kernels') or e.get('flashinfer')}.", ""]
+    out += table(["backend", "policy", "requests", "TTFT ms", "TPOT ms", "tokens/s", "tokens/step", "same tokens",
+                  "CUDA graphs", "load s", "warm-up s", "note"],
+                 [[x.get("backend"), x.get("policy"), x.get("requests"), x.get("ttft_ms"), x.get("tpot_ms"),
+                   x.get("tokens_per_s"), x.get("accepted_per_step"), x.get("same_tokens_as_first_engine"),
+                   x.get("cuda_graphs"), x.get("load_s"), x.get("warm_up_s"), x.get("skipped") or x.get("error")]
+                  for x in e.get("rows", [])])
+    return out
+
+
+def graphs_section(g: dict | None) -> list[str]:
+    if not g:
+        return []
+    out = [f"## The engine's decode step, eager and CUDA graphs (ModelRunner at Llama-3.1-8B's shape, random bf16; "
+           f"timed at {g.get('layers')} layers, estimated at {g.get('scaled_to')}; context {g.get('context')})", ""]
+    out += table(["mode", "batch", "ms at layers", "ms/layer", "fixed ms", "est. step ms", "weights TB/s"],
+                 [[x.get("mode"), x.get("batch"), x.get("ms_at"), x.get("layer_ms"), x.get("fixed_ms"),
+                   x.get("est_step_ms"), x.get("weights_tb_s")] for x in g.get("points", [])])
+    for e in g.get("errors", []):
+        out.append(f"- error: {e}")
+    if g.get("targets"):
+        out += ["", "Targets: " + ", ".join(f"{k} {fmt(v)}" for k, v in g["targets"].items()), ""]
+    return out
 
 
 def write_results(results: dict, run_dir: Path, out: Path | None = None) -> None:

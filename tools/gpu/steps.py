@@ -1,6 +1,6 @@
-"""The check's steps, in order, each with the seconds it needs at least to be worth starting; and the two
+"""The check's steps, in order, each with the seconds it needs at least to be worth starting; and the
 measurement steps' glue: which backends (SDPA alone when flashinfer did not install or compile) and how
-much of the budget each may take (the attention points leave the layer step its reserve)."""
+much of the budget each may take (each is bounded, so the steps after it keep their share)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,39 @@ def layers(ctx) -> dict:
     sink: dict = {}
     ctx.results["layers"] = sink
     backends = ("sdpa",) if ctx.no_flashinfer else ("flashinfer", "sdpa")
-    bench_layers(ctx.layers, sink, ctx.deadline - 10, backends, quick=ctx.quick, log=ctx.progress)
+    deadline = min(ctx.deadline - 10, time.monotonic() + 90)  # bounded: the steps after keep their share
+    bench_layers(ctx.layers, sink, deadline, backends, quick=ctx.quick, log=ctx.progress)
     return sink
+
+
+def draft(ctx) -> dict:
+    from tools.gpu.draft_step_bench import bench_draft
+
+    sink: dict = {}
+    ctx.results["draft"] = sink
+    backend = "sdpa" if ctx.no_flashinfer else "flashinfer"
+    no_graphs = f"flashinfer: {ctx.no_flashinfer}" if ctx.no_flashinfer else None
+    deadline = min(ctx.deadline - 10, time.monotonic() + 45)  # bounded: the steps after keep their share
+    bench_draft(sink, deadline, backend=backend, quick=ctx.quick, log=ctx.progress, no_graphs=no_graphs)
+    return sink
+
+
+def graphs(ctx) -> dict:
+    from tools.gpu.graph_bench import bench_graphs
+
+    sink: dict = {}
+    ctx.results["graphs"] = sink
+    if ctx.no_flashinfer:
+        sink["skipped"] = "CUDA graphs replay FlashInfer attention, which did not install or compile"
+        return sink
+    bench_graphs(sink, min(ctx.deadline - 10, time.monotonic() + 60), log=ctx.progress)
+    return sink
+
+
+def engine(ctx) -> dict:
+    from tools.gpu.engine_bench import engine_step
+
+    return engine_step(ctx)
 
 
 STEPS = [  # (name, function, seconds it needs at least to be worth starting)
@@ -45,4 +76,7 @@ STEPS = [  # (name, function, seconds it needs at least to be worth starting)
     ("accuracy", accuracy, 20),
     ("attention", attention, 30),
     ("layers", layers, 40),
+    ("graphs", graphs, 40),
+    ("draft", draft, 30),
+    ("engine", engine, 30),
 ]
