@@ -202,12 +202,13 @@ class Frontend:
             except OpenAIError as e:  # after the headers went out, an error travels as an event
                 await send(resp, sse(e.body()))
             await send(resp, DONE)
+            await resp.write_eof()
         except TimeoutError:  # the caller's finally aborts the request in Triton, which frees its KV cache
             log.warning("a client took no event for %g s: dropping its stream", WRITE_IDLE_S)
             if request.transport is not None:
                 request.transport.abort()
-            return resp
-        await resp.write_eof()
+        except ConnectionResetError:  # the client closed its connection: nobody to tell, nothing failed here
+            log.debug("a client closed its stream of %s", request.path)
         return resp
 
 

@@ -87,6 +87,41 @@ def test_a_client_that_stops_reading_has_its_request_aborted(tokenizer, monkeypa
     assert asyncio.run(main()) == 0
 
 
+def test_a_stream_whose_client_went_away_is_aborted_quietly(tokenizer, caplog, monkeypatch):
+    from aiohttp.client_exceptions import ClientConnectionResetError
+
+    sent = []
+    real_send = http_app.send
+
+    async def send(resp, data):  # what aiohttp raises when a write meets the closed connection
+        sent.append(data)
+        if len(sent) > 2:
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        await real_send(resp, data)
+
+    monkeypatch.setattr(http_app, "send", send)
+
+    async def main():
+        frontend = frontend_with(EndlessEnsemble, tokenizer)
+        async with TestServer(frontend.app()) as srv:
+            reader, writer = await asyncio.open_connection(srv.host, srv.port)
+            writer.write(request_bytes({"prompt": "hi", "stream": True, "max_tokens": 10}))
+            await writer.drain()
+            while frontend.backend.ensemble is None:
+                await asyncio.sleep(0.01)
+            frontend.backend.ensemble.release.set()
+            await status_line(reader)
+            await asyncio.wait_for(frontend.backend.ensemble.closed.wait(), 30)
+            while frontend.in_flight:
+                await asyncio.sleep(0.01)
+            writer.transport.abort()
+            return frontend.in_flight
+
+    assert asyncio.run(main()) == 0
+    failures = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not failures, [r.getMessage() for r in failures]  # a client's leaving is no server failure
+
+
 def test_more_generations_than_the_frontend_takes_get_a_503_with_retry_after(tokenizer):
     async def main():
         frontend = frontend_with(EndlessEnsemble, tokenizer, max_in_flight=1)
