@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from .attention import build_metadata, make_backend
-from .attention.metadata import is_chain
+from .attention.flashinfer_plan import pages_for
+from .attention.metadata import AttentionMetadata, is_chain
 from .config import CacheConfig
 from .kv_cache import BlockManager, KVCache, KVCacheFull, bytes_per_block, chain_parents
 from .models.llama import LlamaModel
@@ -60,11 +61,13 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    """graphs: the largest plain-decode batch replayed as a CUDA graph (decode_graphs.py), 0 for none; only
-    on cuda with FlashInfer attention. graph_capture: how graphs are captured (the CPU tests' seam)."""
+    """graphs: the largest batch replayed as a CUDA graph, 0 for none; only on cuda with FlashInfer
+    attention. Plain decode replays (decode_graphs.py), and with beam_widths (a draft's: the widths its
+    beam search may pick) so do beam steps of w > 1 tokens per request, all logits wanted (tree_graphs.py).
+    graph_capture: how graphs are captured (the CPU tests' seam)."""
 
     def __init__(self, model: LlamaModel, cache: CacheConfig, attention_backend: str = "auto", graphs: int = 0,
-                 graph_capture: Callable | None = None) -> None:
+                 graph_capture: Callable | None = None, beam_widths: Sequence[int] = ()) -> None:
         spec = model.spec
         self.model = model
         self.device = model.embed_tokens.weight.device
@@ -75,31 +78,48 @@ class ModelRunner:
             raise ValueError(f"kv cache memory_mb={cache.memory_mb} holds not even one block of {per_block} bytes")
         self.blocks = BlockManager(num_blocks, cache.block_size, cache.prefix_caching)
         graphs = graphs if (self.device.type == "cuda" or graph_capture is not None) else 0
-        # with graphs, one block more than the block manager hands out: the padding rows' scratch block
-        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks + (graphs > 0),
+        widths = sorted({w for w in beam_widths if w > 1}) if graphs > 0 else []
+        # with graphs, blocks beyond those the block manager hands out: the padding rows' scratch blocks,
+        # room for the widest beam step's tokens
+        scratch = pages_for(max(widths, default=1), cache.block_size) if graphs > 0 else 0
+        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks + scratch,
                           cache.block_size, dtype, self.device)
         self.attn = make_backend(attention_backend, self.kv, spec.num_heads)
-        self.graphs = None
+        self.graphs = self.tree_graphs = None
         if graphs > 0:
-            self.graphs = self._capture(graphs, scratch_block=num_blocks, capture=graph_capture)
+            self._capture(graphs, widths, scratch_block=num_blocks, capture=graph_capture)
 
-    def _capture(self, max_batch: int, scratch_block: int, capture: Callable | None):
-        from .decode_graphs import DecodeGraphs, cuda_capture
+    def _capture(self, max_batch: int, widths: Sequence[int], scratch_block: int, capture: Callable | None) -> None:
+        from .decode_graphs import DecodeGraphs
+        from .graph_capture import cuda_capture
+        from .tree_graphs import TreeGraphs
 
         if not hasattr(self.attn, "graph_decode_wrapper"):
             log.info("CUDA graphs off: attention runs %s, graphs need FlashInfer", type(self.attn).__name__)
-            return None
+            return
+        capture = capture or cuda_capture
         with torch.inference_mode():
-            graphs = DecodeGraphs(self.model, self.attn, scratch_block, max_batch, self.max_len,
-                                  capture=capture or cuda_capture)
-        log.info("CUDA graphs captured for plain decode, batches %s", ", ".join(map(str, graphs.buckets)))
-        return graphs
+            self.graphs = DecodeGraphs(self.model, self.attn, scratch_block, max_batch, self.max_len, capture)
+            if widths:
+                self.tree_graphs = TreeGraphs(self.model, self.attn, scratch_block, widths, max_batch, self.max_len,
+                                              capture)
+        log.info("CUDA graphs captured for plain decode%s, batches %s",
+                 f" and beam steps of {', '.join(map(str, widths))} tokens" if widths else "",
+                 ", ".join(map(str, self.graphs.buckets)))
 
-    def _graph_decode(self, inputs: Sequence[SeqInput]) -> bool:
-        """Whether this forward (its tokens appended) is plain decode that a graph replays."""
-        return (self.graphs is not None and self.graphs.fits(len(inputs))
-                and all(len(x.token_ids) == 1 and x.num_logits == 1
-                        and is_chain(self.blocks.seq(x.seq_id).region_parents) for x in inputs))
+    def _replaying(self, inputs: Sequence[SeqInput], meta: AttentionMetadata):
+        """The graphs that replay this forward (its tokens appended), None for eager: plain decode (one
+        token onto a chain, its logit wanted) or a beam step (q > 1 tokens each, all their logits wanted)."""
+        if self.graphs is None:
+            return None
+        if self.graphs.fits(len(inputs)) and all(len(x.token_ids) == 1 and x.num_logits == 1
+                                                 and is_chain(self.blocks.seq(x.seq_id).region_parents)
+                                                 for x in inputs):
+            return self.graphs
+        if (self.tree_graphs is not None and all(x.num_logits == len(x.token_ids) for x in inputs)
+                and self.tree_graphs.fits(meta)):
+            return self.tree_graphs
+        return None
 
     @property
     def max_len(self) -> int:
@@ -151,8 +171,8 @@ class ModelRunner:
             token_offsets.append(row)
         meta = build_metadata(self.blocks, [(x.seq_id, len(x.token_ids)) for x in inputs], self.device)
         features = torch.cat([x.features for x in inputs]).to(self.device) if self.model.takes_features else None
-        if self._graph_decode(inputs):
-            hidden, feats, logits = self.graphs.run(ids, positions, meta, features)
+        if (graphs := self._replaying(inputs, meta)) is not None:
+            hidden, feats, logits = graphs.run(ids, positions, meta, features)
             return ForwardOutput(logits, offsets, hidden, token_offsets, feats)
         self.attn.plan(meta)
         hidden, feats = self.model.run(

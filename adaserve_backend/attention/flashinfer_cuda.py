@@ -168,8 +168,9 @@ class FlashInferBackend:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return wrapper.run(q, self.layers[layer], out=out)
 
-    # ---- CUDA graphs of plain decode (decode_graphs.py): a wrapper per batch size, planned outside ----
-    def graph_decode_wrapper(self, indptr_buf: torch.Tensor, indices_buf: torch.Tensor, last_page_len_buf: torch.Tensor):
+    # ---- CUDA graphs (decode_graphs.py, tree_graphs.py): a wrapper in graph mode per graph, planned outside ----
+    def graph_decode_wrapper(self, indptr_buf: torch.Tensor, indices_buf: torch.Tensor,
+                             last_page_len_buf: torch.Tensor):
         """A decode wrapper for graph capture: its batch is len(last_page_len_buf), and plan writes the page
         tables into these buffers, which the captured kernels read."""
         return import_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
@@ -181,3 +182,22 @@ class FlashInferBackend:
         """indptr and last_page_len on the host (plan reads them there), indices on the device."""
         wrapper.plan(indptr, indices, last_page_len, self.num_heads, self.num_kv_heads, self.head_dim,
                      self.cache.block_size, pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.dtype)
+
+    def graph_prefill_wrapper(self, qo_indptr_buf: torch.Tensor, indptr_buf: torch.Tensor, indices_buf: torch.Tensor,
+                              last_page_len_buf: torch.Tensor, mask_buf: torch.Tensor, mask_indptr_buf: torch.Tensor):
+        """A prefill wrapper for graph capture, always masked (it is given mask_buf): its batch is
+        len(qo_indptr_buf) - 1, its first plan fixes the most query rows, and plan writes the page tables,
+        the packed mask (uint8 mask_buf) and its byte offsets into these buffers, which the captured
+        kernels read."""
+        return import_flashinfer().BatchPrefillWithPagedKVCacheWrapper(
+            workspace(self.cache.data.device), kv_layout="NHD", backend=KERNEL_BACKEND, use_cuda_graph=True,
+            qo_indptr_buf=qo_indptr_buf, paged_kv_indptr_buf=indptr_buf, paged_kv_indices_buf=indices_buf,
+            paged_kv_last_page_len_buf=last_page_len_buf, custom_mask_buf=mask_buf, mask_indptr_buf=mask_indptr_buf)
+
+    def plan_graph_prefill(self, wrapper, qo_indptr: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
+                           last_page_len: torch.Tensor, custom_mask: torch.Tensor):
+        """qo_indptr, indptr and last_page_len on the host; indices and the boolean mask (every request's
+        [q_len, kv_len] rows, flat) on the device. plan packs the mask itself (never packed_custom_mask)."""
+        wrapper.plan(qo_indptr, indptr, indices, last_page_len, self.num_heads, self.num_kv_heads, self.head_dim,
+                     self.cache.block_size, custom_mask=custom_mask, causal=False, pos_encoding_mode="NONE",
+                     q_data_type=self.dtype, kv_data_type=self.dtype)

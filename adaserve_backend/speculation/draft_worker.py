@@ -50,7 +50,9 @@ class DraftWorker:
                 draft = load_model(dataclasses.replace(config.draft, max_model_len=target.max_len))
         check_draft_fits(target.model, draft)
         graphs = config.draft.cuda_graph_max_batch if config.draft is not None else 0
-        return cls(ModelRunner(draft, config.draft_cache, graphs=graphs), target, lookup)
+        # the beam widths adaptive speculation may pick (1..w_max): its steps past the first replay graphs
+        widths = range(2, config.speculation.w_max + 1)
+        return cls(ModelRunner(draft, config.draft_cache, graphs=graphs, beam_widths=widths), target, lookup)
 
     def chain(self, seq: Sequence) -> list[int]:
         start, end = draft_chain_span(seq, self.target.num_committed(seq.seq_id), self.runner.num_committed(seq.seq_id))

@@ -63,19 +63,10 @@ def draft_points(quick: bool = False) -> list[DraftPoint]:
 
 
 def cuda_capture(fn: Callable[[], tuple]) -> tuple[Callable[[], None], tuple]:
-    """Warm fn up on a side stream (lazy inits and allocator growth stay out of the graph), capture it on
-    that stream; returns (replay, the graph's static outputs)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        out = fn()
-    torch.cuda.synchronize()
-    return graph.replay, out
+    """The engine's capture (adaserve_backend/graph_capture.py), in a memory pool of its own."""
+    from adaserve_backend.graph_capture import cuda_capture as engine_capture
+
+    return engine_capture(fn, None)
 
 
 def bench_draft(sink: dict, deadline: float, backend: str = "flashinfer", quick: bool = False, log=print,
