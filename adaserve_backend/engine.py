@@ -28,8 +28,9 @@ from .device import check_device, on_cpu, synchronize
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
+from .output_processor import make_output
 from .profiler import calibrate
-from .request import Overloaded, Request, RequestOutput
+from .request import FinishReason, Overloaded, Request, RequestOutput
 from .scheduler.plan import IterationPlan, IterationResult
 from .scheduler.policies import make_policy
 from .scheduler.prefill_estimator import Estimator
@@ -74,6 +75,11 @@ class Engine:
                                    self.estimator, self.target.blocks,
                                    self.draft.runner.blocks if self.draft else None, tokenizer)
         self._inbox = Inbox()
+        # Taken from the inbox, final output not produced yet: what fail_all still owes an answer. A step
+        # that fails after it ended some requests (aborts taken, the plan's timed-out or rejected ones)
+        # loses their outputs, and those requests have left the scheduler: without this their ids stayed
+        # in flight and the front ends' per-request state (and their clients) waited for good.
+        self._owed: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
         if spec.calibrate:
             self.warm_up()
@@ -131,7 +137,7 @@ class Engine:
         result = self._run(plan) if not plan.empty else IterationResult(time.monotonic())
         outputs += self.scheduler.update(plan, result)
         self.scheduler.stamp_step(plan, time.monotonic() - plan.start)
-        return self._inbox.settle(outputs)
+        return self._settle(outputs)
 
     def _run(self, plan: IterationPlan) -> IterationResult:
         drafting = self.draft is not None and plan.runs_draft
@@ -153,15 +159,29 @@ class Engine:
         return result
 
     def fail_all(self, message: str) -> list[RequestOutput]:
-        """End every request with an error and free all KV blocks (after an unexpected failure)."""
+        """End every request with an error and free all KV blocks (after an unexpected failure), those a
+        failed step had ended without answering included."""
         outputs = self._take_inbox()  # a queued abort still owes its request an ABORT; queued adds fail below
-        return self._inbox.settle(outputs + self.scheduler.fail_all(message, time.monotonic()))
+        now = time.monotonic()
+        outputs += self.scheduler.fail_all(message, now)
+        answered = {o.request_id for o in outputs if o.finished}
+        outputs += [make_output(seq, [], now, FinishReason.ERROR, message)
+                    for request_id, seq in self._owed.items() if request_id not in answered]
+        return self._settle(outputs)
+
+    def _settle(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """A finished request is owed nothing more, and its id may be used again."""
+        for o in outputs:
+            if o.finished:
+                self._owed.pop(o.request_id, None)
+        return self._inbox.settle(outputs)
 
     def _take_inbox(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         for item, slo, received in self._inbox.take():
             if isinstance(item, Request):
                 seq = Sequence.start(item, next(self._seq_ids), slo, received, self.eos_token_ids)
+                self._owed[item.request_id] = seq
                 self.scheduler.add(seq)
             else:
                 outputs += self.scheduler.abort(item, time.monotonic())

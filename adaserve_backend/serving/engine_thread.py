@@ -63,6 +63,20 @@ class EngineHooks:
         return False
 
 
+def deliver_all(hooks: EngineHooks, outputs: list[RequestOutput]) -> None:
+    """Hand every output over, then raise the first delivery's failure, if any (the loop counts it as
+    before). Why all first: the engine has settled these outputs, so one left undelivered is never
+    made again; a final one lost left its front end's per-request state, and its client, waiting."""
+    failure: BaseException | None = None
+    for out in outputs:
+        try:
+            hooks.deliver(out)
+        except BaseException as e:
+            failure = failure or e
+    if failure is not None:
+        raise failure
+
+
 class EngineThread:
     def __init__(self, build: Callable[[], Engine], hooks: EngineHooks, name: str = "adaserve-engine") -> None:
         """Builds the engine on the new thread and returns once it is built (re-raising what the build
@@ -124,8 +138,7 @@ class EngineThread:
                     log.exception("the engine loop failed")
                     self._failed()
         finally:  # on this thread: no step runs concurrently with fail_all
-            for out in self.engine.fail_all(ENGINE_DEAD if self.dead else SHUTTING_DOWN):
-                self.hooks.deliver(out)
+            deliver_all(self.hooks, self.engine.fail_all(ENGINE_DEAD if self.dead else SHUTTING_DOWN))
 
     def _run_steps(self) -> None:
         while not self.stopping and not self.dead:
@@ -145,8 +158,7 @@ class EngineThread:
                 self._failed()
                 continue
             seconds = time.monotonic() - started
-            for out in outputs:
-                self.hooks.deliver(out)
+            deliver_all(self.hooks, outputs)
             iteration = self.engine.iteration_stats[-1] if self.engine.decode_iterations > before else None
             self._guarded(self.hooks.stepped, Step(outputs, seconds, iteration))
 
@@ -159,8 +171,7 @@ class EngineThread:
                       len(self.failures), FAILURE_WINDOW_S)
             self._guarded(self.hooks.died)
         try:
-            for out in self.engine.fail_all(INTERNAL_ERROR):
-                self.hooks.deliver(out)
+            deliver_all(self.hooks, self.engine.fail_all(INTERNAL_ERROR))
         except BaseException:
             log.exception("failing the in-flight requests failed")
 
