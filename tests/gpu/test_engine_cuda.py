@@ -198,7 +198,8 @@ def test_bf16_on_cuda_runs_and_its_agreement_with_float32_is_reported(paths, mon
                      "sdpa": "TorchSDPABackend"}[backend]
         assert type(engine.target.attn).__name__ == type(engine.draft.runner.attn).__name__ == want_attn
         # plain decode replays CUDA graphs where the attention is FlashInfer and graphs are asked for
-        assert (engine.target.graphs is not None) == (backend == "flashinfer") == (engine.draft.runner.graphs is not None)
+        graphed = backend == "flashinfer"
+        assert (engine.target.graphs is not None) == graphed == (engine.draft.runner.graphs is not None)
         got = run_staggered(engine, reqs)
         assert all(0 < len(got[r.request_id]) <= r.max_tokens for r in reqs)
         assert_all_blocks_free(engine)

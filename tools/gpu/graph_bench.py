@@ -28,9 +28,10 @@ def random_llama_model(layers: int, device="cuda", dtype=torch.bfloat16, shape: 
 
     from adaserve_backend.models.llama import LlamaModel, LlamaSpec
 
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
-                         num_hidden_layers=layers, num_attention_heads=shape["heads"],
-                         num_key_value_heads=shape["kv_heads"], head_dim=shape["head_dim"],
+    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                         intermediate_size=shape["intermediate"], num_hidden_layers=layers,
+                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                         head_dim=shape["head_dim"],
                          rope_theta=shape["rope_theta"], max_position_embeddings=max_len, tie_word_embeddings=False)
     gen = torch.Generator(device=device).manual_seed(0)
     hidden, inter = shape["hidden"], shape["intermediate"]
