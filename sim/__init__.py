@@ -2,8 +2,9 @@
 on a virtual clock (issue 17). `python -m sim --help`.
 
   clock.py        virtual clock and event queue (deterministic order)
-  hardware.py     GPU and model shapes from published numbers
-  gpu_cost.py     first-principles TP forward latency, calibrated to published points
+  hardware.py     GPU and model shapes from published numbers (and the H100's measured peaks)
+  gpu_cost.py     first-principles TP forward latency, calibrated to published and measured points
+  gpu_measured.py a `make gpu-check` run's layer timings and the H100 efficiency fitted to them
   cost.py         iteration duration (CPU profile or GPU model) and the profile the scheduler sees
   acceptance.py   per-depth acceptance models (presets, the engine's table)
   drafts.py       synthetic candidate trees and their verification (copies walked on true tokens)

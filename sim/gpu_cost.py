@@ -1,4 +1,4 @@
-"""First-principles latency of one tensor-parallel forward on GPUs, calibrated to published points.
+"""First-principles latency of one tensor-parallel forward on GPUs, calibrated to published and measured points.
 
 For a forward over `tokens` new tokens attending to `context` cached tokens in total (summed over the
 batch's requests) and `attended` query-key pairs, on `tp` GPUs:
@@ -14,10 +14,17 @@ the AdaServe authors published for Llama-3.1-70B on 8x A100 (verifying 128 token
 ~205 ms) fit the additive form with one efficiency within 6%, the roofline max() only within 26%.
 
 `e` is the one calibrated constant per GPU: the share of peak bandwidth and FLOPs the serving system
-reaches. A100: fitted to the two published points (test_sim_cost.py checks both within 15%). H100: no
-published points for this system, so A100's value is reused (an assumption: newer GPUs rarely reach a
-higher share of peak). ALPHA (per all-reduce latency, 15 us) and LINK_EFFICIENCY (0.8, NCCL bus
-bandwidth over NVLink's nominal) are typical nccl-tests figures, not fitted.
+reaches. A100: fitted to the two published points (test_sim_cost.py checks both within 15%). H100
+(`hardware.H100`, the peaks `make gpu-check` measured): fitted by sim/gpu_measured.py to that check's
+compute-bound forwards of Llama-3.1-8B on one H100, TP1 (test_sim_gpu_measured.py re-fits and
+compares). The check ran eagerly, without CUDA graphs, so its forwards of up to a few hundred tokens
+time the host's kernel launches, not the GPU; a served engine replays CUDA graphs for decode
+(adaserve_backend/decode_graphs.py), so those points are left out, and the memory-bound (decode) side is
+priced with the compute-bound fit until a check with graphs measures it. `hardware.H100_SHEET` keeps
+the preset from before that measurement: the datasheet's peaks and A100's efficiency (an assumption:
+newer GPUs rarely reach a higher share of peak). ALPHA (per all-reduce latency, 15 us) and
+LINK_EFFICIENCY (0.8, NCCL bus bandwidth over NVLink's nominal) are typical nccl-tests figures, not
+fitted (one GPU was measured: no all-reduce).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from dataclasses import dataclass
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import fit_roofline, pick_budget
 
-from .hardware import A100, BF16, H100, Deployment, Gpu, ModelShape
+from .hardware import A100, BF16, H100, H100_SHEET, Deployment, Gpu, ModelShape
 
 ALPHA_S = 15e-6
 LINK_EFFICIENCY = 0.8
@@ -37,8 +44,9 @@ PUBLISHED_A100_TP8_LLAMA70B = {128: 55.0, 1024: 205.0}
 # Context the published points are taken at (short prompts): requests * tokens each, assumed.
 PUBLISHED_CONTEXT = (8, 512)
 
-# Fitted by `calibrate(A100, ...)` against PUBLISHED_A100_TP8_LLAMA70B; a test re-fits and compares.
-EFFICIENCY = {A100.name: 0.34, H100.name: 0.34}
+# A100: fitted by `calibrate(A100, ...)` against PUBLISHED_A100_TP8_LLAMA70B; H100: by
+# `gpu_measured.fit_efficiency` against sim/gpu_check_h100.json; H100_SHEET: A100's, assumed. Tests re-fit both.
+EFFICIENCY = {A100.name: 0.34, H100.name: 0.739, H100_SHEET.name: 0.34}
 
 
 def allreduce_s(gpu: Gpu, tp: int, nbytes: float) -> float:
@@ -48,12 +56,16 @@ def allreduce_s(gpu: Gpu, tp: int, nbytes: float) -> float:
 
 
 def forward_s(gpu: Gpu, model: ModelShape, tp: int, tokens: int, context: int, attended: int,
-              efficiency: float) -> float:
-    """Seconds of one forward (see the module docstring); 0 for an empty one."""
+              efficiency: float, logit_rows: int | None = None) -> float:
+    """Seconds of one forward (see the module docstring); 0 for an empty one. `logit_rows`: the tokens
+    the LM head multiplies, every one unless given (a verification needs them all, a measured prefill
+    only its last)."""
     if tokens <= 0:
         return 0.0
+    rows = tokens if logit_rows is None else logit_rows
     memory = (model.matmul_params * BF16 + context * model.kv_bytes_per_token) / (tp * gpu.hbm_bytes_s * efficiency)
-    flops = 2 * model.matmul_params * tokens + 4 * model.layers * model.heads * model.head_dim * attended
+    flops = (2 * (model.matmul_params - model.head_params) * tokens + 2 * model.head_params * rows
+             + 4 * model.layers * model.heads * model.head_dim * attended)
     compute = flops / (tp * gpu.flops_s * efficiency)
     comm = 2 * model.layers * allreduce_s(gpu, tp, tokens * model.hidden * BF16)
     return memory + compute + comm

@@ -1,10 +1,14 @@
-"""What the GPU cost model knows about hardware and models: published numbers only, with sources.
+"""What the GPU cost model knows about hardware and models: published numbers and measured ones, with sources.
 
 GPUs (dense bf16 tensor-core peak, HBM bandwidth, NVLink bandwidth per direction):
   A100 SXM 80GB: 312 TFLOPS, 2.0 TB/s (2,039 GB/s), NVLink 3 600 GB/s total = 300 GB/s per direction
     (NVIDIA A100 datasheet, 2021).
-  H100 SXM 80GB: 989 TFLOPS, 3.35 TB/s, NVLink 4 900 GB/s total = 450 GB/s per direction
-    (NVIDIA H100 datasheet, 2023).
+  H100 SXM 80GB, `H100_SHEET` (`h100sheetxN`): 989 TFLOPS, 3.35 TB/s, NVLink 4 900 GB/s total = 450 GB/s
+    per direction (NVIDIA H100 datasheet, 2023): the preset before anything ran on an H100, kept to compare.
+  H100 SXM 80GB, `H100` (`h100xN`): the peaks `make gpu-check` measured on one H100 80GB HBM3 (a device
+    copy's bandwidth, a large bf16 matmul's FLOP rate), as copied into sim/gpu_check_h100.json
+    (sim/gpu_measured.py reads it; tests/unit/test_sim_gpu_measured.py checks these equal it). One GPU
+    was measured, so NVLink and the memory size stay the datasheet's.
 Models: shapes from each checkpoint's config.json on the Hugging Face Hub (meta-llama/Llama-3.1-70B-Instruct,
 Llama-3.2-1B-Instruct, Qwen/Qwen2.5-32B-Instruct, Qwen2.5-0.5B-Instruct). Weights and KV are bf16.
 """
@@ -26,8 +30,9 @@ class Gpu:
 
 
 A100 = Gpu("A100-SXM-80GB", 2.0e12, 312e12, 300e9, 80e9)
-H100 = Gpu("H100-SXM-80GB", 3.35e12, 989e12, 450e9, 80e9)
-GPUS = {"a100": A100, "h100": H100}
+H100_SHEET = Gpu("H100-SXM-80GB-sheet", 3.35e12, 989e12, 450e9, 80e9)
+H100 = Gpu("H100-SXM-80GB", 3.008e12, 792.7e12, 450e9, 80e9)
+GPUS = {"a100": A100, "h100": H100, "h100sheet": H100_SHEET}
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,11 @@ class ModelShape:
         matrices) and the LM head. The input embedding is a row gather, not read whole."""
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         return self.layers * (attn + 3 * self.hidden * self.intermediate) + self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """The LM head's share of matmul_params: a forward multiplies it only for the rows that need logits."""
+        return self.vocab * self.hidden
 
     @property
     def params(self) -> int:
@@ -79,10 +89,10 @@ DEFAULT_TP = {"llama70b": 4, "qwen32b": 2}  # the paper: 4x A100 for Llama-70B, 
 
 
 def parse_hardware(text: str) -> tuple[Gpu, int]:
-    """`a100x4` -> (A100, 4); `h100` -> (H100, 0: the model's default TP)."""
+    """`a100x4` -> (A100, 4); `h100` -> (H100, 0: the model's default TP); `h100sheetx4` -> (H100_SHEET, 4)."""
     name, _, count = text.lower().partition("x")
     if name not in GPUS or (count and not count.isdigit()):
-        raise ValueError(f"hardware {text!r}: expected a100xN or h100xN (or 'cpu')")
+        raise ValueError(f"hardware {text!r}: expected a100xN, h100xN or h100sheetxN (or 'cpu')")
     return GPUS[name], int(count or 0)
 
 

@@ -64,7 +64,8 @@ def add_common(ap: argparse.ArgumentParser, **overrides) -> None:
     """The deployment and workload options; `overrides` change a command's defaults."""
     d = {**DEFAULTS, **overrides}
     ap.add_argument("--hardware", default=d["hardware"],
-                    help="cpu, a100xN or h100xN (N: tensor-parallel GPUs per replica)")
+                    help="cpu, a100xN, h100xN (measured peaks) or h100sheetxN (the datasheet's) "
+                         "(N: tensor-parallel GPUs per replica)")
     ap.add_argument("--model", default=d["model"], choices=["llama70b", "qwen32b"],
                     help="target and its draft (GPU only)")
     ap.add_argument("--acceptance", default=d["acceptance"],
