@@ -24,16 +24,7 @@ import torch
 from .attention.flashinfer_cuda import host_index
 from .attention.flashinfer_plan import pages_for
 from .attention.metadata import AttentionMetadata
-from .graph_capture import (
-    Capture,
-    Graph,
-    Outputs,
-    StaticForward,
-    bucket_for,
-    buckets_up_to,
-    cuda_capture,
-    eager_capture,  # noqa: F401  (the CPU tests' capture, imported from here too)
-)
+from .graph_capture import Capture, Graph, Outputs, StaticForward, bucket_for, buckets_up_to, cuda_capture
 
 
 class DecodeGraphs:

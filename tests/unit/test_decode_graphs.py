@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from adaserve_backend.config import CacheConfig
-from adaserve_backend.decode_graphs import bucket_for, buckets_up_to, eager_capture
+from adaserve_backend.graph_capture import bucket_for, buckets_up_to, eager_capture
 from adaserve_backend.model_runner import ModelRunner, SeqInput
 from adaserve_backend.models.feature_draft import DraftLayout, base_draft, eagle3_taps
 from tests.flashinfer_stand_in import install as stand_in_flashinfer

@@ -82,7 +82,7 @@ def bench_graphs(sink: dict, deadline: float, layers: int = 4, batches: Sequence
                  context: int = CONTEXT, steps: int = 20, device="cuda", log=print, shape: dict = SHAPE,
                  capture=None) -> None:
     """Per batch, eager and graph step times at `layers` and layers // 2, and the 32-layer estimates.
-    `capture`: the graphs' capture function (the CPU tests pass decode_graphs.eager_capture)."""
+    `capture`: the graphs' capture function (the CPU tests pass graph_capture.eager_capture)."""
     from adaserve_backend.config import CacheConfig
     from adaserve_backend.model_runner import ModelRunner
 
