@@ -89,6 +89,9 @@ class SchedulerConfig:
     spare_decodes: the prefill chunk first-token deadlines need overrides pacing only as far as every
       decoding request that can still make its SLO still can (prefill_pacing.spared_prefill); False: as far as
       the deadlines need.
+    eager_prefill: prefill as far as every decoding request that can still make its SLO still can
+      (spared_prefill), whether or not a first-token deadline needs it: first tokens come as early as the
+      decodes allow rather than just in time, so a burst's TTFTs stay short while the slack lasts.
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers
       (DEFAULT_SLO_CLASSES unless a config sets its own); the default class fills in what a request
       leaves open. With no default class (None, the default) a
@@ -123,6 +126,7 @@ class SchedulerConfig:
     output_length_quantile: float | None = 0.9
     burst_deferral: bool = True
     spare_decodes: bool = False
+    eager_prefill: bool = False
     slo_classes: tuple[SLOClass, ...] = DEFAULT_SLO_CLASSES
     default_slo_class: str | None = None
     overload: str = "reject"
@@ -138,7 +142,7 @@ class SchedulerConfig:
         if not all(math.isfinite(v) and v > 0
                    for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
-        for flag in ("spare_decodes", "burst_deferral"):
+        for flag in ("spare_decodes", "burst_deferral", "eager_prefill"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.admission_headroom < 1.0:

@@ -41,7 +41,8 @@ class FirstTokenGate:
         """Prefill tokens this iteration carries: SLO-aware pacing with admission, else the cap."""
         cap = self.prefill_cap(len(decode))
         if self.slo_admission and prefill:
-            return prefill_budget(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes)
+            return prefill_budget(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes,
+                                  self.config.eager_prefill)
         return cap
 
     def chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:

@@ -43,13 +43,17 @@ def split_chunks(prefill: list[Sequence], cap: int) -> dict[Sequence, int]:
 
 
 def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
-                   est: Estimator, full: int, spare_decodes: bool = False) -> int:
+                   est: Estimator, full: int, spare_decodes: bool = False, eager: bool = False) -> int:
     """SLO-aware prefill's tokens this iteration: the chunk paced by the decoding requests' slack
     (paced_prefill) but never below what the first-token deadlines need (urgent_chunk); with
     `spare_decodes`, that floor only as far as no decoding request is pushed past its target
-    (spared_prefill). With none decoding, `full`. First tokens take it in deadline order (edf_key)."""
+    (spared_prefill). With none decoding, `full`. First tokens take it in deadline order (edf_key).
+    `eager`: at least spared_prefill whatever the deadlines need (first tokens early, not just in time)."""
     if not decode:
         return full
+    if eager:
+        paced = paced_prefill(decode, depth, width, now, est, full)
+        return max(paced, spared_prefill(decode, depth, width, now, est, full))
     t_iter = est.prefill_iteration_s(len(decode), full)
     urgent = min(urgent_chunk(prefill, now, t_iter), full)
     if spare_decodes:

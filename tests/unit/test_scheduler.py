@@ -205,6 +205,25 @@ def test_first_tokens_take_decoding_slack_only_as_far_as_decodes_still_make_thei
     assert chunk(400, spare=True) == urgent
 
 
+
+def test_eager_prefill_spends_what_the_decodes_win_back_on_first_tokens_not_yet_due():
+    """A prompt due in 30 s needs no chunk now; pacing gives it what the decoding request's slack pays
+    for, eager_prefill what the request's remaining tokens win back too (never past its target)."""
+    est = steep_estimator()
+    t_iter = est.iteration_s(1, *est.depth_width(1))
+
+    def chunk(max_tokens, eager):
+        sched = scheduler(est, draft=True, spare_decodes=True, eager_prefill=eager)
+        d = running(sched, seq(100, max_tokens=max_tokens))[0]
+        decoding(d, 10, 1.1 - t_iter - 0.052)
+        req = Request(f"r{next(_ids)}", [5] * 300, max_tokens=10)
+        p = Sequence(req, next(_ids), SLO(tpot_ms=100, ttft_ms=30_000), START, frozenset(), None, 300)
+        sched.add(p)
+        return sched.schedule(START).prefill.get(p, 0)
+
+    assert chunk(400, eager=True) > chunk(400, eager=False) > 0
+    assert chunk(12, eager=True) == chunk(12, eager=False)  # no tokens left to win time back: its slack only
+
 def cached(sched: Scheduler, s: Sequence, n: int) -> None:
     """`s` decoding with `n` tokens in the target cache: its prompt and a first output token."""
     sched.target_blocks.append(s.seq_id, [-1] + list(range(n - 1)))
