@@ -3,6 +3,7 @@ engine loop and the front pipeline in-process, recording every response sent."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -64,6 +65,11 @@ class Sender:
 
     def send(self, response=None, flags=0):
         assert not self.finished.is_set(), "a response after the final one"
+        # The real send drops the outputs nobody requested with the GIL released; a tensor the response
+        # alone references would be freed there (send_thread.Reply): the caller must hold each one.
+        # References here: the response's list, the loop variable, getrefcount's argument.
+        for t in response.output_tensors() if response is not None else ():
+            assert sys.getrefcount(t) > 3, f"tensor {t.name()!r} referenced by its response alone during the send"
         self.sent.append((response, flags))
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self.finished.set()

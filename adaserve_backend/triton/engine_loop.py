@@ -29,7 +29,7 @@ from .cancellation import CancellationWatcher
 from .metrics import EngineMetrics, Finished
 from .protocol import FRONT_INPUTS, INPUT_NAMES, TEXT_INPUTS, ResponseOptions, parse_request, response_tensors
 from .repository import load_engine_config
-from .send_thread import SendThread
+from .send_thread import SendThread, reply
 from .shutdown_probe import ShutdownProbe
 
 log = logging.getLogger("adaserve")
@@ -195,8 +195,8 @@ class TritonEngineLoop(EngineHooks):
 
     def _send(self, a: Active, out: RequestOutput, rendered: Rendered) -> None:
         tensors = response_tensors(out, a.options, rendered, self.clock_offset_ns)
-        response = self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
-        self.responses.send(a.sender, response, final=out.finished)
+        self.responses.send(a.sender, reply(self.pb, (self.pb.Tensor(k, v) for k, v in tensors.items())),
+                            final=out.finished)
 
     def _holds(self, a: Active, out: RequestOutput) -> bool:
         """Coalescing (StreamingConfig.max_hold_ms): never the first visible token nor the last."""

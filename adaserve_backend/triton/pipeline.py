@@ -47,6 +47,7 @@ from ..serving.errors import SHUTTING_DOWN, ErrorKind
 from .cancellation import CancellationWatcher
 from .protocol import ACK_INPUT, ERROR_OUTPUT, INPUT_NAMES, TEXT_OUTPUT, response_error
 from .protocol import PASS_THROUGH_OUTPUTS as PASS_THROUGH
+from .send_thread import Reply, reply, unwrapped
 from .shutdown_probe import SERVER_NOT_READY, ShutdownProbe
 
 log = logging.getLogger("adaserve")
@@ -227,21 +228,20 @@ class BLSPipeline:
     def _postprocess(self, tensors: dict):
         pb = self.pb
         if TEXT_OUTPUT in tensors:  # rendered by the scheduler model
-            return pb.InferenceResponse(output_tensors=[pb.Tensor(name, tensors[name].as_numpy())
-                                                        for name in (TEXT_OUTPUT, *PASS_THROUGH) if name in tensors])
+            return reply(pb, (pb.Tensor(name, tensors[name].as_numpy())
+                              for name in (TEXT_OUTPUT, *PASS_THROUGH) if name in tensors))
         inputs = [pb.Tensor(name, t.as_numpy()) for name, t in tensors.items() if name != "is_final"]
         wanted = [TEXT_OUTPUT, *[n for n in PASS_THROUGH if n in tensors]]
         response = pb.InferenceRequest(model_name="postprocessing", inputs=inputs, requested_output_names=wanted).exec()
         if response.has_error():
             raise RuntimeError(response.error().message())
-        return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy())
-                                                    for t in response.output_tensors()])
+        return reply(pb, (pb.Tensor(t.name(), t.as_numpy()) for t in response.output_tensors()))
 
-    def _send(self, sender, request_id: str, response) -> None:
+    def _send(self, sender, request_id: str, response: Reply) -> None:
         """A data response, unless the request was already answered (its sender may be freed)."""
         with self.lock:
             if request_id in self.active:
-                sender.send(response)
+                sender.send(response.response)  # `response` keeps its tensors referenced (send_thread.Reply)
 
     def _finish(self, sender, request_id: str, response) -> None:
         # Under the lock: Triton frees a sender's response factory once the final response is sent,
@@ -252,7 +252,7 @@ class BLSPipeline:
             if self.active.pop(request_id, None) is None:
                 return  # already answered (shutdown)
             try:
-                sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+                sender.send(unwrapped(response), flags=flags) if response is not None else sender.send(flags=flags)
             except Exception:
                 log.warning("could not send the final response", exc_info=True)
 

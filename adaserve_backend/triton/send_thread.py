@@ -7,11 +7,36 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from typing import NamedTuple
 
 from ..serving.errors import ErrorKind
 from .protocol import ERROR_OUTPUT, error_tensor
 
 log = logging.getLogger("adaserve")
+
+
+class Reply(NamedTuple):
+    """A response and the Python tensor objects it carries, which whoever sends it keeps referenced until
+    the send has returned. Why: the backend's send (ResponseSender::Send) drops the outputs the requester
+    did not ask for with the GIL released, and if the response held the last reference to such a
+    tensor, its numpy array is freed right there, racing the interpreter: the engine model's stub died of
+    heap corruption under load (a segfault in libpython, or glibc's "unaligned fastbin chunk"), since
+    the pipeline asks the scheduler model for its text and not for the ids (docs/experiments.md#send-prune).
+    Released by Python afterwards, they are freed under the GIL."""
+
+    response: object
+    tensors: tuple = ()
+
+
+def reply(pb, tensors) -> Reply:
+    """A response of `tensors` (pb.Tensor objects), kept with them."""
+    tensors = tuple(tensors)
+    return Reply(pb.InferenceResponse(output_tensors=list(tensors)), tensors)
+
+
+def unwrapped(response):
+    """The backend's response object of a Reply (anything else as it is)."""
+    return response.response if isinstance(response, Reply) else response
 
 
 class SendThread:
@@ -22,13 +47,13 @@ class SendThread:
         self.thread.start()
 
     def send(self, sender, response, final: bool) -> None:
-        """`response` None: an empty final flag (the answer to an abort)."""
+        """`response` None: an empty final flag (the answer to an abort); a Reply stays referenced, its
+        tensors with it, until its send has returned."""
         self._queue.put((sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0))
 
     def error(self, sender, message: str, kind: ErrorKind) -> None:
         """A final error, as an `error` output rather than a Triton error (see protocol.ERROR_OUTPUT)."""
-        tensor = self.pb.Tensor(ERROR_OUTPUT, error_tensor(message, kind))
-        self.send(sender, self.pb.InferenceResponse(output_tensors=[tensor]), final=True)
+        self.send(sender, reply(self.pb, [self.pb.Tensor(ERROR_OUTPUT, error_tensor(message, kind))]), final=True)
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then stop (waiting at most `timeout` seconds)."""
@@ -45,6 +70,6 @@ class SendThread:
                 if response is None:
                     sender.send(flags=flags)
                 else:
-                    sender.send(response, flags=flags)
+                    sender.send(unwrapped(response), flags=flags)
             except Exception:  # the client is gone; its request was or will be cancelled
                 log.warning("could not send a response", exc_info=True)
