@@ -26,6 +26,7 @@ from ..engine import Engine
 from ..request import INTERNAL_ERROR, Overloaded, Request, RequestOutput
 from ..scheduler.plan import IterationStats
 from .errors import ENGINE_DEAD, SHUTTING_DOWN
+from .heap_trim import HeapTrimmer
 
 log = logging.getLogger("adaserve")
 
@@ -87,6 +88,7 @@ class EngineThread:
         self.dead = False
         self.failures: list[float] = []
         self.engine: Engine | None = None
+        self.heap = HeapTrimmer()  # the C heap's free pages back to the system, between steps (heap_trim.py)
         self._built, self._go = threading.Event(), threading.Event()
         self._build_error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, args=(build,), name=name, daemon=True)
@@ -142,6 +144,7 @@ class EngineThread:
 
     def _run_steps(self) -> None:
         while not self.stopping and not self.dead:
+            self._guarded(self.heap.maybe_trim)
             if not self.engine.has_work():
                 self._guarded(self.hooks.idle)
                 self.wake.wait(IDLE_WAIT_S)
