@@ -62,6 +62,10 @@ def server_environment() -> dict[str, str]:
     reaches the models through PYTHONPATH instead (stub_path.py)."""
     env = dict(os.environ)
     env.pop("VIRTUAL_ENV", None)
+    # Two malloc arenas rather than glibc's 8 per core: each thread that allocates while another holds
+    # an arena gets one of its own (64 MB regions), and what they free stays in them, so the engine
+    # stub's memory climbed in steps under load (docs/experiments.md#soak-through). A user's own value wins.
+    env.setdefault("MALLOC_ARENA_MAX", "2")
     if sys.prefix != sys.base_prefix:
         venv_bin = Path(sys.prefix).resolve() / "bin"
         path = [d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() != venv_bin]

@@ -183,3 +183,12 @@ def test_sigterm_to_the_frontend_process_drains_then_stops_the_backend_and_exits
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_server_environment_caps_malloc_arenas_unless_the_user_set_them(monkeypatch):
+    from adaserve_backend.triton.launch import server_environment
+
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert server_environment()["MALLOC_ARENA_MAX"] == "2"
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    assert server_environment()["MALLOC_ARENA_MAX"] == "8"
