@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
-import os
 import time
 
-log = logging.getLogger("adaserve")
+from ..config.environment import env_seconds
 
+INTERVAL_ENV = "ADASERVE_HEAP_TRIM_S"
 DEFAULT_INTERVAL_S = 10.0
 
 
@@ -36,15 +35,11 @@ def _malloc_trim():
 
 
 def interval_from_env(default: float = DEFAULT_INTERVAL_S) -> float:
-    raw = os.environ.get("ADASERVE_HEAP_TRIM_S")
-    if raw is None:
+    value = env_seconds(INTERVAL_ENV)
+    if value is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"ADASERVE_HEAP_TRIM_S must be a number of seconds (0: never), got {raw!r}") from None
     if not value >= 0:
-        raise ValueError(f"ADASERVE_HEAP_TRIM_S must be >= 0, got {raw!r}")
+        raise ValueError(f"${INTERVAL_ENV} must be >= 0 (0: never), got {value!r}")
     return value
 
 
@@ -54,7 +49,7 @@ class HeapTrimmer:
         self.clock = clock
         self._trim = _malloc_trim() if self.interval_s > 0 else None
         self._next = clock() + self.interval_s
-        self.trims, self.seconds = 0, 0.0  # how often it ran and the time it took, for the logs and tests
+        self.trims = 0  # how often it ran
 
     @property
     def active(self) -> bool:
@@ -68,6 +63,5 @@ class HeapTrimmer:
         if now < self._next:
             return
         self._trim(0)
-        done = self.clock()
-        self.trims, self.seconds = self.trims + 1, self.seconds + (done - now)
-        self._next = done + self.interval_s
+        self.trims += 1
+        self._next = self.clock() + self.interval_s

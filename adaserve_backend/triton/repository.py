@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 from ..config import DrainConfig, EngineConfig
+from ..config.environment import env_seconds
 from ..models import load_tokenizer, locate
 
 ENV_OVERRIDE = "ADASERVE_ENGINE_CONFIG"  # point every model at another engine JSON (tests, experiments)
@@ -23,14 +24,8 @@ def engine_config_path(model_dir: str) -> str:
 
 def load_engine_config(model_dir: str) -> EngineConfig:
     config = EngineConfig.from_json(engine_config_path(model_dir))
-    grace = os.environ.get(DRAIN_GRACE_ENV)
-    if grace is None:
-        return config
-    try:
-        seconds = float(grace)
-    except ValueError:
-        raise ValueError(f"${DRAIN_GRACE_ENV} must be a number of seconds, got {grace!r}") from None
-    return dataclasses.replace(config, drain=DrainConfig(grace_s=seconds))
+    grace = env_seconds(DRAIN_GRACE_ENV)
+    return config if grace is None else dataclasses.replace(config, drain=DrainConfig(grace_s=grace))
 
 
 def served_drain_grace_s(model_repository: str) -> float:
