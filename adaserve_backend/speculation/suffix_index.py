@@ -16,7 +16,8 @@ time a request takes can reveal that its continuation was seen before, as with p
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Sequence
+from array import array
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 # Matches are found by their last KEY_LENGTHS[0] tokens or, where a longer key occurred, by its last
@@ -56,13 +57,21 @@ def prior(key: tuple) -> float:
     return min((0.45, 0.6, 0.75, 0.85)[m] * (0.4, 0.8, 1.0, 1.1)[s], 0.95)
 
 
-class _Doc:
-    __slots__ = ("tokens", "scope", "finished")
+# The index holds hundreds of thousands of tokens for as long as the server runs, so it is stored
+# compactly: a doc's tokens as machine ints (a list would keep an int object alive per token), and an
+# occurrence as one int, `serial << POSITION_BITS | position`, alone where its key occurred once (most
+# long keys) or in a list of such ints.
+POSITION_BITS = 32
 
-    def __init__(self, scope: Hashable) -> None:
-        self.tokens: list[int] = []
+
+class _Doc:
+    __slots__ = ("tokens", "scope", "finished", "serial")
+
+    def __init__(self, scope: Hashable, serial: int) -> None:
+        self.tokens = array("i")
         self.scope = scope
         self.finished = False
+        self.serial = serial
 
 
 def _keys(doc: _Doc, start: int):
@@ -81,7 +90,10 @@ class SuffixIndex:
             raise ValueError(f"the suffix index must hold at least one token, got {max_tokens}")
         self.max_tokens = max_tokens
         self._docs: dict[int, _Doc] = {}  # by request, oldest first
-        self._where: dict[int, list[tuple[_Doc, int]]] = {}  # key hash -> (doc, position after the key), latest last
+        self._by_serial: dict[int, _Doc] = {}
+        self._serials = 0
+        # key hash -> occurrence(s): (doc serial, position after the key) packed, latest last
+        self._where: dict[int, int | list[int]] = {}
         self._closed: set[int] = set()  # requests evicted while running: not indexed again
         self.num_tokens = 0
 
@@ -91,14 +103,21 @@ class SuffixIndex:
             return
         doc = self._docs.get(doc_id)
         if doc is None:
-            doc = self._docs[doc_id] = _Doc(scope)
+            self._serials += 1
+            doc = self._docs[doc_id] = self._by_serial[self._serials] = _Doc(scope, self._serials)
         start = len(doc.tokens)
         doc.tokens.extend(tokens[start:])
+        base, all_where = doc.serial << POSITION_BITS, self._where
         for h, e in _keys(doc, start):
-            where = self._where.setdefault(h, [])
-            where.append((doc, e))
-            if len(where) > OCCURRENCES:
-                del where[0]
+            where = all_where.get(h)
+            if where is None:
+                all_where[h] = base | e
+            elif type(where) is int:
+                all_where[h] = [where, base | e]
+            else:
+                where.append(base | e)
+                if len(where) > OCCURRENCES:
+                    del where[0]
         self.num_tokens += len(doc.tokens) - start
         while self.num_tokens > self.max_tokens:
             self._evict()
@@ -112,14 +131,23 @@ class SuffixIndex:
     def _evict(self) -> None:
         victim = next((i for i, d in self._docs.items() if d.finished), next(iter(self._docs)))
         doc = self._docs.pop(victim)
+        del self._by_serial[doc.serial]
         if not doc.finished:
             self._closed.add(victim)
+        serial = doc.serial
         for h, _ in _keys(doc, 0):
             where = self._where.get(h)
-            if where is not None:
-                where[:] = [o for o in where if o[0] is not doc]
-                if not where:
+            if where is None:
+                continue
+            if type(where) is int:
+                if where >> POSITION_BITS == serial:
                     del self._where[h]
+                continue
+            where[:] = [o for o in where if o >> POSITION_BITS != serial]
+            if len(where) == 1:
+                self._where[h] = where[0]
+            elif not where:
+                del self._where[h]
         self.num_tokens -= len(doc.tokens)
 
     def propose(self, scope: Hashable, context: Sequence[int], max_nodes: int,
@@ -174,10 +202,10 @@ class SuffixIndex:
             if n < k:
                 continue
             where = self._where.get(hash((scope, *context[n - k :])))
-            if not where:
+            if where is None:
                 continue
             found = []
-            for doc, e in where:
+            for doc, e in self.occurrences(where):
                 t, m = doc.tokens, 0
                 while m < MAX_MATCH and m < e and m < n and t[e - 1 - m] == context[n - 1 - m]:
                     m += 1
@@ -186,3 +214,9 @@ class SuffixIndex:
             if found:
                 return found
         return []
+
+    def occurrences(self, where: int | list[int]) -> Iterator[tuple[_Doc, int]]:
+        """(doc, position after the key) of each occurrence packed in one `_where` value."""
+        mask = (1 << POSITION_BITS) - 1
+        for o in (where,) if type(where) is int else where:
+            yield self._by_serial[o >> POSITION_BITS], o & mask

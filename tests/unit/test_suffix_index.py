@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 import pytest
 
 from adaserve_backend.speculation.copy_rates import CopyRates
@@ -80,6 +83,37 @@ def test_memory_is_bounded_and_finished_requests_go_first():
     assert index.num_tokens <= 100
     index.extend(0, "", list(range(1000, 1080)))  # an evicted running request is not indexed again
     assert index.num_tokens <= 100
+
+
+def test_a_shared_key_outlives_the_evicted_request_that_first_had_it():
+    index = SuffixIndex(max_tokens=30)
+    index.extend(0, "", [7, 8, 9, 10, 11])
+    index.finish(0)
+    index.extend(1, "", [7, 8, 9, 10, 12])  # the key (7, 8, 9, 10) now occurred twice
+    index.finish(1)
+    assert sorted(index.propose("", [7, 8, 9, 10], 2, flat_rate).tokens) == [11, 12]
+    index.extend(2, "", list(range(300, 325)))  # evicts request 0 only
+    assert index.propose("", [7, 8, 9, 10], 2, flat_rate).tokens == [12]
+    index.finish(2)
+    index.extend(3, "", [7, 8, 9, 10, 13])  # evicts request 1: the key is request 3's alone
+    assert index.propose("", [7, 8, 9, 10], 2, flat_rate).tokens == [13]
+
+
+def test_an_indexed_token_costs_a_few_hundred_bytes():
+    """The index stays filled for as long as the server runs: its bound is what it costs, so a token's
+    bytes are bounded too (a long key per position mostly occurs once and must not carry a list)."""
+    rng = random.Random(0)
+    docs = [[1, 2, 3, 4, 5, 6] + [rng.randrange(300, 49_000) for _ in range(300)] for _ in range(100)]
+    tracemalloc.start()
+    try:
+        index = SuffixIndex(20_000)
+        for i, doc in enumerate(docs):
+            index.extend(i, "", doc)
+            index.finish(i)
+        per_token = tracemalloc.get_traced_memory()[0] / index.num_tokens
+    finally:
+        tracemalloc.stop()
+    assert per_token < 320, f"{per_token:.0f} bytes per indexed token"
 
 
 def test_the_index_grows_incrementally_as_tokens_commit():
