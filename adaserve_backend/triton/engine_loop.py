@@ -73,6 +73,7 @@ class TritonEngineLoop(EngineHooks):
         self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.responses = SendThread(pb)
         self.exit_watchdog_armed = False
+        self.served = False  # a request has come (the model is initialized and served)
         # On its own thread: polling from the engine thread stalls the loop once per sweep, longer the more
         # requests are in flight (docs/experiments.md#cancel-thread).
         self.cancel_watch = CancellationWatcher(
@@ -83,6 +84,7 @@ class TritonEngineLoop(EngineHooks):
 
     # ---- called from Triton's execute -----------------------------------------------------------
     def submit(self, request) -> None:
+        self.served = True
         sender = request.get_response_sender()
         request_id = uuid.uuid4().hex
         try:
@@ -129,9 +131,12 @@ class TritonEngineLoop(EngineHooks):
     # ---- on the engine thread (EngineHooks) -----------------------------------------------------
     def idle(self) -> None:
         self.metrics.publish(self.engine, time.monotonic())  # freed blocks and an empty batch show at once
-        # Not the serving check: a BLS call from here, idle, crashed the stub under load (a segfault in
-        # the Python runtime within minutes: docs/experiments.md#idle-probe-crash), as it did while the
-        # model initialized. So a stream held open after its request ended still holds a stopping server.
+        # Idle too: a client that holds open a stream whose request has ended keeps a stopping server
+        # alive as well (exit_watchdog.py); with nothing in flight there is no grace to wait out. Only
+        # once a request came: a BLS call while the model is still initializing crashes the server.
+        if self.served and not self.exit_watchdog_armed and self.shutdown_probe.stopping() \
+                and self.shutdown_probe.server_stopped:
+            self.exit_watchdog_armed = exit_watchdog.arm(exit_watchdog.EXIT_MARGIN_S)
 
     def server_stopping(self) -> bool:
         """True once the server stops and the drain's grace has run out (config/drain.py). Until then

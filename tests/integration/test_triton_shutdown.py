@@ -141,8 +141,6 @@ def test_tritonserver_alone_drains_what_fits_the_grace_and_ends_the_rest_with_st
     assert r["exited_s"] is not None and r["exited_s"] <= grace_s + EXIT_MARGIN_S + 2.0, r
 
 
-@pytest.mark.skip(reason="known gap: the idle scheduler model does not look for the stop, since its BLS "
-                  "calls crashed the stub under load (docs/experiments.md#idle-probe-crash)")
 def test_tritonserver_alone_exits_in_seconds_when_a_finished_stream_is_held_open(tmp_path):
     """A client that keeps its stream open after its request has ended holds a stopping tritonserver
     too (Triton's gRPC stream state keeps the ensemble live), while the scheduler model has no work to
