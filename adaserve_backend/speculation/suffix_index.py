@@ -59,19 +59,18 @@ def prior(key: tuple) -> float:
 
 # The index holds hundreds of thousands of tokens for as long as the server runs, so it is stored
 # compactly: a doc's tokens as machine ints (a list would keep an int object alive per token), and an
-# occurrence as one int, `serial << POSITION_BITS | position`, alone where its key occurred once (most
-# long keys) or in a list of such ints.
+# occurrence as one int, `doc_id << POSITION_BITS | position`, alone where its key occurred once (most
+# long keys) or in a list of such ints. A doc's entries go with it, so an id never points at another doc.
 POSITION_BITS = 32
 
 
 class _Doc:
-    __slots__ = ("tokens", "scope", "finished", "serial")
+    __slots__ = ("tokens", "scope", "finished")
 
-    def __init__(self, scope: Hashable, serial: int) -> None:
+    def __init__(self, scope: Hashable) -> None:
         self.tokens = array("i")
         self.scope = scope
         self.finished = False
-        self.serial = serial
 
 
 def _keys(doc: _Doc, start: int):
@@ -90,9 +89,7 @@ class SuffixIndex:
             raise ValueError(f"the suffix index must hold at least one token, got {max_tokens}")
         self.max_tokens = max_tokens
         self._docs: dict[int, _Doc] = {}  # by request, oldest first
-        self._by_serial: dict[int, _Doc] = {}
-        self._serials = 0
-        # key hash -> occurrence(s): (doc serial, position after the key) packed, latest last
+        # key hash -> occurrence(s): (doc id, position after the key) packed, latest last
         self._where: dict[int, int | list[int]] = {}
         self._closed: set[int] = set()  # requests evicted while running: not indexed again
         self.num_tokens = 0
@@ -103,11 +100,10 @@ class SuffixIndex:
             return
         doc = self._docs.get(doc_id)
         if doc is None:
-            self._serials += 1
-            doc = self._docs[doc_id] = self._by_serial[self._serials] = _Doc(scope, self._serials)
+            doc = self._docs[doc_id] = _Doc(scope)
         start = len(doc.tokens)
         doc.tokens.extend(tokens[start:])
-        base, all_where = doc.serial << POSITION_BITS, self._where
+        base, all_where = doc_id << POSITION_BITS, self._where
         for h, e in _keys(doc, start):
             where = all_where.get(h)
             if where is None:
@@ -131,19 +127,17 @@ class SuffixIndex:
     def _evict(self) -> None:
         victim = next((i for i, d in self._docs.items() if d.finished), next(iter(self._docs)))
         doc = self._docs.pop(victim)
-        del self._by_serial[doc.serial]
         if not doc.finished:
             self._closed.add(victim)
-        serial = doc.serial
         for h, _ in _keys(doc, 0):
             where = self._where.get(h)
             if where is None:
                 continue
             if type(where) is int:
-                if where >> POSITION_BITS == serial:
+                if where >> POSITION_BITS == victim:
                     del self._where[h]
                 continue
-            where[:] = [o for o in where if o >> POSITION_BITS != serial]
+            where[:] = [o for o in where if o >> POSITION_BITS != victim]
             if len(where) == 1:
                 self._where[h] = where[0]
             elif not where:
@@ -219,4 +213,4 @@ class SuffixIndex:
         """(doc, position after the key) of each occurrence packed in one `_where` value."""
         mask = (1 << POSITION_BITS) - 1
         for o in (where,) if type(where) is int else where:
-            yield self._by_serial[o >> POSITION_BITS], o & mask
+            yield self._docs[o >> POSITION_BITS], o & mask

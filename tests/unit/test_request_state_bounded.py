@@ -165,7 +165,6 @@ def test_every_per_request_structure_is_empty_or_bounded_after_every_kind_of_end
     assert all(d.finished for d in suffix._docs.values())
     assert len(suffix._docs) < len(driver.accepted)  # it evicted
     live = {id(d) for d in suffix._docs.values()}
-    assert {id(d) for d in suffix._by_serial.values()} == live
     assert all(id(doc) in live for where in suffix._where.values() for doc, _ in suffix.occurrences(where))
     # learnt tables keyed by buckets, loads and kinds, never by request
     assert len(draft.copies.rates._trials) <= 4 * 4 * 4 and len(draft.copies.rates._prior) <= 4 * 4 * 4
