@@ -27,8 +27,39 @@ def edf_key(seq: Sequence) -> tuple[int, float, float]:
     the other's delays it, and a burst's order no longer depends on which arrived a millisecond
     first), while one due earlier by more than the difference of their prefill times still goes first.
     A request that has streamed (preempted, re-prefilling) goes before any that has not: its client is
-    mid-stream and every token of it is already due."""
-    return (0 if seq.started_stream else 1, seq.deadline + seq.prefill_s, seq.arrival)
+    mid-stream and every token of it is already due. While arrival order keeps every deadline
+    (order_by_arrival), a request with a deadline is keyed by its arrival instead."""
+    at = seq.order_at if seq.order_at is not None else seq.deadline + seq.prefill_s
+    return (0 if seq.started_stream else 1, at, seq.arrival)
+
+
+def arrival_order_on_time(waiting: Iterable[Sequence], prefilling: list[Sequence], est: Estimator, now: float,
+                          n_decode: int, chunk: int) -> bool:
+    """Whether first tokens served in arrival order all come by their deadlines, the running prefills'
+    whole prompts still ahead and the waiting requests starting only after the next iteration: a
+    request that arrival order keeps waiting one more iteration must not become late for it (missed,
+    after_next), where deadline order would have served it in time."""
+    start = now + next_iteration_s(est, n_decode, chunk, bool(prefilling))
+    through = sum(prefill_left(s) for s in prefilling if s.started_stream)  # these go first either way
+    for seq in sorted([s for s in [*prefilling, *waiting] if has_deadline(s)], key=lambda s: s.arrival):
+        through += prefill_left(seq)
+        if start + est.first_token_s(n_decode, through, chunk) > seq.deadline:
+            return False
+    return True
+
+
+def order_by_arrival(waiting: Iterable[Sequence], prefilling: list[Sequence], on: bool) -> None:
+    """Key the requests with a deadline by arrival (edf_key) if `on`, else by deadline."""
+    for seq in [*waiting, *prefilling]:
+        seq.order_at = seq.arrival if on and has_deadline(seq) else None
+
+
+def next_iteration_s(est: Estimator, n_decode: int, chunk: int, prefilling: bool) -> float:
+    """The next iteration: one carrying a prefill chunk if any prompt is prefilling, else a decode
+    iteration, else none."""
+    if prefilling:
+        return est.prefill_iteration_s(n_decode, chunk)
+    return est.iteration_s(n_decode, *est.depth_width(n_decode)) if n_decode else 0.0
 
 
 def note_prefill_times(waiting: Iterable[Sequence], est: Estimator, chunk: int) -> None:
@@ -126,10 +157,8 @@ def missed(waiting: Iterable[Sequence], est: Estimator, now: float, n_decode: in
     iteration: one carrying a chunk of the running prefills if any (`chunk` of their tokens done by
     then), else a decode iteration."""
     start, done = now, 0
-    if after_next and prefilling:
-        start, done = now + est.prefill_iteration_s(n_decode, chunk), chunk
-    elif after_next and n_decode:
-        start = now + est.iteration_s(n_decode, *est.depth_width(n_decode))
+    if after_next:
+        start, done = now + next_iteration_s(est, n_decode, chunk, bool(prefilling)), chunk if prefilling else 0
     return missed_at(waiting, est, start, n_decode, prefilling, chunk, done)
 
 

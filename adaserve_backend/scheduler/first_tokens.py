@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .deadlines import deferred_in_burst, edf_key, missed, note_prefill_times, predict_first_tokens
+from .deadlines import (
+    arrival_order_on_time,
+    deferred_in_burst,
+    edf_key,
+    missed,
+    note_prefill_times,
+    order_by_arrival,
+    predict_first_tokens,
+)
 from .prefill_pacing import prefill_budget, split_chunks
 from .prefix import note_cached_prefixes
 
@@ -53,13 +61,17 @@ class FirstTokenGate:
     def unreachable(self, waiting: deque[Sequence], running: list[Sequence],
                     now: float) -> tuple[deque[Sequence], Missed]:
         """The waiting queue in EDF order (edf_key: deadlines and each prompt's own prefill time, what
-        the caches hold for it skipped), and the requests whose first token would be late even if they
+        the caches hold for it skipped; arrival order where that keeps every deadline, if the config
+        asks for it), and the requests whose first token would be late even if they
         started now, behind only the running prefills due before them: past saving."""
         note_cached_prefixes(waiting, self.target_blocks, self.draft_blocks)
+        n, prefilling = prefill_view(running)
         if self.estimator.cost is not None:
             note_prefill_times(waiting, self.estimator, self.prefill_cap(0))
+            if self.config.arrival_order:
+                on = arrival_order_on_time(waiting, prefilling, self.estimator, now, n, self.prefill_cap(n))
+                order_by_arrival(waiting, prefilling, on)
         waiting = deque(sorted(waiting, key=edf_key))
-        n, prefilling = prefill_view(running)
         return waiting, missed(waiting, self.estimator, now, n, prefilling, self.prefill_cap(n))
 
     def deferred(self, waiting: deque[Sequence], running: list[Sequence], now: float) -> set[Sequence]:
