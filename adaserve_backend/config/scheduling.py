@@ -92,11 +92,13 @@ class SchedulerConfig:
     eager_prefill: prefill as far as every decoding request that can still make its SLO still can
       (spared_prefill), whether or not a first-token deadline needs it: first tokens come as early as the
       decodes allow rather than just in time, so a burst's TTFTs stay short while the slack lasts.
-    arrival_order: serve first tokens (admission and prefill chunks) in arrival order whenever that keeps
-      every first-token deadline, predicted as if the waiting requests started only after the next
-      iteration (deadlines.arrival_order_on_time); earliest deadline first otherwise. Deadline order
-      spends the loose classes' TTFT slack even when nothing needs it: a summary waits behind every
-      coding request due before it, so TTFT's tail is the summaries' however light the load.
+    arrival_order_within: serve first tokens (admission and prefill chunks) in arrival order while that
+      brings every one within this share of its request's time to its deadline (from arrival), predicted
+      as if the waiting requests started only after the next iteration
+      (deadlines.arrival_order_on_time); earliest deadline first otherwise. None (the default): always
+      deadline order. Deadline order spends the loose classes' TTFT slack even when nothing needs it: a
+      summary waits behind every coding request due before it, so TTFT's tail is the summaries' however
+      light the load. Below 1 keeps part of each deadline for the arrivals of a burst still to come.
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers
       (DEFAULT_SLO_CLASSES unless a config sets its own); the default class fills in what a request
       leaves open. With no default class (None, the default) a
@@ -132,7 +134,7 @@ class SchedulerConfig:
     burst_deferral: bool = True
     spare_decodes: bool = False
     eager_prefill: bool = False
-    arrival_order: bool = False
+    arrival_order_within: float | None = None
     slo_classes: tuple[SLOClass, ...] = DEFAULT_SLO_CLASSES
     default_slo_class: str | None = None
     overload: str = "reject"
@@ -148,7 +150,7 @@ class SchedulerConfig:
         if not all(math.isfinite(v) and v > 0
                    for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
-        for flag in ("spare_decodes", "burst_deferral", "eager_prefill", "arrival_order"):
+        for flag in ("spare_decodes", "burst_deferral", "eager_prefill"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.admission_headroom < 1.0:
@@ -157,6 +159,9 @@ class SchedulerConfig:
             raise ValueError(f"tpot_margin must be a share of the TPOT target in [0, 0.5), got {self.tpot_margin!r}")
         if not (math.isfinite(self.first_token_margin_ms) and self.first_token_margin_ms >= 0):
             raise ValueError(f"first_token_margin_ms must be a number of ms >= 0, got {self.first_token_margin_ms}")
+        w = self.arrival_order_within
+        if w is not None and not (isinstance(w, (int, float)) and 0.0 < w <= 1.0):
+            raise ValueError(f"arrival_order_within must be a share of the TTFT deadline in (0, 1] or null, got {w!r}")
         q = self.output_length_quantile
         if q is not None and not (isinstance(q, (int, float)) and 0.5 <= q < 1.0):
             raise ValueError(f"output_length_quantile must be in [0.5, 1) or null, got {q!r}")

@@ -34,16 +34,16 @@ def edf_key(seq: Sequence) -> tuple[int, float, float]:
 
 
 def arrival_order_on_time(waiting: Iterable[Sequence], prefilling: list[Sequence], est: Estimator, now: float,
-                          n_decode: int, chunk: int) -> bool:
-    """Whether first tokens served in arrival order all come by their deadlines, the running prefills'
-    whole prompts still ahead and the waiting requests starting only after the next iteration: a
-    request that arrival order keeps waiting one more iteration must not become late for it (missed,
-    after_next), where deadline order would have served it in time."""
+                          n_decode: int, chunk: int, within: float = 1.0) -> bool:
+    """Whether first tokens served in arrival order all come within `within` of their time to their
+    deadlines, the running prefills' whole prompts still ahead and the waiting requests starting only
+    after the next iteration: a request that arrival order keeps waiting one more iteration must not
+    become late for it (missed, after_next), where deadline order would have served it in time."""
     start = now + next_iteration_s(est, n_decode, chunk, bool(prefilling))
     through = sum(prefill_left(s) for s in prefilling if s.started_stream)  # these go first either way
     for seq in sorted([s for s in [*prefilling, *waiting] if has_deadline(s)], key=lambda s: s.arrival):
         through += prefill_left(seq)
-        if start + est.first_token_s(n_decode, through, chunk) > seq.deadline:
+        if start + est.first_token_s(n_decode, through, chunk) > seq.arrival + within * (seq.deadline - seq.arrival):
             return False
     return True
 

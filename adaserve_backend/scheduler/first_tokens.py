@@ -68,8 +68,8 @@ class FirstTokenGate:
         n, prefilling = prefill_view(running)
         if self.estimator.cost is not None:
             note_prefill_times(waiting, self.estimator, self.prefill_cap(0))
-            if self.config.arrival_order:
-                on = arrival_order_on_time(waiting, prefilling, self.estimator, now, n, self.prefill_cap(n))
+            if (within := self.config.arrival_order_within) is not None:
+                on = arrival_order_on_time(waiting, prefilling, self.estimator, now, n, self.prefill_cap(n), within)
                 order_by_arrival(waiting, prefilling, on)
         waiting = deque(sorted(waiting, key=edf_key))
         return waiting, missed(waiting, self.estimator, now, n, prefilling, self.prefill_cap(n))

@@ -271,19 +271,19 @@ def test_burst_deferral_is_a_flag():
 def test_arrival_order_serves_first_come_first_while_every_deadline_holds():
     """A summary that arrived first goes first when the coding request behind it still makes its
     deadline; deadline order (the flag off) would serve the coding request first."""
-    for flag, expected in ((True, ["summary", "coding"]), (False, ["coding", "summary"])):
-        sched, clock = deadline_scheduler(max_num_seqs=1, arrival_order=flag), Clock()
+    for within, expected in ((1.0, ["summary", "coding"]), (None, ["coding", "summary"])):
+        sched, clock = deadline_scheduler(max_num_seqs=1, arrival_order_within=within), Clock()
         arrive(sched, "summary", clock, ttft_ms=5000)
         clock.tick(0.01)
         arrive(sched, "coding", clock, ttft_ms=2000)
-        assert start_order(sched, clock) == expected, flag
+        assert start_order(sched, clock) == expected, within
 
 
 def test_arrival_order_gives_way_to_deadlines_when_it_would_make_one_late():
     """10 ms per prompt token: the summary's 1.5 s prefill first would make the coding request, due 1 s
     after it arrived, late; so deadline order, and both in time."""
     est = TableEstimator(ONE_AT_A_TIME, prefill_token_s=0.01)
-    sched, clock = deadline_scheduler(est, max_num_seqs=1, arrival_order=True), Clock()
+    sched, clock = deadline_scheduler(est, max_num_seqs=1, arrival_order_within=1.0), Clock()
     summary = arrive(sched, "summary", clock, ttft_ms=5000, prompt=150)
     clock.tick(0.01)
     coding = arrive(sched, "coding", clock, ttft_ms=1000, prompt=10)
@@ -301,3 +301,13 @@ def test_arrival_order_counts_the_next_iteration_before_the_waiting_start():
     assert arrival_order_on_time([first, second], [], est, clock.now, 0, 256)
     # one decoding request: its next iteration (50 ms) comes first: 100 ms
     assert not arrival_order_on_time([first, second], [], est, clock.now, 1, 256)
+    # within half its time to the deadline (45 ms): too late even with none decoding
+    assert not arrival_order_on_time([first, second], [], est, clock.now, 0, 256, within=0.5)
+
+
+def test_arrival_order_within_is_a_share_of_the_deadline():
+    import pytest
+
+    for bad in (0.0, 1.5, "yes"):
+        with pytest.raises(ValueError, match="arrival_order_within"):
+            SchedulerConfig(arrival_order_within=bad)
