@@ -96,9 +96,10 @@ class SchedulerConfig:
       brings every one within this share of its request's time to its deadline (from arrival), predicted
       as if the waiting requests started only after the next iteration
       (deadlines.arrival_order_on_time); earliest deadline first otherwise. None (the default): always
-      deadline order. Deadline order spends the loose classes' TTFT slack even when nothing needs it: a
-      summary waits behind every coding request due before it, so TTFT's tail is the summaries' however
-      light the load. Below 1 keeps part of each deadline for the arrivals of a burst still to come.
+      deadline order; the served engine.json sets 1.0 (docs/experiments.md#ttft-vs-vllm). Deadline
+      order spends the loose classes' TTFT slack even when nothing needs it: a summary waits behind
+      every coding request due before it, so TTFT's tail is the summaries' however light the load.
+      Below 1 keeps part of each deadline for the arrivals of a burst still to come.
     slo_classes / default_slo_class: named TPOT and TTFT targets a request may pick instead of numbers
       (DEFAULT_SLO_CLASSES unless a config sets its own); the default class fills in what a request
       leaves open. With no default class (None, the default) a
