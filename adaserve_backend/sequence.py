@@ -38,7 +38,7 @@ class Sequence:
     missed: str | None = None  # why admission gave up its first-token deadline (overload: best_effort)
     predicted_first_token: float | None = None  # when admission predicted it (with a cost model)
     prefill_s: float = 0.0  # its prompt's prefill alone as last predicted while waiting (deadlines.edf_key)
-    order_at: float | None = None  # its arrival while first tokens go in arrival order, else None (edf_key)
+    by_arrival: bool = False  # keyed by its arrival while first tokens go in arrival order (deadlines.edf_key)
     # remaining tokens after the next one, short and long end, as the scheduler plans them
     # (scheduler/output_lengths.py); None: plan with the cap (`remaining`)
     remaining_range: tuple[int, int] | None = None

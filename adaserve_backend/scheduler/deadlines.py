@@ -29,7 +29,7 @@ def edf_key(seq: Sequence) -> tuple[int, float, float]:
     A request that has streamed (preempted, re-prefilling) goes before any that has not: its client is
     mid-stream and every token of it is already due. While arrival order keeps every deadline
     (order_by_arrival), a request with a deadline is keyed by its arrival instead."""
-    at = seq.order_at if seq.order_at is not None else seq.deadline + seq.prefill_s
+    at = seq.arrival if seq.by_arrival else seq.deadline + seq.prefill_s
     return (0 if seq.started_stream else 1, at, seq.arrival)
 
 
@@ -51,7 +51,7 @@ def arrival_order_on_time(waiting: Iterable[Sequence], prefilling: list[Sequence
 def order_by_arrival(waiting: Iterable[Sequence], prefilling: list[Sequence], on: bool) -> None:
     """Key the requests with a deadline by arrival (edf_key) if `on`, else by deadline."""
     for seq in [*waiting, *prefilling]:
-        seq.order_at = seq.arrival if on and has_deadline(seq) else None
+        seq.by_arrival = on and has_deadline(seq)
 
 
 def next_iteration_s(est: Estimator, n_decode: int, chunk: int, prefilling: bool) -> float:
