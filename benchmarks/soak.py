@@ -2,13 +2,15 @@
 under mixed-SLO load near capacity for half an hour, with the clients real traffic has: 30% of streams
 cancelled mid-stream, some dropped without a clean close, hostile requests sprinkled in.
 
-    python -m benchmarks.soak [--duration-min 30] [--rps 12]      # or: make soak DURATION_MIN=30
+    python -m benchmarks.soak [--duration-min 30] [--rps auto]      # or: make soak DURATION_MIN=30
 
-Load: Poisson arrivals at `--rps`, the benchmark's coding/chat/summary classes (60/20/20) sent as the
-served SLO classes (`slo_class`), greedy, ending at end of sequence (`max_tokens` a cap), prompts
-never sent twice (benchmarks/soak_plan.py), coding to /v1/completions and the chat-shaped classes
-to /v1/chat/completions. Each request runs on its own connection at its arrival time whatever the
-server's pace (open loop). Clients: benchmarks/soak_clients.py; hostile cases: soak_hostile.py.
+Load: Poisson arrivals at `--rps`, by default 0.9 of the capacity the soak first measures on the same
+server with the same traffic (benchmarks/soak_capacity.py); the benchmark's coding/chat/summary
+classes (60/20/20) sent as the served SLO classes (`slo_class`), greedy, ending at end of sequence
+(`max_tokens` a cap), prompts never sent twice (benchmarks/soak_plan.py), coding to /v1/completions
+and the chat-shaped classes to /v1/chat/completions. Each request runs on its own connection at its
+arrival time whatever the server's pace (open loop). Clients: benchmarks/soak_clients.py; hostile
+cases: soak_hostile.py.
 
 Reports and judges (benchmarks/soak_judge.py): hangs (no byte for `--hang-s`, or a stream that ended
 without its final event), KV blocks in use once the load has stopped and the server drained, memory
@@ -38,8 +40,10 @@ from tqdm import tqdm
 from harness.machine import cpu_model
 from harness.run_dir import run_dir
 from harness.servers import free_ports, openai_frontend, triton_server
+from harness.slo_targets import SloTargets
 from harness.workload import PromptsExhausted, builtin_prompts
 
+from .soak_capacity import ProbeLevel, search
 from .soak_clients import run_load
 from .soak_judge import growth_by_process, judge, outcome_counts, soak_stats, ttft_timeline, window_s
 from .soak_plan import FramedDeck, Shares, build_plan
@@ -48,20 +52,32 @@ from .soak_report import plot, print_verdicts, problems, write_json
 from .soak_sampler import drain, sample
 
 MODEL = "adaserve"
-# Near capacity, not past it: the highest Poisson level at which the served stack (same classes,
-# EOS-ended, output scale 0.5, prompts never repeated) still attained every SLO in the last sweep on
-# the 2-core machine, one level below where refusals start (docs/experiments.md#yardstick-inflation).
-# Past capacity refusals dominate and the TTFT p99 is the admission deadline by construction.
-DEFAULT_RPS = 12.0
-RPS_WHY = ("the default: the highest Poisson level at which the served stack attained every SLO in the last "
-           "sweep with this workload (docs/experiments.md#yardstick-inflation), near capacity and not past it")
-DEFAULT_OUTPUT_SCALE = 0.5  # that sweep's (benchmarks/vs_peers.py's default)
+# Near capacity, not past it: the soak runs at this share of the capacity it measures on the server
+# it then holds (benchmarks/soak_capacity.py). Past capacity refusals dominate and the TTFT p99 is
+# the admission deadline by construction; a fixed rate lands past it on a slower machine or day.
+CAPACITY_SHARE = 0.9
+DEFAULT_OUTPUT_SCALE = 0.5  # the Poisson sweep's (benchmarks/vs_peers.py's default)
+
+
+def rate(text: str) -> float | str:
+    if text == "auto":
+        return text
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a rate must be positive or 'auto', got {text}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration-min", type=float, default=30.0, help="minutes of load")
-    ap.add_argument("--rps", type=float, default=DEFAULT_RPS, help="arrivals per second, hostile ones included")
+    ap.add_argument("--rps", type=rate, default="auto",
+                    help="arrivals per second, hostile ones included; auto (default): --capacity-share of the "
+                         "capacity measured on the server first")
+    ap.add_argument("--capacity-share", type=float, default=CAPACITY_SHARE,
+                    help="with --rps auto, the share of the measured capacity the soak runs at")
+    ap.add_argument("--probe-s", type=float, default=60.0, help="with --rps auto, seconds per capacity level")
+    ap.add_argument("--probe-start", type=float, default=4.0, help="with --rps auto, the first level (rps)")
     ap.add_argument("--window-min", type=float, help="the first/last window (default 5, a fifth of a short run)")
     ap.add_argument("--hang-s", type=float, default=60.0, help="no byte for this long: the request hung")
     ap.add_argument("--drain-s", type=float, default=120.0, help="how long the server may take to drain")
@@ -81,7 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as e:
         ap.error(str(e))
     args.sample_s = min(args.sample_s, args.window_s / 3)
-    for name in ("rps", "hang_s", "drain_s", "sample_s", "output_scale"):
+    if not 0 < args.capacity_share <= 1:
+        ap.error(f"--capacity-share must be in (0, 1], got {args.capacity_share}")
+    for name in ("hang_s", "drain_s", "sample_s", "output_scale", "probe_s", "probe_start"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be positive")
     return args
@@ -140,18 +158,36 @@ def git_commit() -> str | None:
         return None
 
 
+def draw(args, rps: float, deck: FramedDeck) -> list:
+    try:
+        return build_plan(rps, args.duration_s, args.shares, args.seed, args.output_scale, deck)
+    except PromptsExhausted as e:
+        sys.exit(f"error: {e}")
+
+
+def probe_capacity(args, deck: FramedDeck, base_url: str) -> tuple[float | None, list[ProbeLevel]]:
+    """The capacity search (benchmarks/soak_capacity.py) on the started server, a line per level."""
+    seeds = iter(range(args.seed + 1, args.seed + 1000))
+
+    def run_level(rps: float) -> list[SoakRecord]:
+        print(f"capacity probe: {rps:g} rps for {args.probe_s:g} s ...", flush=True)
+        plan = build_plan(rps, args.probe_s, args.shares, next(seeds), args.output_scale, deck)
+        return asyncio.run(run_load(plan, base_url, MODEL, args.hang_s, time.monotonic(), lambda r: None,
+                                    lambda n: None))
+
+    def report(lv: ProbeLevel) -> None:
+        print(f"  {lv.rps:g} rps: joint attainment {lv.attainment:.3f} of {lv.judged} read to the end "
+              f"({lv.refused} refused, {lv.hangs} hangs): {'attained' if lv.passed else 'missed'}", flush=True)
+
+    return search(run_level, SloTargets(), args.probe_start, args.probe_s / 3, report=report)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     deck = FramedDeck(builtin_prompts(), args.seed)
-    try:  # every request drawn before any server starts
-        plan = build_plan(args.rps, args.duration_s, args.shares, args.seed, args.output_scale, deck)
-    except PromptsExhausted as e:
-        sys.exit(f"error: {e}")
-    kinds = Counter(p.kind for p in plan)
-    print(f"soak: {args.duration_min:g} min at {args.rps:g} rps ({len(plan)} requests: "
-          + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + f"), windows of {args.window_s / 60:.1f} min, "
-          f"hang after {args.hang_s:g} s without a byte, memory sampled every {args.sample_s:g} s; "
-          f"prompt framings per class {deck.framings_used()}", flush=True)
+    probe = None
+    if args.rps != "auto":
+        plan = draw(args, args.rps, deck)  # every request drawn before any server starts
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed make unwinds through the finally
     out = Path(args.out)
@@ -165,6 +201,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"starting {server.name} ...", flush=True)
             server.start()
         asyncio.run(warm_up(base_url))
+        if args.rps == "auto":
+            capacity, levels = probe_capacity(args, deck, base_url)
+            probe = {"capacity_rps": capacity, "share": args.capacity_share, "probe_s": args.probe_s,
+                     "levels": [lv.to_dict() for lv in levels]}
+            if capacity is None:
+                sys.exit(f"error: the server attained < 0.9 at every probed level ({levels[-1].rps:g} rps the "
+                         "lowest): no capacity to soak at")
+            args.rps = round(capacity * args.capacity_share, 2)
+            plan = draw(args, args.rps, deck)
+        kinds = Counter(p.kind for p in plan)
+        print(f"soak: {args.duration_min:g} min at {args.rps:g} rps ({len(plan)} requests: "
+              + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + f"), windows of "
+              f"{args.window_s / 60:.1f} min, hang after {args.hang_s:g} s without a byte, memory sampled every "
+              f"{args.sample_s:g} s; prompt framings per class {deck.framings_used()}", flush=True)
         records, samples, t0 = asyncio.run(soak(args, plan, base_url, triton.proc.pid, frontend.proc.pid,
                                                 triton.metrics_url))
         print(f"load stopped; waiting up to {args.drain_s:g} s for the server to drain ...", flush=True)
@@ -173,23 +223,26 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         frontend.stop()
         triton.stop()
-    return report(args, plan, deck, records, samples, drained, started, out)
+    return report(args, plan, deck, records, samples, drained, started, out, probe)
 
 
-def report(args, plan, deck, records, samples, drained, started, out: Path) -> int:
+def report(args, plan, deck, records, samples, drained, started, out: Path, probe: dict | None) -> int:
     stats = soak_stats(records, samples, drained.kv_blocks_used, args.duration_s, args.window_s)
     verdicts = judge(stats)
+    probe_hangs = sum(lv["hangs"] for lv in probe["levels"]) if probe else 0
+    passed = all(v.passed for v in verdicts) and not probe_hangs
     counts = outcome_counts(records)
     timeline = ttft_timeline(records, args.duration_s, max(args.window_s / 5, 10.0))
     hostile = Counter((r.category, r.status) for r in records if r.kind == HOSTILE)
     write_json(out / "soak.json", {
         "started": started, "commit": git_commit(), "rps": args.rps,
-        "rps_why": RPS_WHY if args.rps == DEFAULT_RPS else "given with --rps", "duration_s": args.duration_s,
+        "rps_why": (f"{args.capacity_share:g} x the capacity measured first ({probe['capacity_rps']:g} rps)"
+                    if probe else "given with --rps"), "capacity_probe": probe, "duration_s": args.duration_s,
         "window_s": args.window_s, "hang_s": args.hang_s, "sample_s": args.sample_s,
         "shares": vars(args.shares), "output_scale": args.output_scale, "seed": args.seed,
         "planned": len(plan), "prompts_dealt": deck.dealt(), "prompt_framings_used": deck.framings_used(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model()},
-        "passed": all(v.passed for v in verdicts), "verdicts": [v.to_dict() for v in verdicts],
+        "passed": passed, "verdicts": [v.to_dict() for v in verdicts],
         "stats": stats.to_dict(), "memory_by_process": growth_by_process(samples, args.window_s),
         "drain": drained.to_dict(), "outcomes": counts,
         "hostile_answers": [{"case": c, "status": s, "n": n} for (c, s), n in sorted(hostile.items(), key=str)],
@@ -197,10 +250,13 @@ def report(args, plan, deck, records, samples, drained, started, out: Path) -> i
         "samples": [s.to_dict() for s in samples], "records": [r.to_dict() for r in records]})
     plot(out / "soak.png", samples, records, timeline, args.duration_s, args.window_s)
     print_verdicts(verdicts, counts)
+    if probe:
+        print(f"capacity {probe['capacity_rps']:g} rps measured first; the soak ran at {args.rps:g} rps"
+              + (f"; FAIL: {probe_hangs} hangs during the capacity probe" if probe_hangs else ""))
     print(f"drained in {drained.seconds:.1f} s" if drained.seconds is not None
           else f"not drained within {args.drain_s:g} s: {drained.to_dict()}")
     print(f"wrote {out / 'soak.json'} and {out / 'soak.png'}; server logs in {out}")
-    return 0 if all(v.passed for v in verdicts) else 1
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

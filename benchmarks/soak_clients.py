@@ -36,9 +36,10 @@ REFUSAL_STATUSES = (429, 503)
 
 
 def request_body(p: PlannedRequest, model: str) -> tuple[str, dict]:
-    """(path, body): greedy, streamed, the class named as the served SLO class; chat-shaped prompts go
-    to the chat endpoint as one user message."""
-    body = {"model": model, "max_tokens": p.max_tokens, "temperature": 0.0, "stream": True, "slo_class": p.category}
+    """(path, body): greedy, streamed with the usage block, the class named as the served SLO class;
+    chat-shaped prompts go to the chat endpoint as one user message."""
+    body = {"model": model, "max_tokens": p.max_tokens, "temperature": 0.0, "stream": True, "slo_class": p.category,
+            "stream_options": {"include_usage": True}}
     if p.chat:
         return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": p.prompt}]}
     return "/v1/completions", {**body, "prompt": p.prompt}
@@ -107,6 +108,8 @@ async def stream(session: aiohttp.ClientSession, base_url: str, model: str, p: P
             if "error" in data:
                 rec.outcome, rec.detail = FAILED, str(data["error"].get("message", data["error"]))[:160]
                 continue  # [DONE] follows
+            if data.get("usage"):  # the last chunk before [DONE]: the token count TPOT needs
+                rec.output_tokens = data["usage"].get("completion_tokens")
             if event_text(data):
                 rec.events += 1
                 rec.first_token_s = rec.first_token_s or time.monotonic() - t0

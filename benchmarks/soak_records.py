@@ -32,6 +32,7 @@ class SoakRecord:
     first_token_s: float | None = None
     end_s: float | None = None
     events: int = 0  # streamed events that carried text
+    output_tokens: int | None = None  # the usage block's completion tokens, where the stream reached it
     status: int | None = None  # HTTP status, None if none came
     explained: bool = False  # an error answer in OpenAI's shape (JSON with error.message)
     outcome: str | None = None

@@ -249,6 +249,8 @@ def fake_frontend() -> web.Application:
             await resp.write(sse(chunk))
             await asyncio.sleep(0.01)
         await resp.write(sse({"choices": [{"text": "", "finish_reason": "length"}]}))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(sse({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 10}}))
         await resp.write(sse(b"[DONE]"))
         await resp.write_eof()
         return resp
@@ -277,7 +279,7 @@ def test_each_client_behaviour_ends_as_planned():
                                   on_record=lambda r: None, in_flight=lambda n: None)
 
     records = {r.request_id: r for r in asyncio.run(main())}
-    assert (records["done"].outcome, records["done"].events) == (DONE, 10)
+    assert (records["done"].outcome, records["done"].events, records["done"].output_tokens) == (DONE, 10, 10)
     assert records["done"].ttft_s is not None and records["done"].ttft_s >= 0
     assert (records["chat"].outcome, records["chat"].events) == (DONE, 10)
     assert (records["cancel"].outcome, records["cancel"].events) == (LEFT, 3)
