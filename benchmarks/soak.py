@@ -43,7 +43,7 @@ from harness.servers import free_ports, openai_frontend, triton_server
 from harness.slo_targets import SloTargets
 from harness.workload import PromptsExhausted, builtin_prompts
 
-from .soak_capacity import ProbeLevel, search
+from .soak_capacity import ProbeLevel, attainment_by_window, judge_level, search
 from .soak_clients import run_load
 from .soak_judge import growth_by_process, judge, outcome_counts, soak_stats, ttft_timeline, window_s
 from .soak_plan import FramedDeck, Shares, build_plan
@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
 def report(args, plan, deck, records, samples, drained, started, out: Path, probe: dict | None) -> int:
     stats = soak_stats(records, samples, drained.kv_blocks_used, args.duration_s, args.window_s)
     verdicts = judge(stats)
+    whole = judge_level(args.rps, records, SloTargets())
+    by_window = attainment_by_window(records, SloTargets(), args.duration_s, args.window_s)
     probe_hangs = sum(lv["hangs"] for lv in probe["levels"]) if probe else 0
     passed = all(v.passed for v in verdicts) and not probe_hangs
     counts = outcome_counts(records)
@@ -237,7 +239,9 @@ def report(args, plan, deck, records, samples, drained, started, out: Path, prob
     write_json(out / "soak.json", {
         "started": started, "commit": git_commit(), "rps": args.rps,
         "rps_why": (f"{args.capacity_share:g} x the capacity measured first ({probe['capacity_rps']:g} rps)"
-                    if probe else "given with --rps"), "capacity_probe": probe, "duration_s": args.duration_s,
+                    if probe else "given with --rps"), "capacity_probe": probe,
+        "attainment": {"whole": round(whole.attainment, 4), "judged": whole.judged, "by_window": by_window},
+        "duration_s": args.duration_s,
         "window_s": args.window_s, "hang_s": args.hang_s, "sample_s": args.sample_s,
         "shares": vars(args.shares), "output_scale": args.output_scale, "seed": args.seed,
         "planned": len(plan), "prompts_dealt": deck.dealt(), "prompt_framings_used": deck.framings_used(),
@@ -250,6 +254,8 @@ def report(args, plan, deck, records, samples, drained, started, out: Path, prob
         "samples": [s.to_dict() for s in samples], "records": [r.to_dict() for r in records]})
     plot(out / "soak.png", samples, records, timeline, args.duration_s, args.window_s)
     print_verdicts(verdicts, counts)
+    print(f"joint SLO attainment of the streams read to their end: {whole.attainment:.3f} of {whole.judged}; "
+          "per window " + " / ".join(f"{w['attainment']:.2f}" for w in by_window))
     if probe:
         print(f"capacity {probe['capacity_rps']:g} rps measured first; the soak ran at {args.rps:g} rps"
               + (f"; FAIL: {probe_hangs} hangs during the capacity probe" if probe_hangs else ""))

@@ -71,6 +71,19 @@ def judge_level(rps: float, records: Sequence[SoakRecord], slos: SloTargets, fro
                       sum(r.outcome == REFUSED for r in judged), sum(r.hung for r in records))
 
 
+def attainment_by_window(records: Sequence[SoakRecord], slos: SloTargets, duration_s: float,
+                         window_s: float) -> list[dict]:
+    """Joint attainment of the soak itself per window of arrivals: where its load sat against the
+    capacity the probe measured (>= 0.9 in a window: at or below capacity there)."""
+    out, start = [], 0.0
+    while start < duration_s:
+        lv = judge_level(0.0, [r for r in records if start <= r.arrival_s < start + window_s], slos)
+        out.append({"start_s": start, "judged": lv.judged, "attainment": round(lv.attainment, 4),
+                    "refused": lv.refused})
+        start += window_s
+    return out
+
+
 def next_rps(levels: Sequence[ProbeLevel], start_rps: float, resolution: float) -> float | None:
     """The next level to try, or None once the search has settled."""
     if not levels:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.soak_capacity import ProbeLevel, capacity_rps, judge_level, met_slo, next_rps, search
+from benchmarks.soak_capacity import (
+    ProbeLevel,
+    attainment_by_window,
+    capacity_rps,
+    judge_level,
+    met_slo,
+    next_rps,
+    search,
+)
 from benchmarks.soak_records import CANCEL, COMPLETE, DONE, REFUSED, STALLED, SoakRecord
 from harness.slo_targets import SloTargets
 
@@ -60,3 +68,10 @@ def test_search_runs_levels_against_a_machine_with_a_capacity():
     seen = []
     capacity, levels = search(run_level, SLOS, start_rps=4, report=seen.append)
     assert capacity == 10 and [x.rps for x in levels] == [4, 8, 16, 12, 10] and seen == levels
+
+
+def test_the_soak_reads_its_own_attainment_per_window():
+    early, late = rec(), rec(ttft_s=3)
+    late.arrival_s, late.first_token_s, late.end_s = 70.0, 73.0, 73.5
+    windows = attainment_by_window([early, late], SLOS, duration_s=120, window_s=60)
+    assert [(w["start_s"], w["judged"], w["attainment"]) for w in windows] == [(0.0, 1, 1.0), (60.0, 1, 0.0)]
