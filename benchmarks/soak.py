@@ -46,7 +46,7 @@ from harness.workload import PromptsExhausted, builtin_prompts
 from .soak_capacity import ProbeLevel, attainment_by_window, judge_level, search
 from .soak_clients import run_load
 from .soak_judge import growth_by_process, judge, outcome_counts, soak_stats, ttft_timeline, window_s
-from .soak_plan import FramedDeck, Shares, build_plan
+from .soak_plan import FramedDeck, PlannedRequest, Shares, build_plan
 from .soak_records import DONE, HOSTILE, REFUSED, ServerSample, SoakRecord
 from .soak_report import plot, print_verdicts, problems, write_json
 from .soak_sampler import drain, sample
@@ -158,7 +158,7 @@ def git_commit() -> str | None:
         return None
 
 
-def draw(args, rps: float, deck: FramedDeck) -> list:
+def draw(args, rps: float, deck: FramedDeck) -> list[PlannedRequest]:
     try:
         return build_plan(rps, args.duration_s, args.shares, args.seed, args.output_scale, deck)
     except PromptsExhausted as e:
@@ -229,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
 def report(args, plan, deck, records, samples, drained, started, out: Path, probe: dict | None) -> int:
     stats = soak_stats(records, samples, drained.kv_blocks_used, args.duration_s, args.window_s)
     verdicts = judge(stats)
-    whole = judge_level(args.rps, records, SloTargets())
-    by_window = attainment_by_window(records, SloTargets(), args.duration_s, args.window_s)
+    slos = SloTargets()
+    whole = judge_level(args.rps, records, slos)
+    by_window = attainment_by_window(records, slos, args.duration_s, args.window_s)
     probe_hangs = sum(lv["hangs"] for lv in probe["levels"]) if probe else 0
     passed = all(v.passed for v in verdicts) and not probe_hangs
     counts = outcome_counts(records)

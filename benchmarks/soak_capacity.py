@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from adaserve_backend.slo import attains_both, tpot_seconds
 from harness.slo_targets import SloTargets
 
 from .soak_records import COMPLETE, DONE, REFUSED, SoakRecord
@@ -51,16 +52,12 @@ class ProbeLevel:
 
 
 def met_slo(rec: SoakRecord, slos: SloTargets) -> bool:
-    """Both targets met: the stream ended, its first token within the TTFT target, and its time per
-    output token after the first within the TPOT target."""
+    """Both targets met (adaserve_backend/slo.py's rule): the stream ended, its first token within the
+    TTFT target, and its time per output token after the first within the TPOT target."""
     if rec.outcome != DONE or rec.ttft_s is None or rec.end_s is None or not rec.output_tokens:
         return False
-    if rec.ttft_s * 1e3 > slos.ttft(rec.category):
-        return False
-    if rec.output_tokens < 2:
-        return True
-    tpot_ms = (rec.end_s - rec.first_token_s) * 1e3 / (rec.output_tokens - 1)
-    return tpot_ms <= slos.tpot(rec.category)
+    return attains_both(rec.ttft_s, tpot_seconds(rec.first_token_s, rec.end_s, rec.output_tokens),
+                        slos.ttft(rec.category), slos.tpot(rec.category))
 
 
 def judge_level(rps: float, records: Sequence[SoakRecord], slos: SloTargets, from_s: float = 0.0) -> ProbeLevel:
