@@ -152,10 +152,12 @@ class Engine:
         t_select = time.monotonic()
         out = self.target.forward(target_inputs(plan, trees))
         synchronize(self.device)
+        t_forward = time.monotonic()
         result = verify(plan, trees, cands, out, self.target, self.draft, time.monotonic())
         result.speculation, result.selection = t_spec - plan.start, t_select - t_spec
         result.draft_chain_tokens = self.draft.chain_tokens if drafting else 0
         result.verification = time.monotonic() - t_select
+        result.target_forward = t_forward - t_select  # target_inputs too: building them is the forward's setup
         return result
 
     def fail_all(self, message: str) -> list[RequestOutput]:

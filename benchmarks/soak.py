@@ -48,8 +48,9 @@ from .soak_clients import run_load
 from .soak_judge import growth_by_process, judge, outcome_counts, soak_stats, ttft_timeline, window_s
 from .soak_plan import FramedDeck, PlannedRequest, Shares, build_plan
 from .soak_records import DONE, HOSTILE, REFUSED, ServerSample, SoakRecord
-from .soak_report import plot, print_verdicts, problems, write_json
+from .soak_report import plot, print_speed, print_verdicts, problems, write_json
 from .soak_sampler import drain, sample
+from .soak_speed import speed_by_window
 
 MODEL = "adaserve"
 # Near capacity, not past it: the soak runs at this share of the capacity it measures on the server
@@ -79,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--probe-s", type=float, default=60.0, help="with --rps auto, seconds per capacity level")
     ap.add_argument("--probe-start", type=float, default=4.0, help="with --rps auto, the first level (rps)")
     ap.add_argument("--window-min", type=float, help="the first/last window (default 5, a fifth of a short run)")
+    ap.add_argument("--no-mirror", dest="mirror", action="store_false",
+                    help="draw the last window's arrivals afresh instead of replaying the first's")
     ap.add_argument("--hang-s", type=float, default=60.0, help="no byte for this long: the request hung")
     ap.add_argument("--drain-s", type=float, default=120.0, help="how long the server may take to drain")
     ap.add_argument("--sample-s", type=float, default=30.0,
@@ -160,7 +163,8 @@ def git_commit() -> str | None:
 
 def draw(args, rps: float, deck: FramedDeck) -> list[PlannedRequest]:
     try:
-        return build_plan(rps, args.duration_s, args.shares, args.seed, args.output_scale, deck)
+        return build_plan(rps, args.duration_s, args.shares, args.seed, args.output_scale, deck,
+                          mirror_s=args.window_s if args.mirror else 0.0)
     except PromptsExhausted as e:
         sys.exit(f"error: {e}")
 
@@ -214,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: {args.duration_min:g} min at {args.rps:g} rps ({len(plan)} requests: "
               + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + f"), windows of "
               f"{args.window_s / 60:.1f} min, hang after {args.hang_s:g} s without a byte, memory sampled every "
-              f"{args.sample_s:g} s; prompt framings per class {deck.framings_used()}", flush=True)
+              f"{args.sample_s:g} s; prompt framings per class {deck.framings_used()}"
+              + ("; the last window replays the first's arrivals" if args.mirror else ""), flush=True)
         records, samples, t0 = asyncio.run(soak(args, plan, base_url, triton.proc.pid, frontend.proc.pid,
                                                 triton.metrics_url))
         print(f"load stopped; waiting up to {args.drain_s:g} s for the server to drain ...", flush=True)
@@ -237,13 +242,14 @@ def report(args, plan, deck, records, samples, drained, started, out: Path, prob
     counts = outcome_counts(records)
     timeline = ttft_timeline(records, args.duration_s, max(args.window_s / 5, 10.0))
     hostile = Counter((r.category, r.status) for r in records if r.kind == HOSTILE)
+    speed = speed_by_window(samples, args.duration_s, args.window_s)
     write_json(out / "soak.json", {
         "started": started, "commit": git_commit(), "rps": args.rps,
         "rps_why": (f"{args.capacity_share:g} x the capacity measured first ({probe['capacity_rps']:g} rps)"
                     if probe else "given with --rps"), "capacity_probe": probe,
         "attainment": {"whole": round(whole.attainment, 4), "judged": whole.judged, "by_window": by_window},
-        "duration_s": args.duration_s,
-        "window_s": args.window_s, "hang_s": args.hang_s, "sample_s": args.sample_s,
+        "duration_s": args.duration_s, "window_s": args.window_s, "last_window_mirrors_first": args.mirror,
+        "hang_s": args.hang_s, "sample_s": args.sample_s,
         "shares": vars(args.shares), "output_scale": args.output_scale, "seed": args.seed,
         "planned": len(plan), "prompts_dealt": deck.dealt(), "prompt_framings_used": deck.framings_used(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model()},
@@ -251,10 +257,11 @@ def report(args, plan, deck, records, samples, drained, started, out: Path, prob
         "stats": stats.to_dict(), "memory_by_process": growth_by_process(samples, args.window_s),
         "drain": drained.to_dict(), "outcomes": counts,
         "hostile_answers": [{"case": c, "status": s, "n": n} for (c, s), n in sorted(hostile.items(), key=str)],
-        "problems": problems(records), "ttft_timeline": timeline,
+        "problems": problems(records), "ttft_timeline": timeline, "speed_by_window": speed,
         "samples": [s.to_dict() for s in samples], "records": [r.to_dict() for r in records]})
     plot(out / "soak.png", samples, records, timeline, args.duration_s, args.window_s)
     print_verdicts(verdicts, counts)
+    print_speed(speed)
     print(f"joint SLO attainment of the streams read to their end: {whole.attainment:.3f} of {whole.judged}; "
           "per window " + " / ".join(f"{w['attainment']:.2f}" for w in by_window))
     if probe:

@@ -10,12 +10,18 @@ the whole product of prompts and framings shuffled once: every stretch of the ru
 (the first and last windows are compared), and no text reaches the server twice. A question does come
 back under another framing, so the suffix index may find part of an earlier answer again, evenly over
 the run; the JSON reports how many framings each class needed.
+
+The last window mirrors the first (`mirror_s`): the same arrival times shifted to the end, the same
+classes, caps, client behaviours and hostile cases, each prompt the same question under a framing not
+sent before. Near capacity a window's TTFT p99 is set by its few largest bursts, which differ more
+between two Poisson draws than any drift the comparison looks for; with the same arrivals at both
+ends, what differs is the server (and the machine, which soak_speed watches).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.workload import DEFAULT_MIX, OUTPUT_TOKENS, PromptsExhausted, builtin_prompts
 
@@ -50,17 +56,40 @@ class FramedDeck:
             self._order[cat] = pairs
         self._dealt = dict.fromkeys(prompts, 0)
         self._max_framing = dict.fromkeys(prompts, -1)
+        self._next: dict[str, int] = {}  # per class, the next place in its order
+        self._used: set[tuple[str, int, int]] = set()  # (class, framing, prompt) dealt
+        self._source: dict[str, int] = {}  # a dealt text -> its prompt's index
 
-    def deal(self, category: str) -> tuple[str, bool]:
-        order, i = self._order[category], self._dealt[category]
-        if i >= len(order):
-            raise PromptsExhausted(f"the soak needs more than the {len(order)} distinct {category} prompts its "
-                                   "deck holds (prompts x framings): a lower --rps or a shorter --duration-min")
-        self._dealt[category] = i + 1
-        framing, index = order[i]
+    def _take(self, category: str, framing: int, index: int) -> tuple[str, bool]:
+        self._used.add((category, framing, index))
+        self._dealt[category] += 1
         self._max_framing[category] = max(self._max_framing[category], framing)
         text, chat = self.prompts[category][index]
-        return (TEXT_FRAMINGS if chat else CODE_FRAMINGS)[framing] + text, chat
+        framed = (TEXT_FRAMINGS if chat else CODE_FRAMINGS)[framing] + text
+        self._source[framed] = index
+        return framed, chat
+
+    def _exhausted(self, category: str) -> PromptsExhausted:
+        return PromptsExhausted(f"the soak needs more than the {len(self._order[category])} distinct {category} "
+                                "prompts its deck holds (prompts x framings): a lower --rps or a shorter "
+                                "--duration-min")
+
+    def deal(self, category: str) -> tuple[str, bool]:
+        order = self._order[category]
+        while self._next.get(category, 0) < len(order):
+            i = self._next[category] = self._next.get(category, 0) + 1
+            framing, index = order[i - 1]
+            if (category, framing, index) not in self._used:
+                return self._take(category, framing, index)
+        raise self._exhausted(category)
+
+    def reframe(self, category: str, text: str) -> tuple[str, bool]:
+        """The prompt behind a dealt `text` again, under its first framing not yet dealt."""
+        index = self._source[text]
+        for framing in range(len(TEXT_FRAMINGS)):
+            if (category, framing, index) not in self._used:
+                return self._take(category, framing, index)
+        raise self._exhausted(category)
 
     def dealt(self) -> dict[str, int]:
         return dict(self._dealt)
@@ -99,17 +128,20 @@ class Shares:
 
 
 def build_plan(rps: float, duration_s: float, shares: Shares = Shares(), seed: int = 0, output_scale: float = 1.0,
-               deck: FramedDeck | None = None) -> list[PlannedRequest]:
-    """Every request of a run of `duration_s` at `rps` (Poisson), in arrival order. Hostile cases
-    come round-robin over a shuffled order, so a long run sends every case."""
+               deck: FramedDeck | None = None, mirror_s: float = 0.0) -> list[PlannedRequest]:
+    """Every request of a run of `duration_s` at `rps` (Poisson), in arrival order; with `mirror_s`,
+    the last `mirror_s` seconds replay the first (module docstring). Hostile cases come round-robin
+    over a shuffled order, so a long run sends every case."""
     if not rps > 0 or not duration_s > 0:
         raise ValueError(f"rps and duration must be positive, got {rps} and {duration_s}")
+    if not 0 <= mirror_s <= duration_s / 2:
+        raise ValueError(f"a mirrored window of {mirror_s:g} s does not fit twice in {duration_s:g} s")
     rng = random.Random(seed)
     deck = deck or FramedDeck(builtin_prompts(), seed)
     names, weights = list(DEFAULT_MIX), list(DEFAULT_MIX.values())
     cases = rng.sample(range(len(HOSTILE_CASES)), len(HOSTILE_CASES))
-    plan, t, hostile = [], rng.expovariate(rps), 0
-    while t < duration_s:
+    plan, t, hostile, drawn_until = [], rng.expovariate(rps), 0, duration_s - mirror_s
+    while t < drawn_until:
         rid = f"s{len(plan)}"
         if rng.random() < shares.hostile:
             plan.append(PlannedRequest(rid, HOSTILE, t, HOSTILE_CASES[cases[hostile % len(cases)]].name))
@@ -124,4 +156,13 @@ def build_plan(rps: float, duration_s: float, shares: Shares = Shares(), seed: i
             leave = rng.randint(1, max_tokens - 1) if kind != COMPLETE else 0
             plan.append(PlannedRequest(rid, kind, t, cat, text, chat, max_tokens, leave))
         t += rng.expovariate(rps)
-    return plan
+    return plan + mirrored(plan, mirror_s, drawn_until, deck) if mirror_s else plan
+
+
+def mirrored(plan: list[PlannedRequest], window_s: float, offset_s: float, deck: FramedDeck) -> list[PlannedRequest]:
+    """The requests of `plan` arriving in its first `window_s`, again `offset_s` later, each prompt reframed."""
+    out = []
+    for p in (p for p in plan if p.arrival_s < window_s):
+        text, _ = deck.reframe(p.category, p.prompt) if p.kind != HOSTILE else ("", False)
+        out.append(replace(p, request_id=f"s{len(plan) + len(out)}", arrival_s=p.arrival_s + offset_s, prompt=text))
+    return out

@@ -3,7 +3,7 @@ sample of the server's memory and KV gauges at a time. Times are seconds since t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 # How a client behaves (benchmarks/soak_plan.py draws one per request)
 COMPLETE = "complete"  # reads the stream to its end
@@ -63,6 +63,9 @@ class ServerSample:
     kv_blocks_used: float | None
     running: float | None
     waiting: float | None
+    # Cumulative counters the speed check differences between samples (soak_speed.COUNTERS); empty where
+    # none could be read
+    counters: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

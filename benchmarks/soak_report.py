@@ -22,6 +22,19 @@ def print_verdicts(verdicts: Sequence[Verdict], counts: dict[str, dict[str, int]
     print(f"\nsoak: {'PASS' if all(v.passed for v in verdicts) else 'FAIL'}")
 
 
+def print_speed(rows: Sequence[dict]) -> None:
+    """soak_speed's table: what slowed, the machine or the server, per window."""
+    cols = (("steal_share", "steal", ".1%"), ("target_forward_ms_per_step", "forward ms/step", ".2f"),
+            ("rest_ms_per_step", "rest ms/step", ".2f"), ("measured_over_predicted", "step/predicted", ".3f"),
+            ("server_cpu_ms_per_token", "server CPU ms/token", ".2f"), ("steps_per_s", "steps/s", ".1f"))
+    print("\nspeed per window (soak_speed: a slower machine moves the forward and steal; a server slowing "
+          "itself, the rest):")
+    print("  " + "window".ljust(14) + "".join(f"{h:>20}" for _, h, _ in cols))
+    for r in rows:
+        cells = "".join(f"{'n/a' if r.get(k) is None else format(r[k], f):>20}" for k, _, f in cols)
+        print(f"  {r['start_s'] / 60:5.1f}-{r['end_s'] / 60:<5.1f} min" + cells)
+
+
 def problems(records: Sequence[SoakRecord], limit: int = 20) -> list[dict]:
     """The first `limit` requests that hung, failed, or (hostile) were not answered with a clear 4xx."""
     bad = [r for r in records if r.hung or r.outcome == FAILED]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import psutil
 
-from harness.servers import gauge_values
+from harness.servers import gauge_values, metrics_text
 
 from .soak_records import ServerSample
+from .soak_speed import machine_cpu, series_values, tree_cpu_s
 
 KV_USED = "adaserve_kv_blocks_used"  # adaserve_backend/triton/metrics.py: target KV blocks held by requests
 BUSY = ("adaserve_running_requests", "adaserve_waiting_requests")
@@ -55,7 +56,10 @@ def sample(t0: float, triton_pid: int, frontend_pid: int, metrics_url: str) -> S
     frontend_mib, _ = tree_rss(frontend_pid)
     values = gauge_values(metrics_url, (KV_USED, *BUSY))
     kv, running, waiting = values if values is not None else (None, None, None)
-    return ServerSample(time.monotonic() - t0, triton_mib, each, frontend_mib, kv, running, waiting)
+    counters = machine_cpu() | series_values(metrics_text(metrics_url) or "")
+    if (cpu := tree_cpu_s(triton_pid)) is not None:
+        counters["triton_cpu_s"] = cpu
+    return ServerSample(time.monotonic() - t0, triton_mib, each, frontend_mib, kv, running, waiting, counters)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ class IterationResult:
     speculation: float = 0.0
     selection: float = 0.0
     verification: float = 0.0  # the target's forward, acceptance and commits
+    target_forward: float = 0.0  # of verification, the target's forward alone
     draft_chain_tokens: int = 0  # what the draft's first step read: drafting chains, catching up, prefill chunks
 
     @property
@@ -113,6 +114,7 @@ class IterationStats:
     # The whole engine step, as tools.profile's step fit times it: scheduling, the forwards, applying the
     # results (Engine.step stamps it once the step is over; 0 where nothing did).
     step: float = 0.0
+    target_forward: float = 0.0  # IterationResult.target_forward
     predicted: float = 0.0  # the iteration's time as the estimator predicted it before it ran (0: no prediction)
 
     @classmethod
@@ -125,7 +127,7 @@ class IterationStats:
             speculation=result.speculation, selection=result.selection, verification=result.verification,
             accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
             context_tokens=plan.context_tokens, prefills=len(plan.prefill),
-            draft_chain_tokens=result.draft_chain_tokens,
+            draft_chain_tokens=result.draft_chain_tokens, target_forward=result.target_forward,
             predicted=predicted,
         )
 

@@ -48,6 +48,7 @@ class EngineMetrics:
         self._families = []  # a family must outlive its metrics
         self._tokens, self._accepted, self._shape, self._flushed, self._stale = 0, [], None, float("-inf"), False
         self._step_ratios: list[float] = []
+        self._step_parts = [0.0, 0.0, 0]  # target forward s, rest s, steps since the last publication
 
         def family(name, description, kind):
             self._families.append(F(name=name, description=description, kind=kind))
@@ -66,6 +67,12 @@ class EngineMetrics:
         self.prompt_tokens = counter.Metric(labels={})
         self.generation_tokens = family("adaserve_generation_tokens_total", "Generated tokens",
                                         F.COUNTER).Metric(labels={})
+        # The target's forward is the part a slower machine slows in proportion; the rest (drafting,
+        # scheduling, acceptance, bookkeeping) is where a server that slows itself would show first.
+        parts = family("adaserve_step_seconds_total", "Decode steps' wall time: the target's forward and the "
+                       "rest (draft, scheduling, selection, acceptance, applying results)", F.COUNTER)
+        self.step_seconds = {p: parts.Metric(labels={"part": p}) for p in ("target_forward", "rest")}
+        self.steps = family("adaserve_steps_total", "Decode steps timed", F.COUNTER).Metric(labels={})
         self.step_error = hist("adaserve_step_time_measured_over_predicted",
                                "A decode step's wall time over the estimator's "
                                "prediction before it ran", RATIO_BUCKETS)
@@ -145,6 +152,10 @@ class EngineMetrics:
             self._accepted.append(iteration.accepted / iteration.n)
             if iteration.predicted > 0 and iteration.step > 0:
                 self._step_ratios.append(iteration.step / iteration.predicted)
+            if iteration.step > 0:
+                self._step_parts[0] += iteration.target_forward
+                self._step_parts[1] += max(iteration.step - iteration.target_forward, 0.0)
+                self._step_parts[2] += 1
             self._shape = (iteration.depth, iteration.width)
         self._stale = True
         if now - self._flushed >= FLUSH_S:
@@ -162,7 +173,12 @@ class EngineMetrics:
             self.accepted.observe(value)
         for value in self._step_ratios:
             self.step_error.observe(value)
-        self._tokens, self._accepted, self._step_ratios = 0, [], []
+        forward, rest, steps = self._step_parts
+        if steps:
+            self.step_seconds["target_forward"].increment(forward)
+            self.step_seconds["rest"].increment(rest)
+            self.steps.increment(steps)
+        self._tokens, self._accepted, self._step_ratios, self._step_parts = 0, [], [], [0.0, 0.0, 0]
         self.running.set(len(engine.running))
         self.waiting.set(len(engine.waiting))
         blocks = engine.target.blocks
