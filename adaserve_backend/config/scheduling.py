@@ -128,6 +128,10 @@ class SchedulerConfig:
     # no request, however its client paces it, holds the server's memory without bound. None: no limit
     # (in-process use); the served engine.json sets one.
     max_request_s: float | None = None
+    # Decode and prefill-only iteration records kept, each kind (about 600 bytes a record): what benchmarks
+    # and the profiler read after an in-process run. A server reads only the last, and a longer history
+    # is memory that grows for as long as the history fills (the served engine.json keeps a few hundred).
+    stats_history: int = 10_000
     admission_headroom: float = 1.0
     first_token_margin_ms: float = 0.0
     tpot_margin: float = 0.0
@@ -151,6 +155,8 @@ class SchedulerConfig:
         if not all(math.isfinite(v) and v > 0
                    for v in (self.exclusive_hold_s, self.max_request_s or 1.0)) or self.max_waiting < 1:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
+        if not isinstance(self.stats_history, int) or isinstance(self.stats_history, bool) or self.stats_history < 1:
+            raise ValueError(f"stats_history must be an integer >= 1, got {self.stats_history!r}")
         for flag in ("spare_decodes", "burst_deferral", "eager_prefill"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")

@@ -59,8 +59,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.overloads: dict[str, int] = {}  # first-token deadlines given up, by reason (rejected or best_effort)
-        self.iteration_stats: deque[IterationStats] = deque(maxlen=10_000)  # recent decode iterations
-        self.prefill_stats: deque[IterationStats] = deque(maxlen=10_000)  # ... and prefill-only ones (n = 0)
+        keep = config.stats_history
+        self.iteration_stats: deque[IterationStats] = deque(maxlen=keep)  # recent decode iterations
+        self.prefill_stats: deque[IterationStats] = deque(maxlen=keep)  # ... and prefill-only ones (n = 0)
         self.decode_iterations = 0
         self.prefix_stats = PrefixStats()
         self.gate = FirstTokenGate(config, policy, estimator, self.slo_admission, self.target_blocks,

@@ -27,6 +27,7 @@ from tests.model_fixtures import our_model, tiny_checkpoint
 from tests.unit.test_engine import steep_profile
 from tests.unit.test_prefix_cache import feature_draft
 
+STATS_HISTORY = 16  # iteration records kept: the run has many more iterations
 SUFFIX_CAP = 300  # tokens: the run feeds the suffix index many times this, so it evicts
 MAX_WAITING = 4
 KINDS = ("finish", "abort_streaming", "finish", "abort_queued", "rejected", "finish", "invalid", "burst",
@@ -48,7 +49,7 @@ def served_engine(tmp_path) -> Engine:
     config = small_config("adaserve", num_blocks=32, profile_path=steep_profile(tmp_path),
                           suffix_max_tokens=SUFFIX_CAP)
     config = dataclasses.replace(config, scheduler=dataclasses.replace(
-        config.scheduler, max_waiting=MAX_WAITING, max_request_s=600.0))
+        config.scheduler, max_waiting=MAX_WAITING, max_request_s=600.0, stats_history=STATS_HISTORY))
     return Engine(config, target=our_model(target), draft=feature_draft(target, tmp_path), eos_token_ids=[EOS])
 
 
@@ -176,7 +177,10 @@ def test_every_per_request_structure_is_empty_or_bounded_after_every_kind_of_end
     assert len(lengths.histories) <= lengths.max_kinds
     assert all(len(h.order) == len(h.sorted) <= lengths.window for h in lengths.histories.values())
     assert set(sched.overloads) <= {UNREACHABLE, NO_CAPACITY}
-    assert sched.iteration_stats.maxlen is not None and sched.prefill_stats.maxlen is not None
+    assert len(sched.iteration_stats) <= STATS_HISTORY and len(sched.prefill_stats) <= STATS_HISTORY
+    assert sched.decode_iterations > STATS_HISTORY
+    with pytest.raises(ValueError, match="stats_history"):
+        dataclasses.replace(sched.config, stats_history=0)
 
 
 def test_a_step_that_fails_after_ending_requests_still_answers_each_of_them(one_thread):
