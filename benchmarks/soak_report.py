@@ -26,7 +26,8 @@ def print_speed(rows: Sequence[dict]) -> None:
     """soak_speed's table: what slowed, the machine or the server, per window."""
     cols = (("steal_share", "steal", ".1%"), ("target_forward_ms_per_step", "forward ms/step", ".2f"),
             ("rest_ms_per_step", "rest ms/step", ".2f"), ("measured_over_predicted", "step/predicted", ".3f"),
-            ("server_cpu_ms_per_token", "server CPU ms/token", ".2f"), ("steps_per_s", "steps/s", ".1f"))
+            ("server_cpu_ms_per_token", "server CPU ms/token", ".2f"), ("steps_per_s", "steps/s", ".1f"),
+            ("suffix_tokens", "suffix index tokens", ",.0f"), ("rss_mib_median", "RSS median MiB", ",.0f"))
     print("\nspeed per window (soak_speed: a slower machine moves the forward and steal; a server slowing "
           "itself, the rest):")
     print("  " + "window".ljust(14) + "".join(f"{h:>20}" for _, h, _ in cols))

@@ -29,6 +29,7 @@ SERIES = {
     "adaserve_step_time_measured_over_predicted_sum": "ratio_sum",
     "adaserve_step_time_measured_over_predicted_count": "ratio_count",
     "adaserve_generation_tokens_total": "tokens",
+    "adaserve_suffix_index_tokens": "suffix_tokens",  # a gauge: how full the bounded index is
 }
 
 
@@ -79,7 +80,8 @@ def _ratio(num: float | None, den: float | None, scale: float = 1.0, digits: int
 def speed_by_window(samples: Sequence[ServerSample], duration_s: float, window_s: float) -> list[dict]:
     """Per window of the load, from the first sample at or after its start to the first at or after its
     end: steal share of the machine's CPU time, target forward and rest ms per decode step, mean
-    measured / predicted step time, and tritonserver's CPU ms per generated token."""
+    measured / predicted step time, tritonserver's CPU ms per generated token, the suffix index's
+    tokens at the end (it grows the process until full), and the median of the window's RSS samples."""
     with_counters = [s for s in samples if s.counters]
     out, start = [], 0.0
     while start < duration_s - 1e-9:
@@ -96,7 +98,11 @@ def speed_by_window(samples: Sequence[ServerSample], duration_s: float, window_s
                 "measured_over_predicted": _ratio(d.get("ratio_sum"), d.get("ratio_count")),
                 "server_cpu_ms_per_token": _ratio(d.get("triton_cpu_s"), d.get("tokens"), 1e3, 2),
                 "steps_per_s": _ratio(d.get("steps"), b.t_s - a.t_s, digits=1),
+                "suffix_tokens": b.counters.get("suffix_tokens"),
             }
+        inside = sorted(s.triton_rss_mib for s in samples if start <= s.t_s < end and s.triton_rss_mib > 0)
+        if inside:
+            row["rss_mib_median"] = round(inside[len(inside) // 2], 1)
         out.append(row)
         start = end
     return out

@@ -42,6 +42,12 @@ RATIO_BUCKETS = [0.5, 0.67, 0.75, 0.8, 0.85, 0.87, 0.9, 0.95, 1.05, 1.1, 1.15, 1
 FLUSH_S = 0.5  # per-step metrics are published this often (Prometheus scrapes every few seconds)
 
 
+def suffix_index(engine):
+    """The engine's cross-request suffix index, or None (no draft worker, or suffix speculation off)."""
+    copies = getattr(engine.draft, "copies", None)
+    return getattr(copies, "suffix", None)
+
+
 class EngineMetrics:
     def __init__(self, pb, slo_classes: list[str]) -> None:
         F = pb.MetricFamily
@@ -108,6 +114,8 @@ class EngineMetrics:
         self.blocks_used = gauge("adaserve_kv_blocks_used", "Target KV cache blocks in use")
         self.blocks_free = gauge("adaserve_kv_blocks_free", "Target KV cache blocks free")
         self.budget = gauge("adaserve_token_budget", "Tokens verified per iteration (B)")
+        # bounded in tokens (speculation.suffix_max_tokens), not bytes: until it is full the process grows
+        self.suffix_tokens = gauge("adaserve_suffix_index_tokens", "Tokens held by the cross-request suffix index")
         self.prefix_queried = counter_metric("adaserve_prefix_cache_queried_tokens_total",
                                              "Prompt tokens starting requests looked up in the prefix cache")
         self.prefix_hit = counter_metric("adaserve_prefix_cache_hit_tokens_total",
@@ -185,6 +193,8 @@ class EngineMetrics:
         self.blocks_used.set(blocks.num_blocks - blocks.num_free_blocks)
         self.blocks_free.set(blocks.num_free_blocks)
         self.budget.set(engine.budget)
+        if (suffix := suffix_index(engine)) is not None:
+            self.suffix_tokens.set(suffix.num_tokens)
         stats = engine.scheduler.prefix_stats
         queried, hit = stats.queried - self._prefix_seen[0], stats.hit - self._prefix_seen[1]
         if queried or hit:

@@ -49,9 +49,10 @@ def test_series_are_read_by_their_labels():
         "adaserve_step_time_measured_over_predicted_sum{} 1010",
         "adaserve_step_time_measured_over_predicted_count 1000",
         'adaserve_step_time_measured_over_predicted_bucket{le="1.05"} 900',
-        "adaserve_generation_tokens_total 5000"])
+        "adaserve_generation_tokens_total 5000",
+        "adaserve_suffix_index_tokens 4096"])
     assert series_values(text) == {"target_forward_s": 12.5, "rest_s": 2.5, "steps": 1000, "ratio_sum": 1010,
-                                   "ratio_count": 1000, "tokens": 5000}
+                                   "ratio_count": 1000, "tokens": 5000, "suffix_tokens": 4096}
 
 
 def at(t: float, k: float, steal: float = 0.0) -> ServerSample:
@@ -68,9 +69,9 @@ def test_speed_per_window_tells_a_slower_machine_from_a_slower_server():
     assert [r["start_s"] for r in rows] == [0, 60, 120]
     assert rows[0] == {"start_s": 0, "end_s": 60, "steal_share": 0.0, "target_forward_ms_per_step": 10.0,
                        "rest_ms_per_step": 2.0, "measured_over_predicted": 1.0, "server_cpu_ms_per_token": 5.0,
-                       "steps_per_s": 16.7}
+                       "steps_per_s": 16.7, "suffix_tokens": None, "rss_mib_median": 1000.0}
     assert rows[2]["steal_share"] == 0.5 and rows[2]["steps_per_s"] == pytest.approx(8.3)
-    assert speed_by_window([ServerSample(0, 1, {}, 1, 0, 0, 0)], 60.0, 30.0) == [
+    assert speed_by_window([ServerSample(0, 0, {}, 1, 0, 0, 0)], 60.0, 30.0) == [
         {"start_s": 0, "end_s": 30}, {"start_s": 30, "end_s": 60}]  # nothing read: nothing said
 
 
