@@ -56,7 +56,7 @@ class FramedDeck:
             self._order[cat] = pairs
         self._dealt = dict.fromkeys(prompts, 0)
         self._max_framing = dict.fromkeys(prompts, -1)
-        self._next: dict[str, int] = {}  # per class, the next place in its order
+        self._next = dict.fromkeys(prompts, 0)  # per class, the next place in its order
         self._used: set[tuple[str, int, int]] = set()  # (class, framing, prompt) dealt
         self._source: dict[str, int] = {}  # a dealt text -> its prompt's index
 
@@ -76,9 +76,9 @@ class FramedDeck:
 
     def deal(self, category: str) -> tuple[str, bool]:
         order = self._order[category]
-        while self._next.get(category, 0) < len(order):
-            i = self._next[category] = self._next.get(category, 0) + 1
-            framing, index = order[i - 1]
+        while self._next[category] < len(order):
+            framing, index = order[self._next[category]]
+            self._next[category] += 1
             if (category, framing, index) not in self._used:
                 return self._take(category, framing, index)
         raise self._exhausted(category)

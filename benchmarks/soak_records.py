@@ -63,8 +63,8 @@ class ServerSample:
     kv_blocks_used: float | None
     running: float | None
     waiting: float | None
-    # Cumulative counters the speed check differences between samples (soak_speed.COUNTERS); empty where
-    # none could be read
+    # Cumulative counters soak_speed differences between samples (its SERIES, machine_cpu, and
+    # tritonserver's CPU seconds); empty where none could be read
     counters: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:

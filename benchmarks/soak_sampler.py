@@ -11,10 +11,10 @@ from pathlib import Path
 
 import psutil
 
-from harness.servers import gauge_values, metrics_text
+from harness.servers import gauge_sums, gauge_values, metrics_text
 
 from .soak_records import ServerSample
-from .soak_speed import machine_cpu, series_values, tree_cpu_s
+from .soak_speed import machine_cpu, series_values
 
 KV_USED = "adaserve_kv_blocks_used"  # adaserve_backend/triton/metrics.py: target KV blocks held by requests
 BUSY = ("adaserve_running_requests", "adaserve_waiting_requests")
@@ -32,14 +32,20 @@ def process_label(proc: psutil.Process) -> str:
     return proc.name()
 
 
+def tree(pid: int) -> list[psutil.Process] | None:
+    """`pid` and every descendant, or None if `pid` is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+
+
 def tree_rss(pid: int) -> tuple[float, dict[str, float]]:
     """(RSS in MiB of `pid` and every descendant, RSS per process by process_label). RSS counts pages
     shared between the processes once per process: a sum that only a real change in some process
     moves, which is what growth is read from."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+    if (procs := tree(pid)) is None:
         return 0.0, {}
     each: dict[str, float] = {}
     for proc in procs:
@@ -51,12 +57,26 @@ def tree_rss(pid: int) -> tuple[float, dict[str, float]]:
     return sum(each.values()), each
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of `pid` and its live descendants so far."""
+    if (procs := tree(pid)) is None:
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
 def sample(t0: float, triton_pid: int, frontend_pid: int, metrics_url: str) -> ServerSample:
     triton_mib, each = tree_rss(triton_pid)
     frontend_mib, _ = tree_rss(frontend_pid)
-    values = gauge_values(metrics_url, (KV_USED, *BUSY))
-    kv, running, waiting = values if values is not None else (None, None, None)
-    counters = machine_cpu() | series_values(metrics_text(metrics_url) or "")
+    text = metrics_text(metrics_url)  # one scrape for the gauges and the speed counters
+    kv, running, waiting = gauge_sums(text, (KV_USED, *BUSY)) if text is not None else (None, None, None)
+    counters = machine_cpu() | series_values(text or "")
     if (cpu := tree_cpu_s(triton_pid)) is not None:
         counters["triton_cpu_s"] = cpu
     return ServerSample(time.monotonic() - t0, triton_mib, each, frontend_mib, kv, running, waiting, counters)

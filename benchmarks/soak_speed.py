@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import psutil
-
 from .soak_records import ServerSample
 
 # Prometheus series the sampler reads (series -> counter name in ServerSample.counters)
@@ -54,23 +52,6 @@ def machine_cpu() -> dict[str, float]:
     except (OSError, ValueError):
         return {}
     return {"steal_jiffies": fields[7] if len(fields) > 7 else 0.0, "all_jiffies": sum(fields[:8])}
-
-
-def tree_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) of `pid` and its live descendants so far."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return None
-    total = 0.0
-    for proc in procs:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return total
 
 
 def _ratio(num: float | None, den: float | None, scale: float = 1.0, digits: int = 3) -> float | None:

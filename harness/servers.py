@@ -16,8 +16,8 @@ from adaserve_backend import PROJECT_ROOT
 from adaserve_backend.child_process import ServerProcess
 from adaserve_backend.triton.launch import triton_server
 
-__all__ = ["PEER_SERVED_NAME", "ServerProcess", "free_ports", "gauge_values", "llamacpp_server", "metrics_text",
-           "openai_frontend", "ray_server", "triton_server", "vllm_server", "wait_idle"]
+__all__ = ["PEER_SERVED_NAME", "ServerProcess", "free_ports", "gauge_sums", "gauge_values", "llamacpp_server",
+           "metrics_text", "openai_frontend", "ray_server", "triton_server", "vllm_server", "wait_idle"]
 
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
 VLLM_MODEL_DIR = VLLM_VENV / "smollm2-135m-instruct"
@@ -132,8 +132,12 @@ def metrics_text(metrics_url: str) -> str | None:
 
 def gauge_values(metrics_url: str, names: tuple[str, ...]) -> list[float] | None:
     """The sum over labels of each named gauge, or None if the endpoint does not answer."""
-    if (text := metrics_text(metrics_url)) is None:
-        return None
+    text = metrics_text(metrics_url)
+    return None if text is None else gauge_sums(text, names)
+
+
+def gauge_sums(text: str, names: tuple[str, ...]) -> list[float]:
+    """The sum over labels of each named gauge in a Prometheus exposition text (0 where absent)."""
     sums = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]

@@ -6,7 +6,8 @@ import pytest
 
 from benchmarks.soak_plan import FramedDeck, Shares, build_plan
 from benchmarks.soak_records import HOSTILE, ServerSample
-from benchmarks.soak_speed import machine_cpu, series_values, speed_by_window, tree_cpu_s
+from benchmarks.soak_sampler import tree_cpu_s
+from benchmarks.soak_speed import machine_cpu, series_values, speed_by_window
 
 PROMPTS = {"coding": [(f"def f{i}(x):\n    '''Return x.'''\n", False) for i in range(60)],
            "chat": [(f"What is question {i}?", True) for i in range(30)],
