@@ -4,8 +4,10 @@
 the weight prepacked once, AMX/AVX512-BF16 kernels read it straight away (evidence:
 docs/experiments.md#threads). Where the CPU has AVX512-BF16 a second packing serves the project's own
 kernel (csrc/pair_gemm.h): a few-row product (decode, small trees, their LM head) is a read of the
-weight, and that kernel reads it closer to the memory bandwidth. Which packing a product takes is
-decided in one place, the C++ `packed_linear` the fused decoder layers call too. float32 keeps
+weight, and that kernel reads it closer to the memory bandwidth. Where the CPU has AVX2 but no
+AVX512-BF16, oneDNN packs no bfloat16 weight and torch's own bfloat16 GEMM is several times slower
+than float32, so the pair kernel's AVX2 build serves every row count alone. Which packing a product
+takes is decided in one place, the C++ `packed_linear` the fused decoder layers call too. float32 keeps
 `F.linear` so the oracle path stays bit-exact with `transformers`.
 """
 
@@ -37,6 +39,14 @@ def prepacking_available(weight: torch.Tensor) -> bool:
     )
 
 
+def pairs_serve_alone(weight: torch.Tensor) -> bool:
+    """Whether the pair kernel takes every product of this bfloat16 weight (an AVX2 CPU, no oneDNN
+    packing) rather than only the few-row ones."""
+    ops = kernels()
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and ops is not None and ops.pair_gemm
+            and not prepacking_available(weight))
+
+
 # Bumped by every prepack: what caches built over packed weights (fused_layer.fused_stack) check.
 pack_generation = 0
 
@@ -66,6 +76,10 @@ class Linear(nn.Linear):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
             self._pairs = pack_pairs(self.weight)
             self._packed_version = self.weight._version
+        elif pairs_serve_alone(self.weight) and (pairs := pack_pairs(self.weight)) is not None:
+            # packed_linear reads the pairs at every row count here; the plain weight stands where
+            # oneDNN's packing would, so the fused layers see a packed projection.
+            self._packed, self._pairs, self._packed_version = self.weight.detach(), pairs, self.weight._version
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The version check keeps a model that is trained after packing (in-place optimizer steps

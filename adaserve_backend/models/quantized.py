@@ -154,7 +154,7 @@ def serve_q4_1(model, gguf_path: str, integer: bool = False) -> None:
     from . import linear
 
     ops = linear.kernels()
-    if ops is None or not ops.pair_gemm or (integer and not ops.int8_gemm):
+    if ops is None or not ops.block_gemm or (integer and not ops.int8_gemm):
         needs = "AVX512-VNNI and AVX512-BF16" if integer else "AVX512-BF16"
         raise ValueError(f"dtype {'q4_1_int8' if integer else 'q4_1'} needs the C++ kernels on a CPU with {needs}")
     pack = pack_q4_1_int8 if integer else pack_q4_1
@@ -184,7 +184,7 @@ def quantize_to_q8_0(model) -> dict:
     from . import linear
 
     ops = linear.kernels()
-    if ops is None or not ops.pair_gemm:
+    if ops is None or not ops.block_gemm:
         raise ValueError("dtype q8_0 needs the C++ kernels on a CPU with AVX512-BF16")
     heads = [model.lm_head] if model.lm_head.weight.shape[0] % 16 == 0 else []
     out = {}

@@ -20,11 +20,12 @@ from tests.model_fixtures import our_model, tiny_checkpoint
 
 ops = linear.kernels()
 pytestmark = pytest.mark.skipif(ops is None, reason="the C++ decoder-layer ops do not build here")
-# The fused layers read prepacked weights, and oneDNN packs bfloat16 only where the CPU computes in it
-# (AVX512-BF16 or AMX); elsewhere every model takes the Python layers and there is nothing to compare.
+# The fused layers read packed weights: oneDNN's (AVX512-BF16 or AMX) or the pair kernel's alone (AVX2);
+# on a CPU with neither every model takes the Python layers and there is nothing to compare.
 needs_prepacking = pytest.mark.skipif(
-    not linear.prepacking_available(torch.zeros(1, dtype=torch.bfloat16)),
-    reason="oneDNN prepacks bfloat16 weights only with AVX512-BF16 or AMX")
+    ops is None or not (linear.prepacking_available(w := torch.zeros(16, 2, dtype=torch.bfloat16))
+                        or linear.pairs_serve_alone(w)),
+    reason="no packing of bfloat16 weights on this CPU (neither AVX512-BF16 nor AVX2 with FMA)")
 
 
 def test_silu_mul_rounds_like_torch_for_every_bfloat16_input():
@@ -151,7 +152,7 @@ def test_float32_and_training_keep_the_python_layers():
         assert fused_stack(model) is not None
 
 
-@pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the pair kernel needs AVX512-BF16")
+@pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the pair kernel needs AVX512-BF16 or AVX2 with FMA")
 @pytest.mark.parametrize("bias", [False, True])
 def test_pair_kernel_matches_a_float32_product_for_every_row_count(bias):
     """pair_linear against x W^T in float32 then rounded once: row counts across its 4-row tiles and

@@ -21,7 +21,7 @@ from adaserve_backend.models.quantized import (
 )
 
 ops = linear.kernels()
-pytestmark = pytest.mark.skipif(ops is None or not ops.pair_gemm, reason="the Q4_1 kernel needs AVX512-BF16")
+pytestmark = pytest.mark.skipif(ops is None or not ops.block_gemm, reason="the Q4_1 kernel needs AVX512-BF16")
 
 
 def random_blocks(kind: str, out: int, inp: int, seed: int = 0) -> np.ndarray:

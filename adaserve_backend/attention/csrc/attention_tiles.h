@@ -8,8 +8,15 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+// Where the CPU has AVX2 and FMA but not AVX-512 the loops below take eight-lane paths; without them
+// the scalar dot products do not vectorize (their sums are ordered) and attention ran several times
+// slower than its share of the work.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define ADASERVE_AVX2 1
 #endif
 
 namespace adaserve {
@@ -69,6 +76,32 @@ inline float exp_row(float* row, int64_t n, float mx, int64_t prefix = 0, const 
     }
   }
   return _mm512_reduce_add_ps(_mm512_load_ps(lanes));
+#elif defined(ADASERVE_AVX2)
+  // As above on eight lanes: the k-th visible key lands in partial sum k % 8.
+  const __m256 vmx = _mm256_set1_ps(mx);
+  const __m256i step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int64_t pos = 0; pos < n; pos += 8) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(pos)), step);
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), idx);
+    const __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + pos, m), vmx));
+    _mm256_maskstore_ps(row + pos, m, e);
+    const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(lead)), idx);
+    vsum = _mm256_add_ps(vsum, _mm256_and_ps(e, _mm256_castsi256_ps(in)));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vsum);
+  for (int64_t pos = lead, k = lead; pos < n; ++pos) {
+    if (!vis[pos - prefix]) {
+      row[pos] = 0.f;
+    } else {
+      lanes[k % 8] += row[pos];
+      ++k;
+    }
+  }
+  float sum = 0.f;
+  for (int j = 0; j < 8; ++j) sum += lanes[j];
+  return sum;
 #else
   float sum = 0.f;
   for (int64_t pos = 0; pos < n; ++pos) {
@@ -84,7 +117,7 @@ inline float exp_row(float* row, int64_t n, float mx, int64_t prefix = 0, const 
 // rows: `count` row pointers.
 template <typename T>
 inline void prefetch_rows(const T* const* rows, int64_t count, int64_t from, int64_t n, int64_t bytes) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(ADASERVE_AVX2)
   const int64_t end = std::min<int64_t>(from + n, count);
   for (int64_t i = from; i < end; ++i)
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(rows[i]) + b, _MM_HINT_T0);
@@ -101,6 +134,11 @@ inline void to_float(const T* src, float* dst, int64_t n) {
 #if defined(__AVX512F__)
   if (n % 16 == 0) {
     for (int64_t d = 0; d < n; d += 16) _mm512_storeu_ps(dst + d, load16(src + d));
+    return;
+  }
+#elif defined(ADASERVE_AVX2)
+  if (n % 8 == 0) {
+    for (int64_t d = 0; d < n; d += 8) _mm256_storeu_ps(dst + d, load8(src + d));
     return;
   }
 #endif
@@ -122,6 +160,25 @@ inline void tile_scores(const float* q, int64_t rows, const float* keys, int64_t
         for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + j * dim + d), acc[j]);
       }
       _mm512_mask_storeu_ps(scores + r * stride, keep, sum16(acc));
+    }
+    return;
+  }
+#elif defined(ADASERVE_AVX2)
+  if (dim % 8 == 0) {
+    alignas(32) float out[8];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q + r * dim;
+      for (int64_t j0 = 0; j0 < n; j0 += 8) {  // eight keys at a time: eight sums in registers
+        const float* kj = keys + j0 * dim;  // keys beyond n are rows of the tile buffer: read, not stored
+        __m256 acc[8];
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < dim; d += 8) {
+          const __m256 qv = _mm256_loadu_ps(qr + d);
+          for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + j * dim + d), acc[j]);
+        }
+        _mm256_store_ps(out, sum8(acc));
+        for (int64_t j = 0; j < std::min<int64_t>(8, n - j0); ++j) scores[r * stride + j0 + j] = out[j];
+      }
     }
     return;
   }

@@ -142,10 +142,17 @@ inline void block_gemm(const c10::BFloat16* xp, int64_t m, int64_t k, const uint
 }
 #endif
 
+constexpr bool kBlockGemmCompiled =
+#if defined(__AVX512BF16__)
+    true;
+#else
+    false;
+#endif
+
 // x [M, K] bfloat16, q [N / 16, K / 32, bytes] uint8 (quantized.pack_q4_1 or pack_q8_0: the block size
 // tells them apart), bias [N] or none.
 inline at::Tensor block_linear(const at::Tensor& x, const at::Tensor& q, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(kPairGemmCompiled, "block_linear needs AVX512-BF16");
+  TORCH_CHECK(kBlockGemmCompiled, "block_linear needs AVX512-BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "block_linear: a bfloat16 [M, K] input");
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kByte && q.is_contiguous(),
               "block_linear: packed GGUF blocks [N / 16, K / 32, bytes]");

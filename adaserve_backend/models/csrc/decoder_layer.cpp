@@ -22,6 +22,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <vector>
 
 namespace {
 
@@ -47,10 +48,17 @@ inline float f(bf16 x) { return widen(x); }
 constexpr int64_t kBlockRows = 2;
 
 // The product with the cheapest packing there is for this many rows of a [rows, K] input: GGUF blocks,
-// bfloat16 pairs, or oneDNN's prepacked weight (any other input shape). All hold the same values.
+// bfloat16 pairs, or oneDNN's prepacked weight. All hold the same values. Without AVX512-BF16 the pairs
+// serve every row count and `packed` is the plain weight, never read (models/linear.py).
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& pairs,
                          const std::optional<at::Tensor>& blocks, const std::optional<at::Tensor>& bias) {
-  const int64_t rows = x.dim() == 2 ? x.size(0) : std::numeric_limits<int64_t>::max();
+  if (x.dim() != 2) {  // [..., K]: the product of its rows, shaped back
+    std::vector<int64_t> sizes = x.sizes().vec();
+    const at::Tensor out = packed_linear(x.reshape({-1, x.size(-1)}), packed, pairs, blocks, bias);
+    sizes.back() = out.size(1);
+    return out.reshape(sizes);
+  }
+  const int64_t rows = x.size(0);
   // Integer-dot blocks (int8) serve every row count: their numbers are not the bfloat16 packings'.
   if (blocks && blocks->scalar_type() == at::kChar) return int8_linear(x, *blocks, bias);
   if (blocks && rows <= kBlockRows) return block_linear(x, *blocks, bias);
@@ -232,7 +240,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_in_place", &rope_in_place, py::call_guard<py::gil_scoped_release>(), "rotary embedding of the first heads of each row, in place (CPU bf16)");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I] rows (CPU bf16)");
   m.def("pack_pairs", &pack_pairs, "a bfloat16 [N, K] weight in the layout pair_linear reads");
-  m.def("pair_linear", &pair_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias for few rows, W from pack_pairs (AVX512-BF16)");
+  m.def("pair_linear", &pair_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias, W from pack_pairs (AVX512-BF16: few rows; AVX2 and FMA: any)");
   m.def("block_linear", &block_linear, py::call_guard<py::gil_scoped_release>(),
         "x W^T + bias, W from models/quantized.py's pack_q4_1 or pack_q8_0 (AVX512-BF16)");
   m.def("int8_linear", &int8_linear, py::call_guard<py::gil_scoped_release>(),
@@ -240,6 +248,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &packed_linear, py::call_guard<py::gil_scoped_release>(),
         "x W^T + bias through the cheapest packing for x's rows: GGUF blocks, pairs or oneDNN's (CPU bf16)");
   m.attr("pair_gemm") = py::bool_(kPairGemmCompiled);
+  m.attr("block_gemm") = py::bool_(kBlockGemmCompiled);
   m.attr("pair_rows") = py::int_(kPairRows);
   m.attr("int8_gemm") = py::bool_(kInt8GemmCompiled);
 }

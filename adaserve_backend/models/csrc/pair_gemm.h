@@ -7,12 +7,14 @@
 // (docs/experiments.md#pair-gemm). Here the weight is stored once as "pairs" (pack_pairs): 16 output
 // columns x 2 consecutive k, 64 bytes, exactly what one VDPBF16PS multiplies against a broadcast
 // (x[k], x[k+1]), so the inner loop is contiguous loads and dot products, float32 accumulation.
+// Where the CPU has AVX2 and FMA but no AVX512-BF16, pair_gemm_avx2.h computes from the same layout.
 #pragma once
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include "cpu_math.h"
+#include "pair_gemm_avx2.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -105,7 +107,7 @@ inline void pair_group(int nb, const c10::BFloat16* x, int64_t m, int64_t k, con
 #endif
 
 constexpr bool kPairGemmCompiled =
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
     true;
 #else
     false;
@@ -113,7 +115,7 @@ constexpr bool kPairGemmCompiled =
 
 // x [M, K] contiguous bfloat16, pairs from pack_pairs, bias [N] or none.
 inline at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& pairs, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(kPairGemmCompiled, "pair_linear needs AVX512-BF16");
+  TORCH_CHECK(kPairGemmCompiled, "pair_linear needs AVX512-BF16 or AVX2 with FMA");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "pair_linear: a bfloat16 [M, K] input");
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0), k = xc.size(1), blocks = pairs.size(0), n = blocks * 16;
@@ -126,6 +128,19 @@ inline at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& pairs, cons
   const float* bp = bias ? bias32.data_ptr<float>() : nullptr;
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   // Threads split the columns (each reads its own part of the weight once).
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; b += 4) {
+      const int nb = static_cast<int>(std::min<int64_t>(4, end - b));
+      pair_group(nb, xp, m, k, wp + b * k * 16, bp ? bp + b * 16 : nullptr, op + b * 16, n);
+    }
+  });
+#elif defined(__AVX2__) && defined(__FMA__)  // pair_gemm_avx2.h
+  if (m == 0) return out;  // an LM head asked for no logits (a prefill chunk)
+  const at::Tensor x32 = xc.to(at::kFloat);
+  const float* xp = x32.data_ptr<float>();
+  const c10::BFloat16* wp = pairs.data_ptr<c10::BFloat16>();
+  const float* bp = bias ? bias32.data_ptr<float>() : nullptr;
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; b += 4) {
       const int nb = static_cast<int>(std::min<int64_t>(4, end - b));
