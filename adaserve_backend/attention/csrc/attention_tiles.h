@@ -47,14 +47,59 @@ inline __m512 sum16(const __m512* v) {
 // decode step, a token tree (hidden siblings between a node's ancestors), a prefill chunk and a
 // prefix-cache hit all give one request the same output; with partial sums by slot, they did not (a
 // repeated greedy request could change its answer).
+// The first j < n with !vis[j], else n.
+inline int64_t first_hidden(const bool* vis, int64_t n) {
+  int64_t j = 0;
+#if defined(ADASERVE_AVX2)
+  for (; j + 32 <= n; j += 32) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vis + j));
+    const uint32_t hidden = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(b, _mm256_setzero_si256())));
+    if (hidden) return j + __builtin_ctz(hidden);
+  }
+#endif
+  for (; j < n; ++j)
+    if (!vis[j]) return j;
+  return n;
+}
+
+// One past the last j in [from, n) with vis[j], else from.
+inline int64_t last_visible(const bool* vis, int64_t from, int64_t n) {
+  int64_t j = n;
+#if defined(ADASERVE_AVX2)
+  for (; j - 32 >= from; j -= 32) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vis + j - 32));
+    const uint32_t hidden = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(b, _mm256_setzero_si256())));
+    if (hidden != 0xFFFFFFFFu) return j - __builtin_clz(~hidden);
+  }
+#endif
+  for (; j > from; --j)
+    if (vis[j - 1]) return j;
+  return from;
+}
+
+// The largest row[prefix + j] over j < n with vis[j], at least mx.
+inline float visible_max(const float* row, const bool* vis, int64_t n, float mx) {
+  int64_t j = 0;
+#if defined(ADASERVE_AVX2)
+  __m256 vmx = _mm256_set1_ps(mx);
+  const __m256 low = _mm256_set1_ps(-3.0e38f);
+  for (; j + 8 <= n; j += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vis + j));
+    const __m256i seen = _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(b), _mm256_setzero_si256());
+    vmx = _mm256_max_ps(vmx, _mm256_blendv_ps(low, _mm256_loadu_ps(row + j), _mm256_castsi256_ps(seen)));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmx);
+  for (int i = 0; i < 8; ++i) mx = std::max(mx, lanes[i]);
+#endif
+  for (; j < n; ++j)
+    if (vis[j]) mx = std::max(mx, row[j]);
+  return mx;
+}
+
 inline float exp_row(float* row, int64_t n, float mx, int64_t prefix = 0, const bool* vis = nullptr) {
-  int64_t lead = n;  // keys [0, lead) are all visible: summed in place
-  if (vis != nullptr)
-    for (int64_t j = 0; prefix + j < n; ++j)
-      if (!vis[j]) {
-        lead = prefix + j;
-        break;
-      }
+  // keys [0, lead) are all visible: summed in place
+  const int64_t lead = vis == nullptr || n <= prefix ? n : prefix + first_hidden(vis, n - prefix);
 #if defined(__AVX512F__)
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512 vsum = _mm512_setzero_ps();
@@ -191,6 +236,28 @@ inline void tile_scores(const float* q, int64_t rows, const float* keys, int64_t
     }
 }
 
+#if defined(ADASERVE_AVX2)
+// tile_accumulate for dim = 8 C.
+template <int C>
+inline void tile_accumulate8(float* acc, int64_t rows, const float* p, int64_t stride, const float* values, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * stride;
+    float* ar = acc + r * 8 * C;
+    __m256 a[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(ar + 8 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      if (pr[j] == 0.f) continue;  // keys this query does not see (other tree branches)
+      const __m256 w = _mm256_set1_ps(pr[j]);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + j * 8 * C + 8 * c), a[c]);
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(ar + 8 * c, a[c]);
+  }
+}
+#endif
+
 // acc[r] += sum_j p[r * stride + j] * values[j] for every row (values: n rows of dim floats, n <= 16).
 inline void tile_accumulate(float* acc, int64_t rows, const float* p, int64_t stride, const float* values, int64_t n,
                             int64_t dim) {
@@ -210,6 +277,13 @@ inline void tile_accumulate(float* acc, int64_t rows, const float* p, int64_t st
       for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(ar + 16 * c, a[c]);
     }
     return;
+  }
+#elif defined(ADASERVE_AVX2)
+  switch (dim) {  // the row's sums stay in registers over the tile's keys
+    case 32: return tile_accumulate8<4>(acc, rows, p, stride, values, n);
+    case 64: return tile_accumulate8<8>(acc, rows, p, stride, values, n);
+    case 96: return tile_accumulate8<12>(acc, rows, p, stride, values, n);
+    default: break;
   }
 #endif
   for (int64_t r = 0; r < rows; ++r)

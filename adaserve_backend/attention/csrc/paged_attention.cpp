@@ -87,8 +87,9 @@ struct Paged {
 // Softmax numerators of each of the task's score rows over the keys its query sees (hidden keys: 0);
 // sums[r] gets row r's sum. Keys [0, prefix) are seen by all; prefix + j by query i iff vis row i, j.
 // The sums do not depend on where the prefix ends (exp_row): the same query gives the same bits.
+// Only keys [0, end) are scored (end <= kv_len, the row stride): no query of the task sees one beyond.
 inline void softmax_numerators(float* scores, int64_t nq, int64_t group, int64_t kv_len, int64_t prefix,
-                               const bool* vis_rows, float* sums) {
+                               const bool* vis_rows, float* sums, int64_t end) {
   const int64_t tail = kv_len - prefix;
   for (int64_t i = 0; i < nq; ++i) {
     const bool* vis = vis_rows + i * tail;
@@ -97,11 +98,18 @@ inline void softmax_numerators(float* scores, int64_t nq, int64_t group, int64_t
       float mx = -3.0e38f;
 #pragma omp simd reduction(max : mx)
       for (int64_t pos = 0; pos < prefix; ++pos) mx = std::max(mx, sr[pos]);
-      for (int64_t j = 0; j < tail; ++j)
-        if (vis[j]) mx = std::max(mx, sr[prefix + j]);
-      sums[i * group + g] = exp_row(sr, kv_len, mx, prefix, vis);
+      mx = visible_max(sr + prefix, vis, end - prefix, mx);
+      sums[i * group + g] = exp_row(sr, end, mx, prefix, vis);
     }
   }
+}
+
+// One past the last key any of the nq queries sees (vis_rows: their [nq, tail] rows after the prefix):
+// a prefill chunk's queries see none of the keys after them, half of a causal square.
+inline int64_t visible_end(const bool* vis_rows, int64_t nq, int64_t prefix, int64_t tail) {
+  int64_t last = 0;
+  for (int64_t i = 0; i < nq; ++i) last = last_visible(vis_rows + i * tail, last, tail);
+  return prefix + last;
 }
 
 // The generic path (float32, the exact oracle; bfloat16 where AVX512-BF16 is missing): each key and
@@ -124,22 +132,24 @@ void attend(const Paged<T>& a) {
         }
       scores.resize(rows * kv_len);
       a.rows(s, h, krow, vrow);
-      for (int64_t p0 = 0; p0 < kv_len; p0 += 16) {
-        const int64_t n = std::min<int64_t>(16, kv_len - p0);
+      const int64_t prefix = a.prefix_lens[s];
+      const bool* vis = a.mask + a.mask_starts[s] + q0 * (kv_len - prefix);
+      const int64_t end = visible_end(vis, nq, prefix, kv_len - prefix);
+      for (int64_t p0 = 0; p0 < end; p0 += 16) {
+        const int64_t n = std::min<int64_t>(16, end - p0);
         prefetch_rows(krow, p0 + kPrefetchAhead, 16, dim * static_cast<int64_t>(sizeof(T)));
         for (int64_t j = 0; j < n; ++j) to_float(krow[p0 + j], keys.data() + j * dim, dim);
         tile_scores(qf.data(), rows, keys.data(), n, dim, scores.data() + p0, kv_len);
       }
       sums.resize(rows);
-      const int64_t prefix = a.prefix_lens[s];
-      softmax_numerators(scores.data(), nq, group, kv_len, prefix, a.mask + a.mask_starts[s] + q0 * (kv_len - prefix), sums.data());
+      softmax_numerators(scores.data(), nq, group, kv_len, prefix, vis, sums.data(), end);
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.f / sums[r];
-        for (int64_t pos = 0; pos < kv_len; ++pos) scores[r * kv_len + pos] *= inv;
+        for (int64_t pos = 0; pos < end; ++pos) scores[r * kv_len + pos] *= inv;
       }
       acc.assign(rows * dim, 0.f);
-      for (int64_t p0 = 0; p0 < kv_len; p0 += 16) {
-        const int64_t n = std::min<int64_t>(16, kv_len - p0);
+      for (int64_t p0 = 0; p0 < end; p0 += 16) {
+        const int64_t n = std::min<int64_t>(16, end - p0);
         prefetch_rows(vrow, p0 + kPrefetchAhead, 16, dim * static_cast<int64_t>(sizeof(T)));
         for (int64_t j = 0; j < n; ++j) to_float(vrow[p0 + j], keys.data() + j * dim, dim);
         tile_accumulate(acc.data(), rows, scores.data() + p0, kv_len, keys.data(), n, dim);
@@ -197,7 +207,8 @@ void attend_bf16(const Paged<c10::BFloat16>& a) {
       }
       sums.resize(rows);
       const int64_t prefix = a.prefix_lens[s];
-      softmax_numerators(scores.data(), nq, group, kv_len, prefix, a.mask + a.mask_starts[s] + q0 * (kv_len - prefix), sums.data());
+      softmax_numerators(scores.data(), nq, group, kv_len, prefix, a.mask + a.mask_starts[s] + q0 * (kv_len - prefix),
+                         sums.data(), kv_len);
       inv.resize(rows);
       for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / sums[r];
       for (int64_t r0 = 0; r0 < rows; r0 += kValueRows)

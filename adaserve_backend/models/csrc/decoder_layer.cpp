@@ -196,6 +196,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
         const __m512 act = round16_bf16(_mm512_div_ps(x, _mm512_add_ps(one, e)));
         store16_bf16(orow + i, round16_bf16(_mm512_mul_ps(act, load16(gr + inter + i))));
       }
+#elif defined(__AVX2__) && defined(__FMA__)
+      const __m256 one = _mm256_set1_ps(1.f);
+      for (; i + 8 <= inter; i += 8) {
+        const __m256 x = load8(gr + i);
+        const __m256 e = exp8_accurate(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        const __m256 act = round8_bf16(_mm256_div_ps(x, _mm256_add_ps(one, e)));
+        store8_bf16(orow + i, round8_bf16(_mm256_mul_ps(act, load8(gr + inter + i))));
+      }
 #endif
       for (; i < inter; ++i) orow[i] = round_bf16(f(round_bf16(silu(f(gr[i])))) * f(gr[inter + i]));
     }

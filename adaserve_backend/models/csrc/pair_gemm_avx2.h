@@ -26,17 +26,6 @@ namespace adaserve {
 
 constexpr int64_t kWidenRows = 6;
 
-// Eight float32 rounded to bfloat16 as torch rounds them (to nearest even; NaN to 0x7FC0). In registers:
-// a scalar epilogue would keep the tile's sums in memory, stored on every step of the k loop.
-__attribute__((always_inline)) inline void store8_bf16(c10::BFloat16* out, __m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
-}
-
 // R rows x NB blocks of 16 columns straight from the pairs, x widened to float32.
 template <int R, int NB>
 inline void pair_tile(const float* x, int64_t k, const c10::BFloat16* w, const float* bias, c10::BFloat16* out,
@@ -69,7 +58,7 @@ inline void pair_tile(const float* x, int64_t k, const c10::BFloat16* w, const f
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const int64_t col = b * 16 + h * 8;
-        store8_bf16(out + r * n + col, bias ? _mm256_add_ps(acc[r][b][h], _mm256_loadu_ps(bias + col)) : acc[r][b][h]);
+        store8_bf16(out + r * n + col, round8_bf16(bias ? _mm256_add_ps(acc[r][b][h], _mm256_loadu_ps(bias + col)) : acc[r][b][h]));
       }
 }
 
@@ -103,7 +92,7 @@ inline void wide_tile(const float* x, int64_t k, const float* wide, const float*
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h)
-      store8_bf16(out + r * n + h * 8, bias ? _mm256_add_ps(acc[r][h], _mm256_loadu_ps(bias + h * 8)) : acc[r][h]);
+      store8_bf16(out + r * n + h * 8, round8_bf16(bias ? _mm256_add_ps(acc[r][h], _mm256_loadu_ps(bias + h * 8)) : acc[r][h]));
 }
 
 // Every row against one group of nb (<= 4) blocks, w pointing at the group's first.
