@@ -46,7 +46,7 @@ class ModelConfig:
     device: "cpu", "cuda" or "cuda:N" (device.py checks it against the machine at load). The target and the
       draft run on the same device; a draft that names none in engine.json takes the target's.
     dtype: float32 (bit-exact against transformers, used by the oracle tests), bfloat16 (fast on
-      CPUs with AVX512-BF16 or AMX and on GPUs), float16 (GPU only), or q4_1: a GGUF's Q4_1 decoder
+      CPUs with AVX512-BF16, AMX or AVX2 and FMA, and on GPUs), float16 (GPU only), or q4_1: a GGUF's Q4_1 decoder
       projections read as shipped (5 bits a weight) and computed as bfloat16 computes them
       (models/quantized.py; CPU with AVX512-BF16), or q8_0: every projection and the LM head
       quantized at load to ggml's Q8_0 (8.5 bits a weight, as llama.cpp's Q8_0 files hold them), from
