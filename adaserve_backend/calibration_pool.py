@@ -7,9 +7,10 @@ runs each forward shape once before serving); the rooflines are then fitted to t
 this start's curves and the previous ones of the same machine, which steadies B without moving it.
 
 "The same machine" is everything the forwards' times depend on: the CPU's model and flags, the threads,
-the device, both models' shapes and dtypes, the KV block size. The record lives under
-ADASERVE_CACHE_DIR (default ~/.cache/adaserve)/calibration, one JSON file per machine, newest last;
-where it cannot be written this start's calibration is used alone.
+the device, both models' shapes and dtypes, the KV block size, and the CPU kernels' code (a kernel made
+faster would otherwise be priced at the median of the slower starts before it until they aged out).
+The record lives under ADASERVE_CACHE_DIR (default ~/.cache/adaserve)/calibration, one JSON file per
+machine, newest last; where it cannot be written this start's calibration is used alone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
+from .cpu_extension import kernels_digest
 from .models.gguf_cache import adaserve_cache, locked
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ def engine_parts(config, target_spec, draft_spec, threads: int) -> dict:
     shapes, which say what was loaded where a config's path does not)."""
     return {"machine": machine(), "threads": threads, "target": _plain(config.target), "draft": _plain(config.draft),
             "target_spec": _plain(target_spec), "draft_spec": _plain(draft_spec),
-            "block_size": config.target_cache.block_size}
+            "block_size": config.target_cache.block_size, "kernels": kernels_digest()}
 
 
 def _plain(value):

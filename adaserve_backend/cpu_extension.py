@@ -22,6 +22,17 @@ SHARED_HEADERS = Path(__file__).parent / "csrc"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 
+def kernels_digest() -> str:
+    """The CPU kernels' code hashed (every source and header under a csrc folder of the package), and
+    whether ADASERVE_NO_CPU_KERNEL turns them off: beside the machine, what a forward's time depends on,
+    so calibrations taken before a kernel changed are not pooled with those after (calibration_pool.py)."""
+    digest = hashlib.sha1(b"off" if os.environ.get("ADASERVE_NO_CPU_KERNEL") else b"on")
+    for path in sorted(p for p in Path(__file__).parent.glob("**/csrc/*") if p.is_file()):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 @functools.cache
 def load_extension(name: str, source: Path):
     """The compiled module of `source`, or None. Its name carries a hash of the source, the shared headers

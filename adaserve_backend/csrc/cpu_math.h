@@ -13,6 +13,12 @@
 #include <immintrin.h>
 #endif
 
+// A CPU with AVX2 and FMA but not AVX-512: the kernels' eight-lane paths (without them their scalar
+// sums do not vectorize, being ordered, and ran several times below the work's share).
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define ADASERVE_AVX2 1
+#endif
+
 namespace adaserve {
 
 // exp for x <= 0: 2^(x log2 e) split into integer and fractional parts, the fraction by a degree-6

@@ -5,9 +5,10 @@ written leaves this start's calibration alone."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from adaserve_backend import calibration_pool
-from adaserve_backend.calibration_pool import key_of, pooled
+from adaserve_backend.calibration_pool import engine_parts, key_of, pooled
 
 PARTS = {"machine": {"model name": "some CPU"}, "threads": 2, "target": {"path": "m", "dtype": "bfloat16"}}
 
@@ -45,3 +46,13 @@ def test_an_unwritable_cache_uses_this_calibration_alone(tmp_path):
 def test_the_machine_is_named_by_the_cpu_the_kernel_reports():
     info = calibration_pool.machine()
     assert isinstance(info, dict) and all(isinstance(v, str) for v in info.values())
+
+
+def test_a_change_to_the_kernels_starts_a_new_record(monkeypatch):
+    """Calibrations of slower kernels would outvote a faster build's first starts: the kernels' code
+    (and whether they are off) is part of the machine."""
+    config = SimpleNamespace(target={"path": "m"}, draft=None, target_cache=SimpleNamespace(block_size=128))
+    with_kernels = engine_parts(config, None, None, threads=2)
+    monkeypatch.setenv("ADASERVE_NO_CPU_KERNEL", "1")
+    without = engine_parts(config, None, None, threads=2)
+    assert with_kernels["kernels"] != without["kernels"] and key_of(with_kernels) != key_of(without)

@@ -122,25 +122,18 @@ inline at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& pairs, cons
   TORCH_CHECK(pairs_fit(pairs, k), "pair_linear: the input's width is not the weight's");
   at::Tensor out = at::empty({m, n}, xc.options());
   at::Tensor bias32 = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
+  if (m == 0) return out;  // an LM head asked for no logits (a prefill chunk)
 #if defined(__AVX512BF16__)
   const c10::BFloat16* xp = xc.data_ptr<c10::BFloat16>();
+#else
+  const at::Tensor x32 = xc.to(at::kFloat);  // pair_gemm_avx2.h reads x widened
+  const float* xp = x32.data_ptr<float>();
+#endif
   const c10::BFloat16* wp = pairs.data_ptr<c10::BFloat16>();
   const float* bp = bias ? bias32.data_ptr<float>() : nullptr;
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   // Threads split the columns (each reads its own part of the weight once).
-  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; b += 4) {
-      const int nb = static_cast<int>(std::min<int64_t>(4, end - b));
-      pair_group(nb, xp, m, k, wp + b * k * 16, bp ? bp + b * 16 : nullptr, op + b * 16, n);
-    }
-  });
-#elif defined(__AVX2__) && defined(__FMA__)  // pair_gemm_avx2.h
-  if (m == 0) return out;  // an LM head asked for no logits (a prefill chunk)
-  const at::Tensor x32 = xc.to(at::kFloat);
-  const float* xp = x32.data_ptr<float>();
-  const c10::BFloat16* wp = pairs.data_ptr<c10::BFloat16>();
-  const float* bp = bias ? bias32.data_ptr<float>() : nullptr;
-  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; b += 4) {
       const int nb = static_cast<int>(std::min<int64_t>(4, end - b));
