@@ -22,7 +22,7 @@ ops = linear.kernels()
 pytestmark = pytest.mark.skipif(ops is None, reason="the C++ decoder-layer ops do not build here")
 # The fused layers read packed weights: oneDNN's (AVX512-BF16 or AMX) or the pair kernel's alone (AVX2);
 # on a CPU with neither every model takes the Python layers and there is nothing to compare.
-needs_prepacking = pytest.mark.skipif(
+needs_packing = pytest.mark.skipif(
     ops is None or not (linear.prepacking_available(w := torch.zeros(16, 2, dtype=torch.bfloat16))
                         or linear.pairs_serve_alone(w)),
     reason="no packing of bfloat16 weights on this CPU (neither AVX512-BF16 nor AVX2 with FMA)")
@@ -89,7 +89,7 @@ def forward_both_ways(model, feature_layers=()):
     return results
 
 
-@needs_prepacking
+@needs_packing
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_fused_forward_matches_the_python_layers(kind):
     model = our_model(tiny_checkpoint(kind), "bfloat16")
@@ -100,7 +100,7 @@ def test_fused_forward_matches_the_python_layers(kind):
     torch.testing.assert_close(fused_taps.float(), python_taps.float(), rtol=2e-2, atol=2e-2)
 
 
-@needs_prepacking
+@needs_packing
 def test_eagle3_draft_fused_forward_matches_its_python_layers():
     """The draft's layer after attention through post_attention, against its Python layer: a chain read
     with the target's taps, then a tree fed its own output states (as beam search feeds it)."""
@@ -135,7 +135,7 @@ def test_eagle3_draft_fused_forward_matches_its_python_layers():
     torch.testing.assert_close(fused_states.float(), python_states.float(), rtol=2e-2, atol=2e-2)
 
 
-@needs_prepacking
+@needs_packing
 def test_float32_and_training_keep_the_python_layers():
     assert our_model(tiny_checkpoint("llama"), "float32").layer_ops is None  # the exact oracle
     # its own copy: our_model's are shared by every test, and this one changes a weight

@@ -196,7 +196,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
         const __m512 act = round16_bf16(_mm512_div_ps(x, _mm512_add_ps(one, e)));
         store16_bf16(orow + i, round16_bf16(_mm512_mul_ps(act, load16(gr + inter + i))));
       }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(ADASERVE_AVX2)
       const __m256 one = _mm256_set1_ps(1.f);
       for (; i + 8 <= inter; i += 8) {
         const __m256 x = load8(gr + i);

@@ -26,6 +26,13 @@ namespace adaserve {
 
 constexpr int64_t kWidenRows = 6;
 
+// The 32-byte half of a pair row at p (8 columns x 2 k) as float32: even k, odd k.
+__attribute__((always_inline)) inline void widen_pairs(const c10::BFloat16* p, __m256& even, __m256& odd) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+}
+
 // R rows x NB blocks of 16 columns straight from the pairs, x widened to float32.
 template <int R, int NB>
 inline void pair_tile(const float* x, int64_t k, const c10::BFloat16* w, const float* bias, c10::BFloat16* out,
@@ -35,16 +42,14 @@ inline void pair_tile(const float* x, int64_t k, const c10::BFloat16* w, const f
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int b = 0; b < NB; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
-  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   const int64_t block = k * 16;  // elements per 16-column block
   for (int64_t p = 0; p < k / 2; ++p) {
 #pragma GCC unroll 8
     for (int b = 0; b < NB; ++b)
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * block + p * 32 + h * 16));
-        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        __m256 even, odd;
+        widen_pairs(w + b * block + p * 32 + h * 16, even, odd);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
           acc[r][b][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * k + 2 * p + 1), odd,
@@ -64,12 +69,12 @@ inline void pair_tile(const float* x, int64_t k, const c10::BFloat16* w, const f
 
 // One block's pairs [K / 2, 16, 2] as float32 [K, 16].
 inline void widen_block(const c10::BFloat16* w, int64_t k, float* wide) {
-  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   for (int64_t p = 0; p < k / 2; ++p)
     for (int h = 0; h < 2; ++h) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * 32 + h * 16));
-      _mm256_storeu_ps(wide + 2 * p * 16 + h * 8, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-      _mm256_storeu_ps(wide + (2 * p + 1) * 16 + h * 8, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+      __m256 even, odd;
+      widen_pairs(w + p * 32 + h * 16, even, odd);
+      _mm256_storeu_ps(wide + 2 * p * 16 + h * 8, even);
+      _mm256_storeu_ps(wide + (2 * p + 1) * 16 + h * 8, odd);
     }
 }
 
