@@ -36,7 +36,7 @@ def test_silu_mul_rounds_like_torch_for_every_bfloat16_input():
     assert torch.equal(ours[~both_nan], ref[~both_nan])
 
 
-@pytest.mark.parametrize("head_dim", [16, 64])  # a scalar-only and a vectorized half
+@pytest.mark.parametrize("head_dim", [12, 16, 64])  # halves of 6 (scalar), 8 (AVX2 lanes) and 32
 def test_rope_in_place_matches_apply_rope(head_dim):
     torch.manual_seed(0)
     tokens, heads = 23, 7

@@ -91,6 +91,17 @@ inline float add_and_square(bf16* r, const bf16* a, int64_t dim) {
     acc = _mm512_fmadd_ps(v, v, acc);
   }
   squares = _mm512_reduce_add_ps(acc);
+#elif defined(ADASERVE_AVX2)
+  __m256 acc = _mm256_setzero_ps();
+  for (; d + 8 <= dim; d += 8) {
+    __m256 v = load8(r + d);
+    if (a) {
+      v = round8_bf16(_mm256_add_ps(v, load8(a + d)));
+      store8_bf16(r + d, v);
+    }
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  squares = reduce8(acc);
 #endif
   for (; d < dim; ++d) {
     if (a) r[d] = round_bf16(f(r[d]) + f(a[d]));
@@ -106,6 +117,10 @@ inline void scale_row(const bf16* r, const bf16* w, float inv, bf16* out, int64_
   const __m512 vinv = _mm512_set1_ps(inv);
   for (; d + 16 <= dim; d += 16)
     store16_bf16(out + d, round16_bf16(_mm512_mul_ps(load16(w + d), round16_bf16(_mm512_mul_ps(load16(r + d), vinv)))));
+#elif defined(ADASERVE_AVX2)
+  const __m256 vinv = _mm256_set1_ps(inv);
+  for (; d + 8 <= dim; d += 8)
+    store8_bf16(out + d, round8_bf16(_mm256_mul_ps(load8(w + d), round8_bf16(_mm256_mul_ps(load8(r + d), vinv)))));
 #endif
   for (; d < dim; ++d) out[d] = round_bf16(f(w[d]) * f(round_bf16(f(r[d]) * inv)));
 }
@@ -161,6 +176,16 @@ void rope_in_place(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sig
                                           round16_bf16(_mm512_mul_ps(x1, load16(sr + i + half))));
           store16_bf16(x + i, round16_bf16(lo));
           store16_bf16(x + i + half, round16_bf16(hi));
+        }
+#elif defined(ADASERVE_AVX2)
+        for (; i + 8 <= half; i += 8) {
+          const __m256 x1 = load8(x + i), x2 = load8(x + i + half);
+          const __m256 lo = _mm256_add_ps(round8_bf16(_mm256_mul_ps(x1, load8(cr + i))),
+                                          round8_bf16(_mm256_mul_ps(x2, load8(sr + i))));
+          const __m256 hi = _mm256_add_ps(round8_bf16(_mm256_mul_ps(x2, load8(cr + i + half))),
+                                          round8_bf16(_mm256_mul_ps(x1, load8(sr + i + half))));
+          store8_bf16(x + i, round8_bf16(lo));
+          store8_bf16(x + i + half, round8_bf16(hi));
         }
 #endif
         for (; i < half; ++i) {
