@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import tarfile
 import time
+
+import pytest
 
 from tests.flashinfer_stand_in import install as stand_in_flashinfer
 from tools import gpu_check
@@ -130,6 +133,15 @@ def test_compiled_kernels_come_back_in_parts_and_install_on_the_next_machine(tmp
     only = tmp_path / "only"
     (only / "flashinfer").mkdir(parents=True)  # the engine step takes those of one head_dim alone
     assert kernels.install_carried_kernels("sm90", carried, only, only="prefill") == ["batch_prefill_bf16"]
+    # the image's way in (docker/Dockerfile): the command line, into a given data/aot
+    aot = tmp_path / "image" / "flashinfer" / "data" / "aot"
+    assert kernels.main(["install", str(joined), "--aot-dir", str(aot)]) == 0
+    assert sorted(p.name for p in aot.iterdir()) == ["batch_prefill_bf16", "segment_packbits"]
+    stray = tmp_path / "stray.tar.gz"
+    with tarfile.open(stray, "w:gz") as tar:
+        tar.add(libs[1], arcname="../escape.so")
+    with pytest.raises(SystemExit, match="no <module>/<module>.so"):
+        kernels.main(["install", str(stray), "--aot-dir", str(aot)])
 
 
 def test_a_run_without_cuda_records_why_and_skips_the_rest(tmp_path, monkeypatch):

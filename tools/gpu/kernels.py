@@ -54,17 +54,22 @@ def install_carried_kernels(arch: str, carried: Path = AOT_CARRIED, site: Path =
     run packed: <module>/<module>.so each) go where flashinfer looks for prebuilt ones, which it loads
     without building; only for this device's architecture, and only modules whose name holds `only`."""
     tar_path = carried / f"flashinfer-aot-{arch}.tar.gz"
-    dst = site / "flashinfer" / "data" / "aot"
     if not tar_path.is_file() or not (site / "flashinfer").is_dir():
         return []
+    return unpack_kernels(tar_path, site / "flashinfer" / "data" / "aot", only)
+
+
+def unpack_kernels(tar_path: Path, aot_dir: Path, only: str = "") -> list[str]:
+    """The <module>/<module>.so members of a packed tarball into aot_dir (flashinfer's data/aot), nothing
+    else: a member named otherwise could land anywhere."""
     names = []
     with tarfile.open(tar_path) as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
             if not member.isfile() or len(parts) != 2 or parts[1] != f"{parts[0]}.so" or only not in parts[0]:
-                continue  # only <module>/<module>.so, nothing that could land elsewhere
-            (dst / parts[0]).mkdir(parents=True, exist_ok=True)
-            (dst / parts[0] / parts[1]).write_bytes(tar.extractfile(member).read())
+                continue
+            (aot_dir / parts[0]).mkdir(parents=True, exist_ok=True)
+            (aot_dir / parts[0] / parts[1]).write_bytes(tar.extractfile(member).read())
             names.append(parts[0])
     return sorted(names)
 
@@ -104,3 +109,38 @@ def prebuild(arch_list: str, head_dims: tuple[int, ...] = (128, 64)) -> dict:
     arch = "sm" + re.sub(r"[^0-9]", "", arch_list.split()[0])
     out["packed"] = pack_kernels([spec.jit_library_path for spec in specs], AOT_CARRIED, None, arch)
     return out
+
+
+def installed_aot_dir() -> Path:
+    """flashinfer's data/aot in the package this Python imports, found without importing it (an import
+    reads the CUDA environment, which an image build does not have)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("flashinfer is not installed for this Python")
+    return Path(list(spec.submodule_search_locations)[0]) / "data" / "aot"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tools.gpu.kernels install TAR...`: prebuilt kernels (`tools.gpu_check --prebuild`) into
+    the installed flashinfer, which then loads them without nvcc (docker/Dockerfile)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    install = sub.add_parser("install", help="unpack packed kernels into the installed flashinfer's data/aot")
+    install.add_argument("tarballs", nargs="+", type=Path)
+    install.add_argument("--aot-dir", type=Path, help="where to unpack (default: the installed flashinfer's)")
+    args = ap.parse_args(argv)
+    aot_dir = args.aot_dir or installed_aot_dir()
+    for tar_path in args.tarballs:
+        names = unpack_kernels(tar_path, aot_dir)
+        if not names:
+            raise SystemExit(f"{tar_path}: no <module>/<module>.so inside")
+        print(f"{tar_path.name}: {len(names)} modules into {aot_dir}: {', '.join(names)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
