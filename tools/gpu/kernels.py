@@ -112,8 +112,8 @@ def prebuild(arch_list: str, head_dims: tuple[int, ...] = (128, 64)) -> dict:
 
 
 def installed_aot_dir() -> Path:
-    """flashinfer's data/aot in the package this Python imports, found without importing it (an import
-    reads the CUDA environment, which an image build does not have)."""
+    """flashinfer's data/aot in the package this Python would import, found without importing it: the
+    path is all this needs, and the import loads torch and flashinfer's JIT setup."""
     import importlib.util
 
     spec = importlib.util.find_spec("flashinfer")
