@@ -136,7 +136,8 @@ class TritonEngineLoop(EngineHooks):
         # once a request came: a BLS call while the model is still initializing crashes the server.
         if self.served and not self.exit_watchdog_armed and self.shutdown_probe.stopping() \
                 and self.shutdown_probe.server_stopped:
-            self.exit_watchdog_armed = exit_watchdog.arm(exit_watchdog.EXIT_MARGIN_S)
+            self.exit_watchdog_armed = exit_watchdog.arm(
+                exit_watchdog.kill_after_s(0.0, self.shutdown_probe.noticed_late_s()))
 
     def server_stopping(self) -> bool:
         """True once the server stops and the drain's grace has run out (config/drain.py). Until then
@@ -152,7 +153,8 @@ class TritonEngineLoop(EngineHooks):
                      self.drain_grace_s)
         if self.shutdown_probe.server_stopped and not self.exit_watchdog_armed:
             # bounds the exit however the server was started
-            self.exit_watchdog_armed = exit_watchdog.arm(self.drain_grace_s + exit_watchdog.EXIT_MARGIN_S)
+            self.exit_watchdog_armed = exit_watchdog.arm(
+                exit_watchdog.kill_after_s(self.drain_grace_s, self.shutdown_probe.noticed_late_s()))
         return now - self.stop_seen_at >= self.drain_grace_s
 
     def died(self) -> None:

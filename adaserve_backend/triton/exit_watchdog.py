@@ -10,7 +10,8 @@ and Kubernetes then kill it after their own grace period, with no say in when.
 What: once the scheduler model sees the *server* stopping (shutdown_probe: "Server not ready", never a
 model unload, when the server goes on serving), it arms this watchdog. A detached process holds a pidfd
 of tritonserver (so a recycled pid is never hit) and waits the drain's grace (config/drain.py: the
-requests in flight may still finish) and then EXIT_MARGIN_S; if the server is still there it
+requests in flight may still finish) and then EXIT_MARGIN_S, both counted from the last check that
+still saw the server serving (`kill_after_s`); if the server is still there it
 kills it (SIGKILL: SIGTERM is what it is already ignoring), then removes the shared-memory regions of
 the server's Python backend stubs, which a killed server leaves in /dev/shm. A server that exits in
 time is left alone. A server that is its PID namespace's init (a container's PID 1) cannot be killed
@@ -33,6 +34,9 @@ log = logging.getLogger("adaserve")
 # once-a-second check for live ones) takes a few seconds, so a server still there after this is one
 # that waits on clients. With the default grace, the kill comes inside `docker stop`'s 10 s.
 EXIT_MARGIN_S = 4.0
+# The least time between the end of the grace, as the scheduler model counts it (from when it noticed
+# the stop), and the kill: the requests the grace ends send their final responses in it.
+FINAL_ANSWERS_S = 1.0
 STUB_EXIT_S = 2.0  # how long the stubs take to notice their parent is gone and exit
 SHM_DIR = "/dev/shm"
 REGION_PREFIX = "triton_python_backend_shm_region"
@@ -85,6 +89,14 @@ def _watch(pidfd: int, server: int, grace_s: float) -> None:
             os.unlink(os.path.join(SHM_DIR, name))
         except OSError:
             pass  # the stub removed it, or it was never there
+
+
+def kill_after_s(drain_grace_s: float, noticed_late_s: float) -> float:
+    """Seconds from now to the kill: the drain's grace and EXIT_MARGIN_S counted from when the stop could
+    first have happened, `noticed_late_s` ago (the last check that still saw the server serving), so a
+    slow step or a busy CPU between the signal and the notice does not push the exit past them; but
+    never less than the grace plus FINAL_ANSWERS_S from now (the grace the requests get runs from now)."""
+    return max(drain_grace_s + EXIT_MARGIN_S - max(noticed_late_s, 0.0), drain_grace_s + FINAL_ANSWERS_S)
 
 
 def arm(grace_s: float = EXIT_MARGIN_S) -> bool:

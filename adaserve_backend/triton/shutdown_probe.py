@@ -33,11 +33,17 @@ class ShutdownProbe:
         self.pb, self.model_name = pb, model_name
         self._checked, self._stopping = 0.0, False
         self.server_stopped = False  # Triton itself said it stops (not only this model's unload)
+        self.last_served_at: float | None = None  # when the last check that found it serving began
 
     @property
     def stopped(self) -> bool:
         """What the last check found (no IPC)."""
         return self._stopping
+
+    def noticed_late_s(self) -> float:
+        """How long ago the server was last seen serving: the most by which the stop preceded its notice
+        (0 when it never was seen serving)."""
+        return time.monotonic() - self.last_served_at if self.last_served_at is not None else 0.0
 
     def stopping(self, fresh: bool = False) -> bool:
         """True once the server no longer serves the model (asked at most every CHECK_EVERY_S, unless
@@ -53,6 +59,8 @@ class ShutdownProbe:
         except Exception as e:  # BLS refused altogether (a finalizing stub): stopping as well
             log.info("%s: serving check failed (%s): ending its requests", self.model_name, e)
             self._stopping = True
+        if not self._stopping:
+            self.last_served_at = now  # the stop, when it comes, comes after this
         if self._stopping:
             log.info("%s is no longer served: ending its requests", self.model_name)
         return self._stopping

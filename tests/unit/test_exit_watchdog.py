@@ -68,3 +68,30 @@ def test_a_hanging_server_is_killed_after_the_grace_and_its_regions_removed(tmp_
 def test_outside_triton_nothing_is_armed():
     assert exit_watchdog.tritonserver_pid(os.getppid()) is None
     assert exit_watchdog.arm() is False
+
+
+def test_the_kill_counts_from_the_last_check_that_saw_the_server_serving():
+    """A stop noticed late (a slow step, a busy CPU) does not push the exit past the grace and margin from
+    the signal, yet the requests the grace ends always get FINAL_ANSWERS_S for their final responses."""
+    margin, answers = exit_watchdog.EXIT_MARGIN_S, exit_watchdog.FINAL_ANSWERS_S
+    assert exit_watchdog.kill_after_s(0.0, 0.0) == margin
+    assert exit_watchdog.kill_after_s(0.0, 1.0) == margin - 1.0
+    assert exit_watchdog.kill_after_s(5.0, 1.0) == 5.0 + margin - 1.0
+    assert exit_watchdog.kill_after_s(0.0, 60.0) == answers  # noticed very late: the final answers first
+    assert exit_watchdog.kill_after_s(5.0, 60.0) == 5.0 + answers
+    assert exit_watchdog.kill_after_s(0.0, -1.0) == margin  # a clock step back counts as no delay
+
+
+def test_the_probe_remembers_when_it_last_saw_the_server_serving(monkeypatch):
+    from adaserve_backend.triton import shutdown_probe
+    from tests import fake_pb
+
+    monkeypatch.setattr(shutdown_probe, "CHECK_EVERY_S", 0.0)
+    probe = shutdown_probe.ShutdownProbe(fake_pb, "adaserve")
+    assert probe.noticed_late_s() == 0.0  # never seen serving
+    assert not probe.stopping()
+    seen = probe.last_served_at
+    assert seen is not None and 0.0 <= probe.noticed_late_s() < 5.0
+    monkeypatch.setattr(fake_pb, "SERVER_READY", False)
+    assert probe.stopping() and probe.server_stopped
+    assert probe.last_served_at == seen  # the stop came after the last check that saw it serving
