@@ -134,10 +134,15 @@ class TritonEngineLoop(EngineHooks):
         # Idle too: a client that holds open a stream whose request has ended keeps a stopping server
         # alive as well (exit_watchdog.py); with nothing in flight there is no grace to wait out. Only
         # once a request came: a BLS call while the model is still initializing crashes the server.
-        if self.served and not self.exit_watchdog_armed and self.shutdown_probe.stopping() \
-                and self.shutdown_probe.server_stopped:
+        if self.served and not self.exit_watchdog_armed and self.shutdown_probe.stopping():
+            self._arm_exit_watchdog(0.0)
+
+    def _arm_exit_watchdog(self, drain_grace_s: float) -> None:
+        """Once the server itself stops (not only this model's unload): bounds the exit however the server
+        was started, the grace and margin counted from the last check that saw it serving."""
+        if self.shutdown_probe.server_stopped and not self.exit_watchdog_armed:
             self.exit_watchdog_armed = exit_watchdog.arm(
-                exit_watchdog.kill_after_s(0.0, self.shutdown_probe.noticed_late_s()))
+                exit_watchdog.kill_after_s(drain_grace_s, self.shutdown_probe.noticed_late_s()))
 
     def server_stopping(self) -> bool:
         """True once the server stops and the drain's grace has run out (config/drain.py). Until then
@@ -151,10 +156,7 @@ class TritonEngineLoop(EngineHooks):
             self.stop_seen_at = now
             log.info("the server stops: %d requests in flight get %.1f s to finish", len(self.active),
                      self.drain_grace_s)
-        if self.shutdown_probe.server_stopped and not self.exit_watchdog_armed:
-            # bounds the exit however the server was started
-            self.exit_watchdog_armed = exit_watchdog.arm(
-                exit_watchdog.kill_after_s(self.drain_grace_s, self.shutdown_probe.noticed_late_s()))
+        self._arm_exit_watchdog(self.drain_grace_s)
         return now - self.stop_seen_at >= self.drain_grace_s
 
     def died(self) -> None:

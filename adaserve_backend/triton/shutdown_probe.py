@@ -59,8 +59,8 @@ class ShutdownProbe:
         except Exception as e:  # BLS refused altogether (a finalizing stub): stopping as well
             log.info("%s: serving check failed (%s): ending its requests", self.model_name, e)
             self._stopping = True
-        if not self._stopping:
-            self.last_served_at = now  # the stop, when it comes, comes after this
         if self._stopping:
             log.info("%s is no longer served: ending its requests", self.model_name)
+        else:
+            self.last_served_at = now  # the stop, when it comes, comes after this
         return self._stopping
