@@ -150,7 +150,8 @@ class Replica:
             if self.copies is not None and cand is not None:
                 self.copies.learn(cand, tree, path)
             accepted = len(path) - 1
-            decoded.append(Verified(seq, self._tokens(seq, accepted + 1), len(tree.tokens) - 1, accepted))
+            decoded.append(Verified(seq, self._tokens(seq, accepted + 1), len(tree.tokens) - 1, accepted,
+                                    max(tree.depths())))
         prefilled = []
         for seq, n in plan.prefill.items():
             ctx = self.target_blocks.num_committed(seq.seq_id)

@@ -26,11 +26,11 @@ def keeps_slos(seq: Sequence, running: list[Sequence], est, config: SchedulerCon
     class's target (evidence: docs/experiments.md#vllm-lazy-draft).
     A request whose target even one companion breaks holds admissions for config.exclusive_hold_s at
     most: after that it no longer does (bounded starvation; its own target may then be missed)."""
-    best = est.tpot_at(1)
+    best = est.best_tpot_at(1)
     after = est.tpot_at(len(running) + 1) * est.ride_along * config.admission_headroom
     if not (on_track(seq, now, after) or seq.slo_missed or not on_track(seq, now, best)):
         return False
-    pair = est.tpot_at(2) * est.ride_along * config.admission_headroom
+    pair = est.best_tpot_at(2) * est.ride_along * config.admission_headroom
 
     def held_too_long(s: Sequence) -> bool:
         return s.planned_tpot_s < pair and now - (s.admitted_time or now) >= config.exclusive_hold_s

@@ -77,7 +77,11 @@ class DecodeEstimator:
         # measured decode iterations over their predicted time without the prefill chunks riding along:
         # what the arrivals' prefills add to every running request's time per token
         self.ride_along = 1.0
-        self.tried: list[float] = []  # [k-1]: decayed verifications whose beam went k deep
+        # [k-1]: decayed verifications whose verified tree went k deep. Only those: when a request the
+        # selection gave nothing that deep counted too, the measured acceptance fell with the load (B
+        # spread thinner), until speculation looked unpaying at every load and a heavy burst left it
+        # off for good (evidence: docs/experiments.md#lone-pace).
+        self.tried: list[float] = []
         self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
         self.since_speculation = 0  # decode iterations since the last speculative one
         self.explore_every = EXPLORE_EVERY  # see EXPLORE_MAX
@@ -153,8 +157,9 @@ class DecodeEstimator:
         for k in range(len(self.tried)):
             self.tried[k] *= CALIBRATION_DECAY
             self.reached[k] *= CALIBRATION_DECAY
+        depths = it.draft_depths or (it.depth,) * it.n
         for k in range(it.depth):
-            self.tried[k] += it.n
+            self.tried[k] += sum(d > k for d in depths)
             self.reached[k] += sum(a > k for a in it.accepted_drafts)
 
     def record_selection(self, expected_drafts: float) -> None:
@@ -288,3 +293,12 @@ class DecodeEstimator:
         yields per request, as measured at that load."""
         depth, width = self.depth_width(n)
         return self.iteration_s(n, depth, width) / self.at_load(n, depth)[0]
+
+    def best_tpot_at(self, n: int) -> float:
+        """The time per token `n` requests get at the least, for admission's "can this target be met at
+        all": `tpot_at` or, if faster, plain decoding's (always there to fall back to). Under sustained
+        load a lone request's speculative yield came from a stale few-request entry (a burst's first
+        iterations, trees cut to their roots), which priced it over the tightest class's target: all of
+        that class then looked hopeless, was let in without holding the batch and missed
+        (docs/experiments.md#lone-pace)."""
+        return min(self.tpot_at(n), self.iteration_s(n, 0, 0) / self.at_load(n, 0)[0])

@@ -63,6 +63,7 @@ class Verified:
     tokens: list[int]
     draft_tokens: int  # draft tokens verified (the tree without its root)
     accepted_drafts: int
+    draft_depth: int | None = None  # the verified tree's deepest draft (None: the iteration's depth)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class IterationStats:
     selection: float
     verification: float  # with acceptance and commit
     accepted_drafts: tuple[int, ...] = ()  # per decoding request: draft tokens accepted (bonus excluded)
+    draft_depths: tuple[int, ...] = ()  # per decoding request: its verified tree's deepest draft (): all at `depth`
     context_tokens: int = 0  # IterationPlan.context_tokens
     draft_chain_tokens: int = 0  # IterationResult.draft_chain_tokens
     prefills: int = 0  # requests with a prefill chunk in the iteration
@@ -126,6 +128,7 @@ class IterationStats:
             accepted=sum(len(v.tokens) for v in result.decoded), latency=result.latency,
             speculation=result.speculation, selection=result.selection, verification=result.verification,
             accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
+            draft_depths=tuple(plan.depth if v.draft_depth is None else v.draft_depth for v in result.decoded),
             context_tokens=plan.context_tokens, prefills=len(plan.prefill),
             draft_chain_tokens=result.draft_chain_tokens, target_forward=result.target_forward,
             predicted=predicted,

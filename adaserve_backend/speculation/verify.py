@@ -100,7 +100,7 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
             draft.learn(cand, tree, acc.path)
         # the accepted path's features, for the tokens the draft reads next iteration
         draft.add_features(seq, len(seq.tokens) - 1, features[acc.path])
-    return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts)
+    return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts, max(depths))
 
 
 def _failure(seq: Sequence, error: Exception) -> str:

@@ -25,13 +25,15 @@ def estimator(policy: str = "adaserve") -> Estimator:
     return Estimator.for_policy(COST, COST.budget, make_policy(policy), SPEC)
 
 
-def spec_iteration(est: Estimator, n: int, depth: int, width: int, accepted_drafts: list[int]) -> IterationStats:
-    """A speculative iteration that took exactly what the cost model predicts (correction stays 1)."""
-    verified = n * (1 + depth * width)
+def spec_iteration(est: Estimator, n: int, depth: int, width: int, accepted_drafts: list[int],
+                   draft_depths: tuple[int, ...] = (), verified: int | None = None) -> IterationStats:
+    """A speculative iteration that took exactly what the cost model predicts (correction stays 1);
+    `draft_depths`: how deep the selection let each request's tree go (default: the whole depth)."""
+    verified = verified or n * (1 + depth * width)
     latency = COST.iteration_ms(n, depth, width, verified) / 1e3
     return IterationStats(n=n, depth=depth, width=width, verified_tokens=verified, prefill_tokens=0,
                           accepted=n + sum(accepted_drafts), latency=latency, speculation=0.0, selection=0.0,
-                          verification=latency, accepted_drafts=tuple(accepted_drafts))
+                          verification=latency, accepted_drafts=tuple(accepted_drafts), draft_depths=draft_depths)
 
 
 def plain_iteration(n: int, verified: int | None = None, accepted: int | None = None) -> IterationStats:
@@ -208,3 +210,30 @@ def test_copies_on_iterations_that_do_not_draft_count_in_the_yield_at_that_load(
     assert abs(est.tpot_at(4) * 1e3 - COST.iteration_ms(4, 0, 0, 36) / 3) < 1e-2  # a copy's tree priced in
     est.record(plain_iteration(2))
     assert est.at_load(2, 0) == (1.0, 2.0)  # without copies: one token each, as before
+
+
+def test_requests_the_selection_kept_shallow_do_not_count_against_the_drafts_acceptance():
+    """Under load B is spread thin and most trees are cut to their roots: that says nothing about how
+    often the draft is right, so the acceptance at each depth counts only the trees that reached it."""
+    est, n = estimator(), 2
+    depth, width = est.policy_depth_width(n)
+    assert depth > 1
+    for _ in range(20):  # one request verified its whole beam and accepted it all, the other only its root
+        est.record(spec_iteration(est, n, depth, width, [depth, 0], draft_depths=(depth, 0),
+                                  verified=1 + depth * width + 1))
+    assert est.reach(depth) == [1.0] * depth
+    assert est.depth_width(n)[0] == depth
+
+
+def test_a_lone_requests_pace_is_never_put_above_plain_decodings():
+    """A few-request load last measured when its trees verified no drafts (a burst's first, prefill-heavy
+    iterations) would price a lone request's speculation at one token per iteration; plain decoding is
+    always there, so that is the slowest a lone request decodes."""
+    est = estimator()
+    depth, width = est.policy_depth_width(2)
+    for _ in range(3):  # two requests, trees cut to their roots: one token each
+        est.record(spec_iteration(est, 2, depth, width, [0, 0], draft_depths=(0, 0), verified=2))
+    plain = COST.verify_ms(1) / 1e3
+    assert est.depth_width(1)[0] > 0 and est.tpot_at(1) > plain  # the stale yield, as the scheduler saw it
+    assert est.best_tpot_at(1) == plain
+    assert est.best_tpot_at(2) <= est.tpot_at(2)

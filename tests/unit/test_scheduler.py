@@ -44,6 +44,8 @@ class TableEstimator:
     def tpot_at(self, n):
         return self.tpot.get(n, 0.0)
 
+    best_tpot_at = tpot_at
+
     def iteration_s(self, n, depth, width):
         return self.ITERATION_S
 
