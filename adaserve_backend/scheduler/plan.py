@@ -63,7 +63,7 @@ class Verified:
     tokens: list[int]
     draft_tokens: int  # draft tokens verified (the tree without its root)
     accepted_drafts: int
-    draft_depth: int | None = None  # the verified tree's deepest draft (None: the iteration's depth)
+    draft_depth: int  # the verified tree's deepest draft (0: its root alone)
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class IterationStats:
             accepted=sum(len(v.tokens) for v in result.decoded), latency=result.latency,
             speculation=result.speculation, selection=result.selection, verification=result.verification,
             accepted_drafts=tuple(v.accepted_drafts for v in result.decoded),
-            draft_depths=tuple(plan.depth if v.draft_depth is None else v.draft_depth for v in result.decoded),
+            draft_depths=tuple(v.draft_depth for v in result.decoded),
             context_tokens=plan.context_tokens, prefills=len(plan.prefill),
             draft_chain_tokens=result.draft_chain_tokens, target_forward=result.target_forward,
             predicted=predicted,

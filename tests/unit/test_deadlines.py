@@ -39,7 +39,7 @@ def step(sched: Scheduler, clock: Clock, seconds: float = 0.05) -> list[RequestO
     """One iteration: every prefill chunk lands (the last one yields token 7), every decode yields 8."""
     plan = sched.schedule(clock.now)
     prefilled = [Prefilled(s, n, 7 if s.prefilled + n == s.prefill_goal else None) for s, n in plan.prefill.items()]
-    decoded = [Verified(s, [8], draft_tokens=0, accepted_drafts=0) for s in plan.decode]
+    decoded = [Verified(s, [8], draft_tokens=0, accepted_drafts=0, draft_depth=0) for s in plan.decode]
     return sched.update(plan, IterationResult(clock.tick(seconds), decoded=decoded, prefilled=prefilled))
 
 

@@ -291,7 +291,7 @@ def start(sched: Scheduler, request_id: str, prompt: int, clock: Clock, **kw) ->
 
 
 def verified(seq: Sequence, tokens: list[int], drafts: int = 3) -> Verified:
-    return Verified(seq, tokens, draft_tokens=drafts, accepted_drafts=len(tokens) - 1)
+    return Verified(seq, tokens, draft_tokens=drafts, accepted_drafts=len(tokens) - 1, draft_depth=drafts)  # a chain
 
 
 def test_a_request_is_chunked_prefilled_decoded_and_finished_by_update():
