@@ -10,21 +10,39 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Choice:
+    """What one of a request's choices (OpenAI's `n`) produced so far."""
+
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    streamed: bool = False  # its first chunk went out (a chat choice's first delta names the role)
+
+
+@dataclass
 class Tally:
-    """What one request produced so far; the ensemble reports token counts with its responses."""
+    """What one request produced so far; the ensemble reports token counts with its responses. The
+    prompt is counted once however many choices read it, as OpenAI and vLLM count it."""
 
     endpoint: str  # "completions" or "chat"
     model: str
+    n: int = 1
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
-    text: str = ""
     prompt_tokens: int = 0
-    completion_tokens: int = 0
-    finish_reason: str | None = None
+    choices: list[Choice] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.choices = self.choices or [Choice() for _ in range(self.n)]
+        self.n = len(self.choices)
 
     @property
     def chat(self) -> bool:
         return self.endpoint == "chat"
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -37,20 +55,24 @@ class Tally:
 
     def whole(self) -> dict:
         """The non-streaming response."""
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None,
-                      "finish_reason": self.finish_reason}
-        else:
-            choice = {"index": 0, "text": self.text, "logprobs": None, "finish_reason": self.finish_reason}
-        return {**self._head(chunk=False), "choices": [choice], "usage": self.usage()}
+        choices = []
+        for i, c in enumerate(self.choices):
+            if self.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+                                "finish_reason": c.finish_reason})
+            else:
+                choices.append({"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason})
+        return {**self._head(chunk=False), "choices": choices, "usage": self.usage()}
 
-    def chunk(self, delta: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
-        """A streamed chunk: a text delta, or the last one carrying the finish reason."""
+    def chunk(self, delta: str | None = None, finish_reason: str | None = None, index: int = 0) -> dict:
+        """A streamed chunk of choice `index`: a text delta, or its last one carrying the finish reason.
+        A chat choice's first chunk names the role."""
+        first, self.choices[index].streamed = not self.choices[index].streamed, True
         if self.chat:
             d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
-            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": d, "logprobs": None, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish_reason}
         return {**self._head(chunk=True), "choices": [choice]}
 
     def usage_chunk(self) -> dict:

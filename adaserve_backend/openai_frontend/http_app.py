@@ -24,6 +24,7 @@ from aiohttp import web
 
 from .backends import RETRY_AFTER_S, Backend, BackendError, http_error
 from .bodies import DONE, Tally, sse
+from .choices import Choices, choice_generation
 from .drain import DEFAULT_GRACE_S, Drain, serve
 from .params import Generation, OpenAIError, parse, shown
 from .tenancy import Tenancy, repository_tenancy
@@ -151,59 +152,69 @@ class Frontend:
         gen = parse(body, endpoint, request.headers)
         if body.get("model") not in (None, self.model_name):
             raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
+        if self.in_flight + gen.n - 1 > self.max_in_flight:  # every choice is a generation
+            raise OpenAIError(503, f"{self.in_flight} requests are in flight already", kind="server_overloaded",
+                              retry_after_s=RETRY_AFTER_S)
         prompt = self.render_chat(gen.messages) if gen.messages is not None else gen.prompt
-        tally = Tally(endpoint, self.model_name)
+        tally = Tally(endpoint, self.model_name, gen.n)
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
             gen = self.tenancy.admit(request, gen, tally)
-        stream = self.backend.stream(gen, prompt)
+        self.in_flight += gen.n - 1
+        choices = Choices([self.backend.stream(choice_generation(gen, i), prompt) for i in range(gen.n)],
+                          self.drain.guard)
         try:
-            first = await self._next(stream, tally)  # errors before any output become plain HTTP errors
+            first = await self._next(choices, tally)  # errors before any output become plain HTTP errors
             if not gen.stream:
                 while first is not None:
-                    first = await self._next(stream, tally)
+                    first = await self._next(choices, tally)
                 return web.json_response(tally.whole())
-            return await self._sse(request, gen, stream, tally, first)
+            return await self._sse(request, gen, choices, tally, first)
         finally:
-            await stream.aclose()  # a disconnected client lands here too: the backend then aborts the request
+            self.in_flight -= gen.n - 1
+            await choices.aclose()  # a disconnected client lands here too: the backend then aborts the requests
 
-    async def _next(self, stream, tally: Tally) -> str | None:
-        """The next text delta ("" for a response without text), None at the end."""
+    async def _next(self, choices: Choices, tally: Tally) -> tuple[int, str | None] | None:
+        """The next (choice, text delta) ("" for a response without text, None once the choice ended),
+        None once every choice has."""
         try:
-            text, extra = await self.drain.guard(anext(stream))
-        except StopAsyncIteration:
-            return None
+            item = await choices.next()
         except BackendError as e:
             raise http_error(e) from None
-        tally.text += text
+        if item is None:
+            return None
+        index, text, extra = item
+        choice = tally.choices[index]
+        choice.text += text or ""
         if "num_input_tokens" in extra:
             tally.prompt_tokens = int(extra["num_input_tokens"])
         if "num_output_tokens" in extra:
-            tally.completion_tokens = int(extra["num_output_tokens"])
+            choice.completion_tokens = int(extra["num_output_tokens"])
         if "finish_reason" in extra:
             reason = extra["finish_reason"]
-            tally.finish_reason = (reason.decode() if isinstance(reason, bytes) else str(reason)) or None
-        return text
+            choice.finish_reason = (reason.decode() if isinstance(reason, bytes) else str(reason)) or None
+        return index, text
 
-    async def _sse(self, request: web.Request, gen: Generation, stream, tally: Tally,
-                   delta: str | None) -> web.StreamResponse:
+    async def _sse(self, request: web.Request, gen: Generation, choices: Choices, tally: Tally,
+                   item: tuple[int, str | None] | None) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        first = True
         try:
             try:
-                while delta is not None:
-                    if delta or (first and tally.chat):
-                        await send(resp, sse(tally.chunk(delta, first=first)))
-                        first = False
-                    delta = await self._next(stream, tally)
-                await send(resp, sse(tally.chunk(finish_reason=tally.finish_reason or "stop")))
+                while item is not None:
+                    index, delta = item
+                    if delta is None:  # this choice ended
+                        reason = tally.choices[index].finish_reason or "stop"
+                        await send(resp, sse(tally.chunk(finish_reason=reason, index=index)))
+                    elif delta or (tally.chat and not tally.choices[index].streamed):
+                        await send(resp, sse(tally.chunk(delta, index=index)))
+                    item = await self._next(choices, tally)
                 if gen.include_usage:
                     await send(resp, sse(tally.usage_chunk()))
             except OpenAIError as e:  # after the headers went out, an error travels as an event
                 await send(resp, sse(e.body()))
             await send(resp, DONE)
             await resp.write_eof()
-        except TimeoutError:  # the caller's finally aborts the request in Triton, which frees its KV cache
+        except TimeoutError:  # the caller's finally aborts the requests in Triton, which frees their KV cache
             log.warning("a client took no event for %g s: dropping its stream", WRITE_IDLE_S)
             if request.transport is not None:
                 request.transport.abort()

@@ -16,15 +16,18 @@ INT32_MAX = 2**31 - 1  # token counts travel to Triton as INT32: a larger one wo
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 512  # chat has no OpenAI default short of the context; a bounded one here
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's (and vLLM's) default: sampling unless the client asks for 0
+# OpenAI's `n`: each choice is a generation of its own in the engine, competing for the same batch and
+# draft budget as every other request's; past a few, one request could crowd out the rest of the load.
+MAX_CHOICES = 16
 SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "slo_class": "x-slo-class"}
 
 # Accepted only at the value that changes nothing (what the client would get by leaving them out).
-NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+NEUTRAL = {"best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
            "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",),
            "parallel_tool_calls": (False,), "tools": ([],),
            "repetition_penalty": (1, 1.0)}  # a vLLM extension; `vllm bench serve` always sends 1.0
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos", "stream",
-          "stream_options", "user", *SLO_HEADERS}
+COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
+          "stream", "stream_options", "user", *SLO_HEADERS}
 KNOWN = {"completions": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
 
 
@@ -50,6 +53,7 @@ class Generation:
     prompt: str  # plain text; chat messages are rendered with the model's template before this
     messages: tuple[dict, ...] | None  # the chat messages, for rendering (None for completions)
     max_tokens: int
+    n: int = 1  # choices: each its own generation (choices.py)
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -142,6 +146,8 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
     for name, value in body.items():
         if value is None or name in KNOWN[endpoint]:
             continue
+        if name == "best_of" and value == body.get("n"):
+            continue  # as many candidates as choices: every candidate is returned, nothing is ranked
         if name in NEUTRAL:
             if value not in NEUTRAL[name]:
                 raise bad(name, f"'{name}'={value!r} is not supported by this server (only {NEUTRAL[name][0]!r})")
@@ -213,7 +219,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     if user is not None and (not isinstance(user, str) or not 0 < len(user) <= MAX_TENANT_CHARS):
         raise bad("user", f"'user' must be a string of 1-{MAX_TENANT_CHARS} characters")
     return Generation(
-        prompt=prompt, messages=messages, max_tokens=max_tokens,
+        prompt=prompt, messages=messages, max_tokens=max_tokens, n=_integer(body, "n", 1, 1, MAX_CHOICES),
         temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
         seed=_integer(body, "seed", 0, None, 2**64 - 1),

@@ -72,23 +72,28 @@ class TenantLimits:
         self.buckets = {t.name: TokenBucket.full(t.tokens_per_minute, t.burst_tokens or t.tokens_per_minute, now)
                         for t in tenants if t.tokens_per_minute is not None}
 
-    def admit(self, tenant: Tenant) -> None:
-        """Take one of the tenant's in-flight places, or RateLimited (429) if it is at its cap or its
-        bucket is in debt."""
+    def admit(self, tenant: Tenant, places: int = 1) -> None:
+        """Take `places` of the tenant's in-flight places (a request's choices: each is a generation), or
+        RateLimited (429) if they would pass its cap or its bucket is in debt; more than the cap: 400."""
         n = self.in_flight[tenant.name]
-        if tenant.max_in_flight is not None and n >= tenant.max_in_flight:
-            raise RateLimited(f"tenant {tenant.name!r} has {n} requests in flight, its limit; retry when one ends",
+        if tenant.max_in_flight is not None and places > tenant.max_in_flight:
+            raise OpenAIError(400, f"n={places} choices are more generations than tenant {tenant.name!r} may run "
+                              f"at once ({tenant.max_in_flight})", "n")
+        if tenant.max_in_flight is not None and n + places > tenant.max_in_flight:
+            more = f"; this request's {places} would pass its limit of {tenant.max_in_flight}" if places > 1 else \
+                ", its limit"
+            raise RateLimited(f"tenant {tenant.name!r} has {n} requests in flight{more}; retry when one ends",
                               "requests", RETRY_AFTER_S)
         bucket = self.buckets.get(tenant.name)
         if bucket is not None and (wait_s := bucket.debt_s(self.clock())) > 0:
             raise RateLimited(f"tenant {tenant.name!r} used {-bucket.level:.0f} tokens more than its rate of "
                               f"{tenant.tokens_per_minute} tokens per minute allows so far; retry in {wait_s:.1f} s",
                               "tokens", max(1, math.ceil(wait_s)))
-        self.in_flight[tenant.name] = n + 1
+        self.in_flight[tenant.name] = n + places
 
-    def release(self, tenant: Tenant, tokens: int) -> None:
+    def release(self, tenant: Tenant, tokens: int, places: int = 1) -> None:
         """An admitted request ended, having used `tokens` (prompt and completion)."""
-        self.in_flight[tenant.name] -= 1
+        self.in_flight[tenant.name] -= places
         bucket = self.buckets.get(tenant.name)
         if bucket is not None:
             bucket.charge(tokens, self.clock())

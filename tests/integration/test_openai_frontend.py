@@ -88,6 +88,20 @@ def test_chat_uses_the_chat_template_streaming_or_not(triton_server, client):
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def test_n_choices_sample_apart_and_count_the_prompt_once(client):
+    # Not asserted: that a seed reproduces the choices. A sampled request's draws follow its token trees,
+    # which the load and what the estimator learned shape, as in vLLM with speculation.
+    one = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=1.0)
+    out = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=1.0, n=3,
+                                    seed=7)
+    assert [c.index for c in out.choices] == [0, 1, 2] and len({c.text for c in out.choices}) > 1
+    assert out.usage.prompt_tokens == one.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2,
+                                                 max_tokens=6, temperature=0, stream=True))
+    ends = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(c.index for c in ends) == [0, 1]
+
+
 def test_stop_strings_end_the_text_before_them(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
     # An early word: two bf16 greedy runs are trusted to agree only on their start (assert_same_start);
@@ -132,7 +146,7 @@ def test_ttft_targets_are_accepted_and_an_unmeetable_one_is_a_503_with_retry_aft
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"max_tokens": 0}, "max_tokens"),
-    ({"n": 2}, "'n'"),
+    ({"n": 17}, "'n'"),
     ({"logprobs": 2}, "logprobs"),
     ({"extra_body": {"slo_class": "platinum"}}, "platinum"),
     ({"extra_body": {"tpot_slo_ms": -1}}, "tpot_slo_ms"),

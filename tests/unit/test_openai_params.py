@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adaserve_backend.openai_frontend.backends import BackendError, http_error
-from adaserve_backend.openai_frontend.bodies import Tally, sse
+from adaserve_backend.openai_frontend.bodies import Choice, Tally, sse
+from adaserve_backend.openai_frontend.choices import choice_generation
 from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
 from adaserve_backend.openai_frontend.triton_backend import ensemble_request
 from adaserve_backend.serving.errors import ErrorKind
@@ -56,6 +57,14 @@ def test_slo_from_body_or_headers():
         ensemble_request(h, "x", supported=set())  # never silently dropped
 
 
+def test_n_choices_and_their_seeds():
+    g = parse({"prompt": "x", "n": 3, "best_of": 3, "seed": 2**64 - 2}, "completions")
+    assert g.n == 3 and parse({"prompt": "x"}, "completions").n == 1
+    # each choice its own seed: sampled choices differ, a seeded request is reproduced choice for choice
+    assert [choice_generation(g, i).seed for i in range(3)] == [2**64 - 2, 2**64 - 1, 0]
+    assert choice_generation(parse({"prompt": "x", "n": 2}, "completions"), 1).seed is None
+
+
 def test_what_vllm_bench_serve_sends_is_accepted():
     """Its completions payload, neutral extras included (repetition_penalty 1.0, logprobs null)."""
     body = {"model": "m", "prompt": "x", "repetition_penalty": 1.0, "max_tokens": 8, "logprobs": None, "stream": True,
@@ -65,7 +74,10 @@ def test_what_vllm_bench_serve_sends_is_accepted():
 
 
 @pytest.mark.parametrize("body, headers, param", [
-    ({"prompt": "x", "n": 2}, {}, "n"),
+    ({"prompt": "x", "n": 0}, {}, "n"),
+    ({"prompt": "x", "n": 17}, {}, "n"),
+    ({"prompt": "x", "n": "2"}, {}, "n"),
+    ({"prompt": "x", "n": 2, "best_of": 3}, {}, "best_of"),
     ({"prompt": "x", "logprobs": 3}, {}, "logprobs"),
     ({"prompt": "x", "echo": True}, {}, "echo"),
     ({"prompt": "x", "frequency_penalty": 0.5}, {}, "frequency_penalty"),
@@ -118,15 +130,23 @@ def test_backend_errors_map_by_their_kind_only():
 
 
 def test_response_shapes():
-    t = Tally("chat", "m", text="Hello", prompt_tokens=5, completion_tokens=2, finish_reason="stop")
+    t = Tally("chat", "m", prompt_tokens=5, choices=[Choice("Hello", 2, "stop")])
     whole = t.whole()
     assert whole["object"] == "chat.completion"
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
     assert whole["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-    assert t.chunk("He", first=True)["choices"][0]["delta"] == {"role": "assistant", "content": "He"}
+    assert t.chunk("He")["choices"][0]["delta"] == {"role": "assistant", "content": "He"}  # a choice's first
     assert t.chunk(finish_reason="length")["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
                                                              "finish_reason": "length"}
     assert t.usage_chunk()["choices"] == [] and t.usage_chunk()["object"] == "chat.completion.chunk"
-    c = Tally("completions", "m", text="abc")
+    c = Tally("completions", "m", choices=[Choice("abc")])
     assert c.whole()["object"] == "text_completion" and c.chunk("b")["choices"][0]["text"] == "b"
+    # n choices: indexed in order, the prompt counted once, every choice's completion counted
+    n = Tally("chat", "m", prompt_tokens=4, choices=[Choice("a", 1, "stop"), Choice("bc", 3, "length")])
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in n.whole()["choices"]] == [
+        (0, "a", "stop"), (1, "bc", "length")]
+    assert n.usage() == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert n.chunk("x", index=1)["choices"][0] == {"index": 1, "delta": {"role": "assistant", "content": "x"},
+                                                   "logprobs": None, "finish_reason": None}
+    assert Tally("chat", "m", n=3).n == 3
     assert sse({"a": "é"}) == 'data: {"a": "é"}\n\n'.encode()

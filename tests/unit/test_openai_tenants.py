@@ -168,6 +168,29 @@ def test_beyond_the_in_flight_cap_a_tenant_gets_429_with_retry_after_and_others_
     assert in_flight == {"team-a": 0, "team-b": 0, "team-c": 0}
 
 
+def test_every_choice_takes_a_place_and_pays_for_its_tokens():
+    keys = {"tenants": {"t": {"keys": [key_entry(KEY_A)], "max_in_flight": 3}}}
+    fe = frontend(keys=keys)
+    fe.backend.hold = asyncio.Event()
+    in_flight = fe.tenancy.limits.in_flight
+
+    async def calls(client):
+        never = await ask(client, KEY_A, n=4)  # more than the tenant may ever run at once
+        first = asyncio.ensure_future(ask(client, KEY_A, n=2))
+        while in_flight["t"] < 2:
+            await asyncio.sleep(0.01)
+        over = await ask(client, KEY_A, n=2)
+        fe.backend.hold.set()
+        return never, over, await first
+
+    never, over, (status, body, _) = served(fe, calls)
+    assert never[0] == 400 and never[1]["error"]["param"] == "n"
+    assert over[0] == 429 and "would pass its limit of 3" in over[1]["error"]["message"]
+    assert status == 200 and body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert in_flight == {"t": 0}
+    assert (fe.tenancy.metrics.tokens["t", "prompt"], fe.tenancy.metrics.tokens["t", "completion"]) == (5, 6)
+
+
 def test_a_tenant_whose_token_bucket_is_in_debt_gets_429_until_the_rate_pays_it_off():
     clock = Clock()
     fe = frontend(clock)  # team-c: 60 tokens a minute (one a second), a bucket of 10; each request uses 8

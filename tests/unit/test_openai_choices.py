@@ -1,0 +1,136 @@
+"""OpenAI's `n` through the real aiohttp frontend: every choice its own generation with its own seed, the
+responses merged as they come, the prompt counted once, and a failure or a client that leaves ending
+every choice's generation (closing a backend stream is what aborts a request in the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from adaserve_backend.openai_frontend.backends import BackendError
+from adaserve_backend.openai_frontend.http_app import Frontend
+from adaserve_backend.serving.errors import ErrorKind
+
+
+class SeededBackend:
+    """A backend whose output depends on the seed only: `words` words "s<seed>w<i>", one per response,
+    each after `delay_s`; a seed in `failing` fails after its first word."""
+
+    def __init__(self, words: int = 3, delay_s: float = 0.0, failing: tuple[int, ...] = ()) -> None:
+        self.words, self.delay_s, self.failing = words, delay_s, failing
+        self.seeds: list[int | None] = []
+        self.open = 0  # streams started and not yet closed
+
+    async def connect(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def unhealthy(self) -> str | None:
+        return None
+
+    async def stream(self, gen, prompt):
+        self.seeds.append(gen.seed)
+        self.open += 1
+        try:
+            for i in range(self.words):
+                await asyncio.sleep(self.delay_s)
+                if i == 1 and gen.seed in self.failing:
+                    raise BackendError("the engine failed this one", ErrorKind.INTERNAL)
+                extra = {"num_input_tokens": len(prompt.split())} if i == 0 else {}
+                yield f"s{gen.seed}w{i} ", extra
+            yield "", {"num_output_tokens": self.words + (gen.seed or 0) % 2, "finish_reason": "length"}
+        finally:
+            self.open -= 1
+
+
+def run(backend, requests):
+    """Each (path, body) -> (status, JSON or the SSE events' data), with the frontend's in-flight count after."""
+
+    async def main():
+        frontend = Frontend(backend, "adaserve", lambda messages: messages[-1]["content"])
+        async with TestClient(TestServer(frontend.app())) as client:
+            out = []
+            for path, body in requests:
+                resp = await client.post(path, json=body)
+                text = await resp.text()
+                if body.get("stream"):
+                    out.append((resp.status, [line[6:] for line in text.splitlines() if line.startswith("data: ")]))
+                else:
+                    out.append((resp.status, json.loads(text)))
+            return out, frontend.in_flight
+
+    return asyncio.run(main())
+
+
+def test_n_choices_each_sample_with_their_own_seed_and_share_one_prompt_count():
+    backend = SeededBackend()
+    [(status, body)], in_flight = run(backend, [("/v1/completions", {"prompt": "a b c", "n": 3, "seed": 10})])
+    assert status == 200 and in_flight == 0 and sorted(backend.seeds) == [10, 11, 12]
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+        (i, f"s{10 + i}w0 s{10 + i}w1 s{10 + i}w2 ", "length") for i in range(3)]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3 + 4 + 3, "total_tokens": 13}
+
+
+def test_streamed_choices_interleave_each_named_by_index_with_its_own_role_and_finish():
+    backend = SeededBackend(delay_s=0.01)
+    body = {"messages": [{"role": "user", "content": "hi there"}], "n": 2, "seed": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    [(status, events)], _ = run(backend, [("/v1/chat/completions", body)])
+    assert status == 200 and events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    usage = chunks.pop()
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 2, "completion_tokens": 7,
+                                                         "total_tokens": 9}
+    order = [c["choices"][0]["index"] for c in chunks]
+    assert order.index(1) < len(order) - order[::-1].index(0) - 1  # merged as they came, not one after the other
+    for i in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"]["role"] == "assistant" and all("role" not in m["delta"] for m in mine[1:])
+        assert "".join(m["delta"].get("content", "") for m in mine) == f"s{i}w0 s{i}w1 s{i}w2 "
+        assert [m["finish_reason"] for m in mine] == [None] * (len(mine) - 1) + ["length"]
+
+
+def test_one_choice_failing_fails_the_request_and_ends_the_others():
+    backend = SeededBackend(words=50, delay_s=0.01, failing=(6,))
+    [(status, body), (ok, _)], in_flight = run(backend, [
+        ("/v1/completions", {"prompt": "x", "n": 3, "seed": 5}),
+        ("/v1/completions", {"prompt": "x", "n": 1, "seed": 1, "max_tokens": 2})])
+    assert status == 500 and body["error"]["type"] == "internal_error" and ok == 200
+    assert backend.open == 0 and in_flight == 0  # every choice's stream closed: their requests aborted
+    [(status, events)], _ = run(backend, [("/v1/completions", {"prompt": "x", "n": 2, "seed": 5, "stream": True})])
+    assert status == 200 and "the engine failed this one" in events[-2] and events[-1] == "[DONE]"
+    assert backend.open == 0
+
+
+def test_a_client_that_leaves_ends_every_choice():
+    backend = SeededBackend(words=10_000, delay_s=0.005)
+
+    async def main():
+        frontend = Frontend(backend, "adaserve", lambda messages: messages[-1]["content"])
+        async with TestClient(TestServer(frontend.app())) as client:
+            resp = await client.post("/v1/completions", json={"prompt": "x", "n": 4, "stream": True})
+            await resp.content.readline()
+            assert backend.open == 4 and frontend.in_flight == 4
+            resp.close()
+            for _ in range(500):
+                if backend.open == 0 and frontend.in_flight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return backend.open, frontend.in_flight
+
+    assert asyncio.run(main()) == (0, 0)
+
+
+def test_n_beyond_the_frontends_in_flight_room_is_answered_at_once():
+    async def main():
+        frontend = Frontend(SeededBackend(), "adaserve", lambda m: m, max_in_flight=4)
+        async with TestClient(TestServer(frontend.app())) as client:
+            full = await client.post("/v1/completions", json={"prompt": "x", "n": 5})
+            fits = await client.post("/v1/completions", json={"prompt": "x", "n": 4})
+            return full.status, full.headers.get("Retry-After"), fits.status
+
+    assert asyncio.run(main()) == (503, "1", 200)
