@@ -21,20 +21,31 @@ class Choice:
 
 @dataclass
 class Tally:
-    """What one request produced so far; the ensemble reports token counts with its responses. The
-    prompt is counted once however many choices read it, as OpenAI and vLLM count it."""
+    """What one request produced so far; the ensemble reports token counts with its responses. Choice i
+    reads prompt i // n (a batched completion's prompts, each with its n choices, in order); a prompt is
+    counted once however many choices read it, as OpenAI and vLLM count it."""
 
     endpoint: str  # "completions" or "chat"
     model: str
-    n: int = 1
+    n: int = 1  # choices of each prompt
+    prompts: int = 1
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
-    prompt_tokens: int = 0
+    prompt_counts: list[int] = field(default_factory=list)  # each prompt's tokens
     choices: list[Choice] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.choices = self.choices or [Choice() for _ in range(self.n)]
-        self.n = len(self.choices)
+        self.choices = self.choices or [Choice() for _ in range(self.prompts * self.n)]
+        self.n = len(self.choices) // self.prompts
+        self.prompt_counts = self.prompt_counts or [0] * self.prompts
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.prompt_counts)
+
+    def count_prompt(self, index: int, tokens: int) -> None:
+        """Choice `index` reported its prompt's tokens."""
+        self.prompt_counts[index // self.n] = tokens
 
     @property
     def chat(self) -> bool:

@@ -1,7 +1,8 @@
-"""A request's choices (OpenAI's `n`): each its own generation in the engine, all running at once, their
-responses taken as they come. vLLM runs `n` the same way (one sequence per choice, the prompt's KV
-shared through its prefix cache, as ours is). Each choice draws with its own seed (`choice_generation`),
-so sampled choices differ: choice i of a request seeded s draws as a one-choice request seeded s + i."""
+"""A request's choices (OpenAI's `n` of each prompt, a batched completion's prompts): each its own
+generation in the engine, all running at once, their responses taken as they come. vLLM runs `n` the
+same way (one sequence per choice, the prompt's KV shared through its prefix cache, as ours is). Each
+choice of a prompt draws with its own seed (`choice_generation`), so sampled choices differ: choice j
+of a request seeded s draws as a one-choice request seeded s + j."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ SEED_SPACE = 2**64  # the ensemble's seed input is a uint64
 
 
 def choice_generation(gen: Generation, index: int) -> Generation:
-    """Choice `index` of `gen`: the request's own seed for the first, the next seeds for the others."""
+    """Choice `index` of each of `gen`'s prompts: the request's own seed for the first, the next seeds
+    for the others."""
     if index == 0 or gen.seed is None:
         return gen
     return dataclasses.replace(gen, seed=(gen.seed + index) % SEED_SPACE)

@@ -152,15 +152,15 @@ class Frontend:
         gen = parse(body, endpoint, request.headers)
         if body.get("model") not in (None, self.model_name):
             raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
-        if self.in_flight + gen.n - 1 > self.max_in_flight:  # every choice is a generation
+        if self.in_flight + gen.generations - 1 > self.max_in_flight:  # every choice is a generation
             raise OpenAIError(503, f"{self.in_flight} requests are in flight already", kind="server_overloaded",
                               retry_after_s=RETRY_AFTER_S)
-        prompt = self.render_chat(gen.messages) if gen.messages is not None else gen.prompt
-        tally = Tally(endpoint, self.model_name, gen.n)
+        prompts = (self.render_chat(gen.messages),) if gen.messages is not None else gen.prompts
+        tally = Tally(endpoint, self.model_name, gen.n, len(prompts))
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
             gen = self.tenancy.admit(request, gen, tally)
-        self.in_flight += gen.n - 1
-        choices = Choices([self.backend.stream(choice_generation(gen, i), prompt) for i in range(gen.n)],
+        self.in_flight += gen.generations - 1
+        choices = Choices([self.backend.stream(choice_generation(gen, i), p) for p in prompts for i in range(gen.n)],
                           self.drain.guard)
         try:
             first = await self._next(choices, tally)  # errors before any output become plain HTTP errors
@@ -170,7 +170,7 @@ class Frontend:
                 return web.json_response(tally.whole())
             return await self._sse(request, gen, choices, tally, first)
         finally:
-            self.in_flight -= gen.n - 1
+            self.in_flight -= gen.generations - 1
             await choices.aclose()  # a disconnected client lands here too: the backend then aborts the requests
 
     async def _next(self, choices: Choices, tally: Tally) -> tuple[int, str | None] | None:
@@ -186,7 +186,7 @@ class Frontend:
         choice = tally.choices[index]
         choice.text += text or ""
         if "num_input_tokens" in extra:
-            tally.prompt_tokens = int(extra["num_input_tokens"])
+            tally.count_prompt(index, int(extra["num_input_tokens"]))
         if "num_output_tokens" in extra:
             choice.completion_tokens = int(extra["num_output_tokens"])
         if "finish_reason" in extra:

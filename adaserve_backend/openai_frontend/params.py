@@ -16,9 +16,10 @@ INT32_MAX = 2**31 - 1  # token counts travel to Triton as INT32: a larger one wo
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 512  # chat has no OpenAI default short of the context; a bounded one here
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's (and vLLM's) default: sampling unless the client asks for 0
-# OpenAI's `n`: each choice is a generation of its own in the engine, competing for the same batch and
-# draft budget as every other request's; past a few, one request could crowd out the rest of the load.
-MAX_CHOICES = 16
+# OpenAI's `n` times the prompts of a batched completion: each is a generation of its own in the engine
+# (choices.py), competing for the same batch and draft budget as every other request's; one request
+# past this many would be a batch job crowding out the rest of the load.
+MAX_GENERATIONS = 64
 SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "slo_class": "x-slo-class"}
 
 # Accepted only at the value that changes nothing (what the client would get by leaving them out).
@@ -50,7 +51,7 @@ def bad(param: str, message: str) -> OpenAIError:
 
 @dataclass(frozen=True)
 class Generation:
-    prompt: str  # plain text; chat messages are rendered with the model's template before this
+    prompts: tuple[str, ...]  # plain text, one or a batch (completions; chat: none, its messages are rendered)
     messages: tuple[dict, ...] | None  # the chat messages, for rendering (None for completions)
     max_tokens: int
     n: int = 1  # choices: each its own generation (choices.py)
@@ -65,6 +66,11 @@ class Generation:
     slo: SLO = SLO()
     tenant: str | None = None  # whose suffix index it shares (suffix_scope "tenant"): OpenAI's `user`, or the key's
     cache_scope: str | None = None  # an isolated tenant's (tenancy.py): its own prefix cache and suffix index
+
+    @property
+    def generations(self) -> int:
+        """What the engine runs for this request: `n` choices of each prompt."""
+        return self.n * max(len(self.prompts), 1)
 
 
 def _number(body: Mapping, name: str, lo: float, hi: float, default: float) -> float:
@@ -172,11 +178,12 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     messages = None
     if endpoint == "completions":
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise bad("prompt", "'prompt' must be a non-empty string (token-id and batched prompts are not supported)")
-        _utf8(prompt, "prompt")
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
+            raise bad("prompt", "'prompt' must be a non-empty string or a list of them (token-id prompts are "
+                      "not supported)")
+        for p in prompts:
+            _utf8(p, "prompt")
         max_tokens = _integer(body, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS, INT32_MAX)
     else:
         raw = body.get("messages")
@@ -188,7 +195,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
                 raise bad(f"messages[{i}]", f"messages[{i}] needs a role of system, developer, user or assistant")
             role = "system" if m["role"] == "developer" else m["role"]
             parsed.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
-        messages, prompt = tuple(parsed), ""
+        messages, prompts = tuple(parsed), []
         a, b = body.get("max_completion_tokens"), body.get("max_tokens")
         if a is not None and b is not None and a != b:
             raise bad("max_completion_tokens", "'max_completion_tokens' and 'max_tokens' disagree")
@@ -218,8 +225,12 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     user = body.get("user")
     if user is not None and (not isinstance(user, str) or not 0 < len(user) <= MAX_TENANT_CHARS):
         raise bad("user", f"'user' must be a string of 1-{MAX_TENANT_CHARS} characters")
+    n = _integer(body, "n", 1, 1, MAX_GENERATIONS)
+    if n * len(prompts) > MAX_GENERATIONS:
+        raise bad("n", f"n={n} choices of {len(prompts)} prompts are {n * len(prompts)} generations; at most "
+                  f"{MAX_GENERATIONS} per request")
     return Generation(
-        prompt=prompt, messages=messages, max_tokens=max_tokens, n=_integer(body, "n", 1, 1, MAX_CHOICES),
+        prompts=tuple(prompts), messages=messages, max_tokens=max_tokens, n=n,
         temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
         seed=_integer(body, "seed", 0, None, 2**64 - 1),

@@ -62,7 +62,8 @@ class Tenancy:
         finally:
             tally: Tally | None = request.get(ADMITTED)
             if tally is not None:
-                self.limits.release(tenant, tally.prompt_tokens + tally.completion_tokens, tally.n)
+                self.limits.release(tenant, tally.prompt_tokens + tally.completion_tokens,
+                                    len(tally.choices))
                 self.metrics.add_tokens(tenant.name, tally.prompt_tokens, tally.completion_tokens)
             self.metrics.count(tenant.name, outcome)
 
@@ -75,7 +76,7 @@ class Tenancy:
         if slo.slo_class is None and tenant.default_slo_class is not None:
             slo = dataclasses.replace(slo, slo_class=tenant.default_slo_class)  # numbers given still win
         self._check_bounds(tenant, slo)
-        self.limits.admit(tenant, gen.n)
+        self.limits.admit(tenant, gen.generations)
         request[ADMITTED] = tally
         return dataclasses.replace(gen, slo=slo, tenant=tenant.name, cache_scope=tenant.cache_scope)
 

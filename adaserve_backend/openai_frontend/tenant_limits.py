@@ -73,12 +73,13 @@ class TenantLimits:
                         for t in tenants if t.tokens_per_minute is not None}
 
     def admit(self, tenant: Tenant, places: int = 1) -> None:
-        """Take `places` of the tenant's in-flight places (a request's choices: each is a generation), or
-        RateLimited (429) if they would pass its cap or its bucket is in debt; more than the cap: 400."""
+        """Take `places` of the tenant's in-flight places (a request's generations: n choices of each
+        prompt), or RateLimited (429) if they would pass its cap or its bucket is in debt; more than the
+        cap: 400."""
         n = self.in_flight[tenant.name]
         if tenant.max_in_flight is not None and places > tenant.max_in_flight:
-            raise OpenAIError(400, f"n={places} choices are more generations than tenant {tenant.name!r} may run "
-                              f"at once ({tenant.max_in_flight})", "n")
+            raise OpenAIError(400, f"this request's {places} generations (n choices of each prompt) are more than "
+                              f"tenant {tenant.name!r} may run at once ({tenant.max_in_flight})", "n")
         if tenant.max_in_flight is not None and n + places > tenant.max_in_flight:
             more = f"; this request's {places} would pass its limit of {tenant.max_in_flight}" if places > 1 else \
                 ", its limit"

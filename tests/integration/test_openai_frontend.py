@@ -102,6 +102,15 @@ def test_n_choices_sample_apart_and_count_the_prompt_once(client):
     assert sorted(c.index for c in ends) == [0, 1]
 
 
+def test_a_batch_of_prompts_answers_each_as_alone(client):
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0) for p in (PROMPT, "Hi")]
+    batch = client.completions.create(model=MODEL, prompt=[PROMPT, "Hi"], max_tokens=8, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    for got, one in zip(batch.choices, alone):
+        assert_same_start(got.text, one.choices[0].text)
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+
+
 def test_stop_strings_end_the_text_before_them(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
     # An early word: two bf16 greedy runs are trusted to agree only on their start (assert_same_start);
@@ -146,7 +155,7 @@ def test_ttft_targets_are_accepted_and_an_unmeetable_one_is_a_503_with_retry_aft
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"max_tokens": 0}, "max_tokens"),
-    ({"n": 17}, "'n'"),
+    ({"n": 65}, "'n'"),
     ({"logprobs": 2}, "logprobs"),
     ({"extra_body": {"slo_class": "platinum"}}, "platinum"),
     ({"extra_body": {"tpot_slo_ms": -1}}, "tpot_slo_ms"),

@@ -16,10 +16,11 @@ from adaserve_backend.serving.errors import ErrorKind
 
 class SeededBackend:
     """A backend whose output depends on the seed only: `words` words "s<seed>w<i>", one per response,
-    each after `delay_s`; a seed in `failing` fails after its first word."""
+    each after `delay_s` (`tagged`: after the prompt's first word); a seed in `failing` fails after its
+    first word."""
 
-    def __init__(self, words: int = 3, delay_s: float = 0.0, failing: tuple[int, ...] = ()) -> None:
-        self.words, self.delay_s, self.failing = words, delay_s, failing
+    def __init__(self, words: int = 3, delay_s: float = 0.0, failing: tuple[int, ...] = (), tagged=False) -> None:
+        self.words, self.delay_s, self.failing, self.tagged = words, delay_s, failing, tagged
         self.seeds: list[int | None] = []
         self.open = 0  # streams started and not yet closed
 
@@ -41,7 +42,7 @@ class SeededBackend:
                 if i == 1 and gen.seed in self.failing:
                     raise BackendError("the engine failed this one", ErrorKind.INTERNAL)
                 extra = {"num_input_tokens": len(prompt.split())} if i == 0 else {}
-                yield f"s{gen.seed}w{i} ", extra
+                yield (prompt.split()[0] if self.tagged else "") + f"s{gen.seed}w{i} ", extra
             yield "", {"num_output_tokens": self.words + (gen.seed or 0) % 2, "finish_reason": "length"}
         finally:
             self.open -= 1
@@ -73,6 +74,16 @@ def test_n_choices_each_sample_with_their_own_seed_and_share_one_prompt_count():
     assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
         (i, f"s{10 + i}w0 s{10 + i}w1 s{10 + i}w2 ", "length") for i in range(3)]
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3 + 4 + 3, "total_tokens": 13}
+
+
+def test_a_batch_of_prompts_gives_n_choices_of_each_in_order():
+    backend = SeededBackend(words=1, tagged=True)
+    body = {"prompt": ["a b", "c d e"], "n": 2, "seed": 3, "max_tokens": 4}
+    [(status, out)], in_flight = run(backend, [("/v1/completions", body)])
+    assert status == 200 and in_flight == 0
+    assert [(c["index"], c["text"]) for c in out["choices"]] == [(0, "as3w0 "), (1, "as4w0 "), (2, "cs3w0 "),
+                                                                (3, "cs4w0 ")]
+    assert out["usage"] == {"prompt_tokens": 2 + 3, "completion_tokens": 1 + 2 + 1 + 2, "total_tokens": 11}
 
 
 def test_streamed_choices_interleave_each_named_by_index_with_its_own_role_and_finish():

@@ -17,17 +17,17 @@ def test_completion_parameters_map_to_the_ensemble():
     g = parse({"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "seed": 3,
                "stop": ["\n\n", "END"], "min_tokens": 2, "stream": True, "stream_options": {"include_usage": True},
                "n": 1, "logprobs": None, "user": "u1"}, "completions")
-    assert (g.prompt, g.max_tokens, g.temperature, g.top_p, g.top_k, g.seed, g.stop,
+    assert (g.prompts[0], g.max_tokens, g.temperature, g.top_p, g.top_k, g.seed, g.stop,
             g.min_tokens) == ("Hi", 7, 0.5, 0.9, 20, 3, ("\n\n", "END"), 2)
     assert g.stream and g.include_usage and g.messages is None
-    t = ensemble_request(g, g.prompt, supported=set())
+    t = ensemble_request(g, "Hi", supported=set())
     assert t["text_input"][0] == b"Hi" and t["max_tokens"][0] == 7 and t["seed"][0] == 3 and t["top_k"][0] == 20
     assert list(t["stop_words"]) == [b"\n\n", b"END"] and t["min_tokens"][0] == 2 and not t["apply_chat_template"][0]
     assert t["temperature"][0] == pytest.approx(0.5) and t["top_p"][0] == pytest.approx(0.9)
     assert t["return_num_input_tokens"][0]
     assert g.tenant == "u1" and "tenant" not in t  # a repository without the input: nothing to scope
     # OpenAI's `user` scopes the suffix index
-    assert ensemble_request(g, g.prompt, supported={"tenant"})["tenant"][0] == b"u1"
+    assert ensemble_request(g, "Hi", supported={"tenant"})["tenant"][0] == b"u1"
 
 
 def test_defaults_follow_openai():
@@ -65,6 +65,14 @@ def test_n_choices_and_their_seeds():
     assert choice_generation(parse({"prompt": "x", "n": 2}, "completions"), 1).seed is None
 
 
+def test_a_batch_of_prompts():
+    g = parse({"prompt": ["a", "b", "c"], "n": 2}, "completions")
+    assert g.prompts == ("a", "b", "c") and g.generations == 6
+    assert parse({"prompt": ["a"]}, "completions").prompts == ("a",)
+    chat = parse({"messages": [{"role": "user", "content": "Hi"}], "n": 64}, "chat")
+    assert chat.prompts == () and chat.generations == 64
+
+
 def test_what_vllm_bench_serve_sends_is_accepted():
     """Its completions payload, neutral extras included (repetition_penalty 1.0, logprobs null)."""
     body = {"model": "m", "prompt": "x", "repetition_penalty": 1.0, "max_tokens": 8, "logprobs": None, "stream": True,
@@ -75,7 +83,11 @@ def test_what_vllm_bench_serve_sends_is_accepted():
 
 @pytest.mark.parametrize("body, headers, param", [
     ({"prompt": "x", "n": 0}, {}, "n"),
-    ({"prompt": "x", "n": 17}, {}, "n"),
+    ({"prompt": "x", "n": 65}, {}, "n"),
+    ({"prompt": ["x"] * 33, "n": 2}, {}, "n"),
+    ({"prompt": ["x", ""]}, {}, "prompt"),
+    ({"prompt": ["x", 5]}, {}, "prompt"),
+    ({"prompt": []}, {}, "prompt"),
     ({"prompt": "x", "n": "2"}, {}, "n"),
     ({"prompt": "x", "n": 2, "best_of": 3}, {}, "best_of"),
     ({"prompt": "x", "logprobs": 3}, {}, "logprobs"),
@@ -130,7 +142,7 @@ def test_backend_errors_map_by_their_kind_only():
 
 
 def test_response_shapes():
-    t = Tally("chat", "m", prompt_tokens=5, choices=[Choice("Hello", 2, "stop")])
+    t = Tally("chat", "m", prompt_counts=[5], choices=[Choice("Hello", 2, "stop")])
     whole = t.whole()
     assert whole["object"] == "chat.completion"
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
@@ -142,11 +154,17 @@ def test_response_shapes():
     c = Tally("completions", "m", choices=[Choice("abc")])
     assert c.whole()["object"] == "text_completion" and c.chunk("b")["choices"][0]["text"] == "b"
     # n choices: indexed in order, the prompt counted once, every choice's completion counted
-    n = Tally("chat", "m", prompt_tokens=4, choices=[Choice("a", 1, "stop"), Choice("bc", 3, "length")])
+    n = Tally("chat", "m", prompt_counts=[4], choices=[Choice("a", 1, "stop"), Choice("bc", 3, "length")])
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in n.whole()["choices"]] == [
         (0, "a", "stop"), (1, "bc", "length")]
     assert n.usage() == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
     assert n.chunk("x", index=1)["choices"][0] == {"index": 1, "delta": {"role": "assistant", "content": "x"},
                                                    "logprobs": None, "finish_reason": None}
     assert Tally("chat", "m", n=3).n == 3
+    # a batch of prompts: choice i reads prompt i // n, each prompt counted once
+    b = Tally("completions", "m", n=2, prompts=3)
+    assert len(b.choices) == 6
+    for i, tokens in ((0, 4), (1, 4), (5, 7)):
+        b.count_prompt(i, tokens)
+    assert b.prompt_counts == [4, 0, 7] and b.prompt_tokens == 11
     assert sse({"a": "é"}) == 'data: {"a": "é"}\n\n'.encode()

@@ -179,7 +179,7 @@ def test_every_choice_takes_a_place_and_pays_for_its_tokens():
         first = asyncio.ensure_future(ask(client, KEY_A, n=2))
         while in_flight["t"] < 2:
             await asyncio.sleep(0.01)
-        over = await ask(client, KEY_A, n=2)
+        over = await ask(client, KEY_A, prompt=["a", "b"])  # a batch: a generation per prompt
         fe.backend.hold.set()
         return never, over, await first
 
