@@ -12,9 +12,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from adaserve_backend.openai_frontend.backends import BackendError
 from adaserve_backend.openai_frontend.http_app import Frontend
 from adaserve_backend.serving.errors import ErrorKind
+from tests.openai_backends import StandInBackend
 
 
-class SeededBackend:
+class SeededBackend(StandInBackend):
     """A backend whose output depends on the seed only: `words` words "s<seed>w<i>", one per response,
     each after `delay_s` (`tagged`: after the prompt's first word); a seed in `failing` fails after its
     first word."""
@@ -23,15 +24,6 @@ class SeededBackend:
         self.words, self.delay_s, self.failing, self.tagged = words, delay_s, failing, tagged
         self.seeds: list[int | None] = []
         self.open = 0  # streams started and not yet closed
-
-    async def connect(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def unhealthy(self) -> str | None:
-        return None
 
     async def stream(self, gen, prompt):
         self.seeds.append(gen.seed)

@@ -23,6 +23,7 @@ from adaserve_backend.openai_frontend.tenancy import Tenancy, load_tenancy
 from adaserve_backend.openai_frontend.tenants import key_entry
 from adaserve_backend.openai_frontend.triton_backend import ensemble_request
 from adaserve_backend.triton.protocol import parse_request
+from tests.openai_backends import StandInBackend
 
 SCHEDULER = SchedulerConfig()  # coding 65 ms / 2 s, chat 80 ms / 2 s, summary 150 ms / 5 s
 KEY_A, KEY_B, KEY_C = "sk-team-a-0123456789abcdef", "sk-team-b-0123456789abcdef", "sk-team-c-0123456789abcdef"
@@ -35,21 +36,12 @@ KEYS = {"tenants": {
 USAGE = (5, 3)  # what every generation reports: prompt and completion tokens
 
 
-class RecordingBackend:
+class RecordingBackend(StandInBackend):
     """Answers every generation with one delta and USAGE; `hold` keeps streams open until set."""
 
     def __init__(self) -> None:
         self.seen: list[Generation] = []
         self.hold: asyncio.Event | None = None
-
-    async def connect(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def unhealthy(self) -> str | None:
-        return None
 
     async def stream(self, gen: Generation, prompt: str):
         self.seen.append(gen)
