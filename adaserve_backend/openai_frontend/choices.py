@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from .params import Generation
 
+log = logging.getLogger("adaserve.openai")
 SEED_SPACE = 2**64  # the ensemble's seed input is a uint64
 
 
@@ -65,10 +67,19 @@ class Choices:
         return index, text, extra
 
     async def aclose(self) -> None:
+        """Ends every choice's stream, each whatever the others do; errors past the first one `next`
+        raised (when a drain's grace runs out, every choice's at once) are only logged."""
         for task in self.pending:
             task.cancel()
         if self.pending:  # a stream still inside its step cannot be closed yet
             await asyncio.wait(self.pending)
+        for task in self.pending:  # read, or asyncio reports them as never retrieved
+            error = None if task.cancelled() else task.exception()
+            if error is not None and not isinstance(error, StopAsyncIteration):
+                log.debug("a choice ended with its request: %s", error)
         self.pending.clear()
         for stream in self.streams:
-            await stream.aclose()
+            try:
+                await stream.aclose()
+            except Exception:  # the others still get closed: closing is what aborts their requests
+                log.exception("closing a choice's stream failed")

@@ -76,8 +76,16 @@ class Drain:
                 cut = True
                 task.cancel()
                 # until the backend's stream has closed (which aborts its request): closing it again
-                # while it still runs would fail
-                await asyncio.wait((task,))
+                # while it still runs would fail. Another cancellation (the request's other choices
+                # ending it, choices.py) must not cut this wait short; it is passed on after.
+                cancelled = False
+                while not task.done():
+                    try:
+                        await asyncio.wait((task,))
+                    except asyncio.CancelledError:
+                        cancelled = True
+                if cancelled:
+                    raise asyncio.CancelledError
         if cut:
             raise BackendError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
         return task.result()

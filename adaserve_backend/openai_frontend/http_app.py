@@ -152,16 +152,19 @@ class Frontend:
         gen = parse(body, endpoint, request.headers)
         if body.get("model") not in (None, self.model_name):
             raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
-        if self.in_flight + gen.generations - 1 > self.max_in_flight:  # every choice is a generation
-            raise OpenAIError(503, f"{self.in_flight} requests are in flight already", kind="server_overloaded",
+        if gen.generations > self.max_in_flight:  # every choice is a generation: this one would never fit
+            raise OpenAIError(400, f"this request's {gen.generations} generations (n choices of each prompt) are "
+                              f"more than this server runs at once ({self.max_in_flight})", "n")
+        if self.in_flight + gen.generations - 1 > self.max_in_flight:
+            raise OpenAIError(503, f"{self.in_flight} generations are in flight already", kind="server_overloaded",
                               retry_after_s=RETRY_AFTER_S)
         prompts = (self.render_chat(gen.messages),) if gen.messages is not None else gen.prompts
         tally = Tally(endpoint, self.model_name, gen.n, len(prompts))
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
             gen = self.tenancy.admit(request, gen, tally)
-        self.in_flight += gen.generations - 1
         choices = Choices([self.backend.stream(choice_generation(gen, i), p) for p in prompts for i in range(gen.n)],
-                          self.drain.guard)
+                          self.drain.guard)  # nothing runs until the first `next`
+        self.in_flight += gen.generations - 1
         try:
             first = await self._next(choices, tally)  # errors before any output become plain HTTP errors
             if not gen.stream:

@@ -5,11 +5,14 @@ every choice's generation (closing a backend stream is what aborts a request in 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 
 from aiohttp.test_utils import TestClient, TestServer
 
 from adaserve_backend.openai_frontend.backends import BackendError
+from adaserve_backend.openai_frontend.drain import Drain
 from adaserve_backend.openai_frontend.http_app import Frontend
 from adaserve_backend.serving.errors import ErrorKind
 from tests.openai_backends import StandInBackend
@@ -18,10 +21,12 @@ from tests.openai_backends import StandInBackend
 class SeededBackend(StandInBackend):
     """A backend whose output depends on the seed only: `words` words "s<seed>w<i>", one per response,
     each after `delay_s` (`tagged`: after the prompt's first word); a seed in `failing` fails after its
-    first word."""
+    first word. Closing takes `closing_s` times 1 + the seed, as closing a gRPC stream takes a round trip."""
 
-    def __init__(self, words: int = 3, delay_s: float = 0.0, failing: tuple[int, ...] = (), tagged=False) -> None:
+    def __init__(self, words: int = 3, delay_s: float = 0.0, failing: tuple[int, ...] = (), tagged=False,
+                 closing_s: float = 0.0) -> None:
         self.words, self.delay_s, self.failing, self.tagged = words, delay_s, failing, tagged
+        self.closing_s = closing_s
         self.seeds: list[int | None] = []
         self.open = 0  # streams started and not yet closed
 
@@ -37,6 +42,8 @@ class SeededBackend(StandInBackend):
                 yield (prompt.split()[0] if self.tagged else "") + f"s{gen.seed}w{i} ", extra
             yield "", {"num_output_tokens": self.words + (gen.seed or 0) % 2, "finish_reason": "length"}
         finally:
+            if self.closing_s:
+                await asyncio.sleep(self.closing_s * (1 + (gen.seed or 0)))
             self.open -= 1
 
 
@@ -132,8 +139,40 @@ def test_n_beyond_the_frontends_in_flight_room_is_answered_at_once():
     async def main():
         frontend = Frontend(SeededBackend(), "adaserve", lambda m: m, max_in_flight=4)
         async with TestClient(TestServer(frontend.app())) as client:
-            full = await client.post("/v1/completions", json={"prompt": "x", "n": 5})
+            never = await client.post("/v1/completions", json={"prompt": "x", "n": 5})
             fits = await client.post("/v1/completions", json={"prompt": "x", "n": 4})
-            return full.status, full.headers.get("Retry-After"), fits.status
+            frontend.in_flight = 1  # another request's generation
+            full = await client.post("/v1/completions", json={"prompt": "x", "n": 4})
+            return never.status, (await never.json())["error"]["param"], fits.status, full.status, \
+                full.headers.get("Retry-After")
 
-    assert asyncio.run(main()) == (503, "1", 200)
+    assert asyncio.run(main()) == (400, "n", 200, 503, "1")
+
+
+def test_a_drain_whose_grace_runs_out_ends_every_choice_once(caplog):
+    """Each choice's wait is cut at once: one error event, every stream closed, no error left unread."""
+    backend = SeededBackend(words=10_000, delay_s=0.005, closing_s=0.05)
+
+    async def main():
+        frontend = Frontend(backend, "adaserve", lambda messages: messages[-1]["content"])
+        frontend.drain = Drain(0.2)
+        async with TestClient(TestServer(frontend.app())) as client:
+            resp = await client.post("/v1/completions", json={"prompt": "x", "n": 3, "seed": 0, "stream": True})
+            await resp.content.readline()
+            frontend.drain.signalled()
+            await asyncio.wait_for(frontend.drain.wait_out(lambda: frontend.in_flight), 5)
+            events = [line[6:] for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+            for _ in range(500):  # the handler closes the streams after the response's end
+                if backend.open == 0 and frontend.in_flight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return events, frontend.in_flight
+
+    with caplog.at_level(logging.DEBUG):
+        events, in_flight = asyncio.run(main())
+        gc.collect()
+    assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"]
+    assert sum("shutting down" in e for e in events) == 1 and backend.open == 0 and in_flight == 0
+    # the choices still closing when the first one's error ended the request were waited for, not closed
+    # while running (RuntimeError), and their errors were read (else asyncio reports them, at collection)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
