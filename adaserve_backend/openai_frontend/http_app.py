@@ -135,7 +135,7 @@ class Frontend:
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         self.drain.refuse_new()
         if self.in_flight >= self.max_in_flight:
-            raise OpenAIError(503, f"{self.in_flight} requests are in flight already", kind="server_overloaded",
+            raise OpenAIError(503, f"{self.in_flight} generations are in flight already", kind="server_overloaded",
                               retry_after_s=RETRY_AFTER_S)
         self.in_flight += 1
         try:
