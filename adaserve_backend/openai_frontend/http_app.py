@@ -134,14 +134,18 @@ class Frontend:
 
     async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         self.drain.refuse_new()
-        if self.in_flight >= self.max_in_flight:
-            raise OpenAIError(503, f"{self.in_flight} generations are in flight already", kind="server_overloaded",
-                              retry_after_s=RETRY_AFTER_S)
+        self._check_room(1)
         self.in_flight += 1
         try:
             return await self._generate_one(request, endpoint)
         finally:
             self.in_flight -= 1
+
+    def _check_room(self, generations: int) -> None:
+        """503 with Retry-After unless `generations` more fit under --max-in-flight now."""
+        if self.in_flight + generations > self.max_in_flight:
+            raise OpenAIError(503, f"{self.in_flight} generations are in flight already", kind="server_overloaded",
+                              retry_after_s=RETRY_AFTER_S)
 
     async def _generate_one(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         try:
@@ -155,9 +159,7 @@ class Frontend:
         if gen.generations > self.max_in_flight:  # every choice is a generation: this one would never fit
             raise OpenAIError(400, f"this request's {gen.generations} generations (n choices of each prompt) are "
                               f"more than this server runs at once ({self.max_in_flight})", "n")
-        if self.in_flight + gen.generations - 1 > self.max_in_flight:
-            raise OpenAIError(503, f"{self.in_flight} generations are in flight already", kind="server_overloaded",
-                              retry_after_s=RETRY_AFTER_S)
+        self._check_room(gen.generations - 1)
         prompts = (self.render_chat(gen.messages),) if gen.messages is not None else gen.prompts
         tally = Tally(endpoint, self.model_name, gen.n, len(prompts))
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
