@@ -301,4 +301,4 @@ class DecodeEstimator:
         iterations, trees cut to their roots), which priced it over the tightest class's target: all of
         that class then looked hopeless, was let in without holding the batch and missed
         (docs/experiments.md#lone-pace)."""
-        return min(self.tpot_at(n), self.iteration_s(n, 0, 0) / self.at_load(n, 0)[0])
+        return min(self.tpot_at(n), 1 / self.plain_rate(n))
