@@ -62,8 +62,8 @@ class ForwardOutput:
 
 class ModelRunner:
     """graphs: the largest batch replayed as a CUDA graph, 0 for none; only on cuda with FlashInfer
-    attention. Plain decode replays (decode_graphs.py), and with beam_widths (a draft's: the widths its
-    beam search may pick) so do beam steps of w > 1 tokens per request, all logits wanted (tree_graphs.py).
+    attention. Plain decode replays (cuda_graphs/decode.py), and with beam_widths (a draft's: the widths its
+    beam search may pick) so do beam steps of w > 1 tokens per request, all logits wanted (cuda_graphs/tree.py).
     graph_capture: how graphs are captured (the CPU tests' seam)."""
 
     def __init__(self, model: LlamaModel, cache: CacheConfig, attention_backend: str = "auto", graphs: int = 0,
@@ -90,12 +90,12 @@ class ModelRunner:
             self._capture(graphs, widths, scratch_block=num_blocks, capture=graph_capture)
 
     def _capture(self, max_batch: int, widths: Sequence[int], scratch_block: int, capture: Callable | None) -> None:
-        from .decode_graphs import DecodeGraphs
-        from .graph_capture import cuda_capture
-        from .tree_graphs import TreeGraphs
+        from .cuda_graphs.capture import cuda_capture
+        from .cuda_graphs.decode import DecodeGraphs
+        from .cuda_graphs.tree import TreeGraphs
 
-        if not hasattr(self.attn, "graph_decode_wrapper"):
-            log.info("CUDA graphs off: attention runs %s, graphs need FlashInfer", type(self.attn).__name__)
+        if not self.attn.cuda_graphs:
+            log.info("CUDA graphs off: attention runs %s, which cannot be captured", type(self.attn).__name__)
             return
         capture = capture or cuda_capture
         with torch.inference_mode():

@@ -19,7 +19,7 @@ reaches. A100: fitted to the two published points (test_sim_cost.py checks both 
 compute-bound forwards of Llama-3.1-8B on one H100, TP1 (test_sim_gpu_measured.py re-fits and
 compares). The check ran eagerly, without CUDA graphs, so its forwards of up to a few hundred tokens
 time the host's kernel launches, not the GPU; a served engine replays CUDA graphs for decode
-(adaserve_backend/decode_graphs.py), so those points are left out, and the memory-bound (decode) side is
+(adaserve_backend/cuda_graphs/decode.py), so those points are left out, and the memory-bound (decode) side is
 priced with the compute-bound fit until a check with graphs measures it. `hardware.H100_SHEET` keeps
 the preset from before that measurement: the datasheet's peaks and A100's efficiency (an assumption:
 newer GPUs rarely reach a higher share of peak). ALPHA (per all-reduce latency, 15 us) and

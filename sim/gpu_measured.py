@@ -5,7 +5,7 @@ The check times a few Llama-3.1-8B decoder layers (one GPU, TP1, random bf16 wei
 to 2,048 tokens and each attention backend, and estimates a whole forward: 32 layers, the output head,
 the attention plan. It runs them eagerly, without CUDA graphs: a layer's ~20 kernel launches from Python
 take the host longer than the GPU's work up to a few hundred tokens per forward, so those points time the
-host, not the GPU. A served engine replays CUDA graphs for decode (adaserve_backend/decode_graphs.py),
+host, not the GPU. A served engine replays CUDA graphs for decode (adaserve_backend/cuda_graphs/decode.py),
 which take that floor away, so the fit leaves them out and uses only the compute-bound points: those
 whose FLOPs alone, at the measured matmul peak, take the GPU longer per layer than the batch-1 decode's
 whole measured layer (the launch floor). The cost model has one efficiency for memory and compute

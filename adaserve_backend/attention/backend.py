@@ -12,6 +12,11 @@ from .metadata import AttentionMetadata
 
 
 class AttentionBackend(Protocol):
+    # Whether a forward can be captured and replayed as a CUDA graph (cuda_graphs/): the backend then
+    # also offers graph-mode wrappers that plan into fixed buffers (graph_decode_wrapper,
+    # graph_prefill_wrapper, as flashinfer_cuda.py does). The model runner keys its graphs on this alone.
+    cuda_graphs: bool
+
     def plan(self, meta: AttentionMetadata) -> None:
         """Prepare index/mask structures for this forward (outside any per-layer loop)."""
 

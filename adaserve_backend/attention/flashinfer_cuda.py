@@ -118,6 +118,8 @@ def host_index(q_lens: tuple[int, ...], kv_lens: tuple[int, ...], page: int):
 class FlashInferBackend:
     """The AttentionBackend protocol (backend.py) on FlashInfer, for a bfloat16 or float16 cache on CUDA."""
 
+    cuda_graphs = True
+
     def __init__(self, kv_cache: KVCache, num_heads: int) -> None:
         cache = kv_cache.data
         require_cuda(cache)
@@ -168,7 +170,7 @@ class FlashInferBackend:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return wrapper.run(q, self.layers[layer], out=out)
 
-    # ---- CUDA graphs (decode_graphs.py, tree_graphs.py): a wrapper in graph mode per graph, planned outside ----
+    # ---- CUDA graphs (cuda_graphs/): a wrapper in graph mode per graph, planned outside ----
     def graph_decode_wrapper(self, indptr_buf: torch.Tensor, indices_buf: torch.Tensor,
                              last_page_len_buf: torch.Tensor):
         """A decode wrapper for graph capture: its batch is len(last_page_len_buf), and plan writes the page

@@ -19,6 +19,8 @@ from .metadata import AttentionMetadata
 
 
 class PagedCPUBackend:
+    cuda_graphs = False
+
     def __init__(self, kv_cache: KVCache, num_heads: int, op) -> None:
         self.op = op
         self.cache = kv_cache

@@ -116,6 +116,8 @@ def plan_group(meta: AttentionMetadata, members: list[int], token_starts: list[i
 
 
 class TorchSDPABackend:
+    cuda_graphs = False
+
     def __init__(self, kv_cache: KVCache, num_heads: int) -> None:
         self.cache = kv_cache
         self.heads_per_kv_head = num_heads // kv_cache.data.shape[-2]

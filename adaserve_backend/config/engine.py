@@ -62,8 +62,8 @@ class ModelConfig:
       only.
     cuda_graph_max_batch: on cuda with FlashInfer attention, plain decode batches (one token per request)
       of up to this many requests replay CUDA graphs captured at load, one per batch-size bucket
-      (decode_graphs.py), and so do a draft's beam steps (w > 1 tokens per request, one graph per bucket and
-      beam width: tree_graphs.py); larger batches, verification trees and prefill run eager. 0: always
+      (cuda_graphs/decode.py), and so do a draft's beam steps (w > 1 tokens per request, one graph per bucket and
+      beam width: cuda_graphs/tree.py); larger batches, verification trees and prefill run eager. 0: always
       eager. Ignored on the CPU and under the SDPA fallback (float32 included).
     """
 

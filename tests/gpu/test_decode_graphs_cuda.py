@@ -1,4 +1,4 @@
-"""CUDA graphs of plain decode (adaserve_backend/decode_graphs.py) captured and replayed on a GPU: each
+"""CUDA graphs of plain decode (adaserve_backend/cuda_graphs/decode.py) captured and replayed on a GPU: each
 bucket's replay gives the eager forward's logits (bf16 rounding apart: the padded batch is a different
 GEMM shape) and greedy tokens, writes the real KV entries the eager forward writes, and leaves trees and
 prefill eager. CPU-side checks of the same code, with a rerun in place of a replay: tests/unit/test_decode_graphs.py."""

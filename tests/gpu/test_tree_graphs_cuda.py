@@ -1,4 +1,4 @@
-"""CUDA graphs of the draft's beam steps (adaserve_backend/tree_graphs.py) captured and replayed on a GPU:
+"""CUDA graphs of the draft's beam steps (adaserve_backend/cuda_graphs/tree.py) captured and replayed on a GPU:
 beam-step-shaped forwards (q tokens per request hung off a tree, all q logits wanted) at every captured
 width and several batch sizes give the eager forward's logits (bf16 rounding apart: a padded batch is
 another GEMM shape) and greedy tokens and write the real KV entries the eager forward writes; an EAGLE-3

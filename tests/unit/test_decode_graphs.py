@@ -1,4 +1,4 @@
-"""CUDA graphs of plain decode (adaserve_backend/decode_graphs.py), checked on the CPU: the buckets, which
+"""CUDA graphs of plain decode (adaserve_backend/cuda_graphs/decode.py), checked on the CPU: the buckets, which
 forwards replay a graph and which stay eager, and that a replay (padding rows, static buffers, the page
 tables planned into a bucket's wrapper) gives the eager forward's logits, hidden states and KV entries.
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from adaserve_backend.config import CacheConfig
-from adaserve_backend.graph_capture import bucket_for, buckets_up_to, eager_capture
+from adaserve_backend.cuda_graphs.capture import bucket_for, buckets_up_to, eager_capture
 from adaserve_backend.model_runner import ModelRunner, SeqInput
 from adaserve_backend.models.feature_draft import DraftLayout, base_draft, eagle3_taps
 from tests.flashinfer_stand_in import install as stand_in_flashinfer

@@ -1,5 +1,5 @@
 """tools/gpu/graph_bench.py run tiny on the CPU: the engine's decode step timed eager and through the graph
-path (replayed by graph_capture.eager_capture over the FlashInfer stand-in), the per-layer and fixed costs
+path (replayed by cuda_graphs.capture.eager_capture over the FlashInfer stand-in), the per-layer and fixed costs
 separated, and the targets judged. The GPU runs it at Llama-3.1-8B's shape in `make gpu-check`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from adaserve_backend.graph_capture import eager_capture
+from adaserve_backend.cuda_graphs.capture import eager_capture
 from tests.flashinfer_stand_in import install as stand_in_flashinfer
 from tools.gpu.graph_bench import bench_graphs, random_llama_model, weight_bytes
 

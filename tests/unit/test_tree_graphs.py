@@ -1,4 +1,4 @@
-"""CUDA graphs of the draft's beam steps (adaserve_backend/tree_graphs.py), checked on the CPU: the keys
+"""CUDA graphs of the draft's beam steps (adaserve_backend/cuda_graphs/tree.py), checked on the CPU: the keys
 captured, which forwards replay one and which stay eager, and that a replay (padding requests on the
 scratch blocks under their own mask, static buffers, the page tables and mask planned into a key's
 graph-mode prefill wrapper) gives the eager forward's logits, hidden states, features and KV entries, and
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from adaserve_backend.config import CacheConfig, EngineConfig, SpeculationConfig
-from adaserve_backend.graph_capture import eager_capture
+from adaserve_backend.cuda_graphs.capture import eager_capture
 from adaserve_backend.model_runner import ModelRunner, SeqInput
 from adaserve_backend.models.feature_draft import DraftLayout, base_draft, eagle3_taps
 from adaserve_backend.speculation import draft_worker

@@ -63,8 +63,8 @@ def draft_points(quick: bool = False) -> list[DraftPoint]:
 
 
 def cuda_capture(fn: Callable[[], tuple]) -> tuple[Callable[[], None], tuple]:
-    """The engine's capture (adaserve_backend/graph_capture.py), in a memory pool of its own."""
-    from adaserve_backend.graph_capture import cuda_capture as engine_capture
+    """The engine's capture (adaserve_backend/cuda_graphs/capture.py), in a memory pool of its own."""
+    from adaserve_backend.cuda_graphs.capture import cuda_capture as engine_capture
 
     return engine_capture(fn, None)
 

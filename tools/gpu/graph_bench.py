@@ -1,5 +1,5 @@
 """The `graphs` measurement: the engine's own decode step (ModelRunner.forward: metadata, plan, forward, the
-logits) at Llama-3.1-8B's shape, eager and replayed as a CUDA graph (adaserve_backend/decode_graphs.py).
+logits) at Llama-3.1-8B's shape, eager and replayed as a CUDA graph (adaserve_backend/cuda_graphs/decode.py).
 
 The model is the engine's LlamaModel with random bf16 weights, built on the device (no checkpoint can be
 carried). A few layers are timed, twice: with `layers` and with half as many, so the per-layer cost and
@@ -82,7 +82,7 @@ def bench_graphs(sink: dict, deadline: float, layers: int = 4, batches: Sequence
                  context: int = CONTEXT, steps: int = 20, device="cuda", log=print, shape: dict = SHAPE,
                  capture=None) -> None:
     """Per batch, eager and graph step times at `layers` and layers // 2, and the 32-layer estimates.
-    `capture`: the graphs' capture function (the CPU tests pass graph_capture.eager_capture)."""
+    `capture`: the graphs' capture function (the CPU tests pass cuda_graphs.capture.eager_capture)."""
     from adaserve_backend.config import CacheConfig
     from adaserve_backend.model_runner import ModelRunner
 

@@ -2,7 +2,7 @@
 their offsets in fixed buffers made here, planned outside the graph.
 
 The wrappers and their plans are the engine's own (FlashInferBackend's graph helpers, used by
-adaserve_backend/decode_graphs.py and tree_graphs.py, whose docstrings hold flashinfer 0.6.18's graph-mode
+adaserve_backend/cuda_graphs/decode.py and tree.py, whose docstrings hold flashinfer 0.6.18's graph-mode
 contracts): a batch of one token per request on chains (a width-1 beam step) goes to the decode wrapper,
 with no mask; a tree batch (width > 1) to the prefill wrapper, always masked, planned with the boolean
 mask it packs itself. The inputs come from `build_plan`; our own packing sizes the mask buffer: the bytes

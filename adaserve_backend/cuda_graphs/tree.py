@@ -2,7 +2,7 @@
 beam, hung off its tree by `parents`) and wants all q logits; one graph per (batch bucket, q).
 
 Steps 2..d of a beam search (speculation/beam.py) are such forwards, d - 1 of them per iteration, and a
-small draft's step is launch overhead when eager, as decode is (decode_graphs.py; graph_capture.py holds
+small draft's step is launch overhead when eager, as decode is (decode.py; capture.py holds
 the static buffers, buckets, capture and replay both use). The rows of a graph are its bucket's requests
 times q: B * q.
 
@@ -28,7 +28,7 @@ runner's cache holds beyond those its block manager hands out), each under a cau
 scratch slots, so every row sees at least itself. All of them write the same q slots; their outputs are
 dropped.
 
-Which q: the draft's beam widths above 1 (width 1 is a chain, decode_graphs.py's), which the speculation
+Which q: the draft's beam widths above 1 (width 1 is a chain, decode.py's), which the speculation
 config bounds (1..w_max), so every key is captured at load, largest first, in one memory pool; a width
 not captured runs eager.
 """
@@ -39,10 +39,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .attention.flashinfer_cuda import host_index
-from .attention.flashinfer_plan import pages_for
-from .attention.metadata import AttentionMetadata
-from .graph_capture import Capture, Graph, Outputs, StaticForward, bucket_for, buckets_up_to, cuda_capture
+from ..attention.flashinfer_cuda import host_index
+from ..attention.flashinfer_plan import pages_for
+from ..attention.metadata import AttentionMetadata
+from .capture import Capture, Graph, Outputs, StaticForward, bucket_for, buckets_up_to, cuda_capture
 
 
 def mask_bytes(q: int, kv_len: int) -> int:

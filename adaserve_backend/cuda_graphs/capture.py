@@ -1,5 +1,5 @@
 """A model forward captured as a CUDA graph over static buffers, and replayed: what the graphs of plain
-decode (decode_graphs.py) and of the draft's beam steps (tree_graphs.py) share.
+decode (decode.py) and of the draft's beam steps (tree.py) share.
 
 A captured forward reads nothing but buffers made once: token ids, positions, the KV slots its K and V
 go to, a feature draft's features, and the page tables (and mask) its FlashInfer wrapper in graph mode

@@ -2,7 +2,7 @@
 
 A decode forward on a GPU is mostly launch overhead when eager: a few hundred small kernels whose
 launches take longer from Python than the GPU takes to read the weights. A graph per batch-size bucket
-(graph_capture.py: the static buffers, buckets, capture and replay) replays all of them in one launch. A
+(capture.py: the static buffers, buckets, capture and replay) replays all of them in one launch. A
 batch of b requests replays the smallest bucket B >= b, its B - b padding rows writing and reading one
 scratch KV slot no sequence owns (the runner's cache holds blocks beyond those its block manager hands
 out).
@@ -11,7 +11,7 @@ FlashInfer's decode wrapper in graph mode (`use_cuda_graph=True`, one wrapper pe
 index buffers) is planned outside the graph before each replay: plan is host work that writes the page
 tables into the buffers the captured kernels read. Graphs run only where the attention is FlashInfer:
 the SDPA fallback sizes its work by the batch's lengths on the host. The draft's beam steps of several
-tokens per request replay graphs of their own (tree_graphs.py); trees under verification, prefill chunks
+tokens per request replay graphs of their own (tree.py); trees under verification, prefill chunks
 and a batch larger than the largest bucket run eager.
 """
 
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .attention.flashinfer_cuda import host_index
-from .attention.flashinfer_plan import pages_for
-from .attention.metadata import AttentionMetadata
-from .graph_capture import Capture, Graph, Outputs, StaticForward, bucket_for, buckets_up_to, cuda_capture
+from ..attention.flashinfer_cuda import host_index
+from ..attention.flashinfer_plan import pages_for
+from ..attention.metadata import AttentionMetadata
+from .capture import Capture, Graph, Outputs, StaticForward, bucket_for, buckets_up_to, cuda_capture
 
 
 class DecodeGraphs:
