@@ -1,1 +1,1 @@
-"""OpenAI-compatible HTTP API in front of the Triton ensemble (see server.py)."""
+"""OpenAI-compatible HTTP API in front of Triton's `adaserve` model or Ray Serve (see http_app.py)."""

@@ -1,5 +1,5 @@
 """What the OpenAI frontend serves from: a backend turns one parsed `Generation` into a stream of text
-deltas. Two exist: Triton's ensemble over gRPC (triton_backend.py, `make serve`), and engine replicas
+deltas. Two exist: Triton's `adaserve` model over gRPC (triton_backend.py, `make serve`), and engine replicas
 on Ray Serve behind an SLO-aware router (adaserve_backend/ray_serve, `make serve-ray`). Both end every
 request the same way: a `BackendError` of an ErrorKind (serving/errors.py), which the frontend maps
 to one HTTP answer."""

@@ -1,5 +1,5 @@
 """An OpenAI-compatible HTTP frontend: `/v1/completions` and `/v1/chat/completions` (streaming SSE and
-not), `/v1/models`, `/health`, in front of a backend (backends.py): the Triton `ensemble`, each request
+not), `/v1/models`, `/health`, in front of a backend (backends.py): Triton's `adaserve` model, each request
 one gRPC stream to it, or engine replicas on Ray Serve (adaserve_backend/ray_serve).
 
     python -m adaserve_backend.openai_frontend --triton-url localhost:8001 --port 9000
@@ -235,13 +235,13 @@ async def send(resp: web.StreamResponse, data: bytes) -> None:
 
 
 def tokenizer_chat_renderer(model_repository: str) -> Callable[[tuple[dict, ...]], str]:
-    """Chat messages -> prompt text with the served model's own chat template (the tokenizer the
-    ensemble's preprocessing uses)."""
+    """Chat messages -> prompt text with the served model's own chat template (the target's tokenizer,
+    as engine.json names it). Rendered here once; `adaserve` tokenizes the text as it is."""
     import os
 
     from ..triton.repository import load_repository_tokenizer
 
-    return chat_renderer(load_repository_tokenizer(os.path.join(model_repository, "preprocessing")))
+    return chat_renderer(load_repository_tokenizer(os.path.join(model_repository, "adaserve")))
 
 
 def chat_renderer(tokenizer) -> Callable[[tuple[dict, ...]], str]:
@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     (`make serve` stops tritonserver there: its models then end what is left, which ends the handlers)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--triton-url", default="localhost:8001", help="Triton gRPC host:port")
+    ap.add_argument("--triton-model", default="adaserve",
+                    help="the Triton model served: `adaserve` (one hop each way) or `ensemble` (the same inputs)")
     ap.add_argument("--triton-metrics-url", help="Triton's metrics, e.g. http://localhost:8002/metrics: /health then "
                     "also reports an engine that stopped running")
     ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
@@ -279,7 +281,7 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from .triton_backend import TritonBackend  # here: the Ray app serves this module without Triton
 
-    backend = TritonBackend(args.triton_url, args.triton_metrics_url)
+    backend = TritonBackend(args.triton_url, args.triton_metrics_url, args.triton_model)
     tenancy = repository_tenancy(args.api_keys_file, args.api_key, args.model_repository)  # loudly, before serving
     serve_frontend(Frontend(backend, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
                             args.api_key or None, args.max_in_flight, tenancy), args.host, args.port, on_shutdown,

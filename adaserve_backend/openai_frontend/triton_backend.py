@@ -1,5 +1,8 @@
-"""The OpenAI frontend's backend for Triton: the `ensemble` model over gRPC, one bidirectional stream
-per request (`make serve`)."""
+"""The OpenAI frontend's backend for Triton: the `adaserve` scheduler model itself over gRPC, one
+bidirectional stream per request (`make serve`). One hop each way: frontend -> tritonserver -> the
+model's stub in, and back the same way per delta. The frontend renders the chat template; `adaserve`
+tokenizes the text and renders each response's text, so nothing is tokenized or rendered twice. The
+`ensemble` (tokenizer -> scheduler -> detokenizer) stays what gRPC clients and perf_analyzer call."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from ..triton.grpc_client import EnsembleClient, EnsembleError, ensemble_tensors
 from ..triton.metrics import ENGINE_UP
 from .backends import BackendError
 from .params import Generation, OpenAIError
+
+MODEL = "adaserve"
 
 
 def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[str, np.ndarray]:
@@ -35,26 +40,27 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
 
 
 class TritonBackend:
-    """Triton's `ensemble` over gRPC: one bidirectional stream per request; closing it makes Triton abort
-    the request and the engine free its KV cache."""
+    """A Triton model over gRPC (`adaserve` by default; `ensemble` takes the same inputs): one
+    bidirectional stream per request; closing it cancels the request in Triton, which the model's
+    cancellation watch sees, and the engine frees its KV cache."""
 
-    def __init__(self, triton_url: str, metrics_url: str | None = None) -> None:
-        self.triton_url, self.metrics_url = triton_url, metrics_url
+    def __init__(self, triton_url: str, metrics_url: str | None = None, model: str = MODEL) -> None:
+        self.triton_url, self.metrics_url, self.model = triton_url, metrics_url, model
         self.ensemble: EnsembleClient | None = None
         self.inputs: set[str] | None = None
 
     async def connect(self) -> None:
         # grpc.aio channels belong to the event loop they are made on: made on the server's loop.
-        self.ensemble = EnsembleClient(self.triton_url)
+        self.ensemble = EnsembleClient(self.triton_url, self.model)
 
     async def close(self) -> None:
         await self.ensemble.close()
 
     async def unhealthy(self) -> str | None:
-        """Triton's readiness of the ensemble, and (with Triton's metrics URL) whether the engine loop
+        """Triton's readiness of the model, and (with Triton's metrics URL) whether the engine loop
         still runs: Triton keeps a model ready whose engine failed for good."""
         if not await self.ensemble.is_ready():
-            return "the Triton ensemble is not ready"
+            return f"the Triton model {self.model!r} is not ready"
         if self.metrics_url and not await engine_up(self.metrics_url):
             return "the engine is not running"
         return None
