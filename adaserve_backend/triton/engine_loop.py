@@ -47,6 +47,7 @@ class Active:
     stream: StreamState = field(default_factory=StreamState)
     output_ids: list[int] = field(default_factory=list)
     held_since: float | None = None  # when the oldest token held back for coalescing was made
+    last_sent: float | None = None  # when its last response left (monotonic)
     last: RequestOutput | None = None  # the newest output, for a response of held tokens only
     watched: bool = True  # polled for cancellation (not: the ensemble pipeline aborts it by id)
 
@@ -193,7 +194,7 @@ class TritonEngineLoop(EngineHooks):
             rendered = a.stream.push(self.tokenizer, out.new_token_ids, final=out.finished)
             if rendered is None:
                 return
-            a.held_since = None
+            a.held_since, a.last_sent = None, time.monotonic()
         else:
             a.output_ids.extend(out.new_token_ids)
             if not out.finished:
@@ -211,20 +212,21 @@ class TritonEngineLoop(EngineHooks):
         """Coalescing (StreamingConfig.max_hold_ms): never the first visible token nor the last."""
         if not self.max_hold_ms or out.finished or not a.stream.rendered:
             return False
-        return not self._due(a.held_since or out.emit_time, time.monotonic())
+        return not self._due(a, a.held_since or out.emit_time, time.monotonic(), out)
 
-    def _due(self, held_since: float, now: float) -> bool:
-        return must_send(held_since, now, self.next_step_s or 0.0, self.max_hold_ms / 1e3)
+    def _due(self, a: Active, held_since: float, now: float, out: RequestOutput) -> bool:
+        """The configured hold, and never a silence longer than the request's own TPOT target."""
+        return must_send(held_since, now, self.next_step_s or 0.0, self.max_hold_ms / 1e3, a.last_sent, out.slo.tpot_s)
 
     def _send_due(self, now: float) -> None:
         """Held tokens whose hold would run out before the next step ends leave now, output or not."""
         with self.lock:
             held = [a for a in self.active.values() if a.held_since is not None]
         for a in held:
-            if self._due(a.held_since, now):
+            if self._due(a, a.held_since, now, a.last):
                 rendered = a.stream.push(self.tokenizer, [], final=False)
                 if rendered is not None:
-                    a.held_since = None
+                    a.held_since, a.last_sent = None, now
                     self._send(a, a.last, rendered)
 
     def _record(self, out: RequestOutput) -> None:
