@@ -54,8 +54,11 @@ BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgume
 
 
 def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
-    """One `vllm bench serve` run; its own JSON result (per-request arrays dropped)."""
+    """One `vllm bench serve` run; its own JSON result (per-request arrays dropped). Every request
+    carries the targets its goodput is judged by as SLO headers (`--header`, the tool's own option): our
+    server plans for them and paces each stream to its TPOT target; vLLM ignores them."""
     goodput = [f"ttft:{slos.ttft('chat'):g}", f"tpot:{slos.tpot('chat'):g}"]
+    headers = [f"x-slo-tpot-ms={slos.tpot('chat'):g}", f"x-slo-ttft-ms={slos.ttft('chat'):g}"]
     argv = [str(VLLM_VENV / "bin" / "python"), "-c", BENCH_SERVE, "--backend", "openai", "--base-url", base_url,
             "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(VLLM_MODEL_DIR),
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
@@ -63,7 +66,7 @@ def bench_serve(base_url: str, model: str, args, slos, result: Path) -> dict:
             "--num-prompts", str(args.num_prompts), "--request-rate",
             f"{args.request_rate:g}", "--seed", str(args.seed),
             "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            "--goodput", *goodput, "--save-result", "--result-dir", str(result.parent),
+            "--goodput", *goodput, "--header", *headers, "--save-result", "--result-dir", str(result.parent),
             "--result-filename", result.name]
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     with open(result.with_suffix(".log"), "w") as log:

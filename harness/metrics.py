@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from adaserve_backend.slo import attains, attains_both, attains_ttft, tpot_seconds
 
@@ -25,6 +25,16 @@ class RequestRecord:
     error: str | None = None
     ttft_slo_ms: float = math.inf
     finish_reason: str | None = None  # "stop" (end of sequence), "length" (max_tokens), ...; None: unfinished
+    # seconds between consecutive responses that carried text, as a streaming client sees them (what
+    # `vllm bench serve` reports as inter-token latency); empty for an in-process run
+    gaps: list[float] = field(default_factory=list)
+
+    def chunk(self, now: float) -> None:
+        """A response with text reached the client at `now`."""
+        if self.last_token is not None:
+            self.gaps.append(now - self.last_token)
+        self.first_token = self.first_token or now
+        self.last_token = now
 
     @property
     def finished(self) -> bool:
@@ -111,9 +121,15 @@ def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict:
         "stopped_at_eos": (sum(r.finish_reason == "stop" for r in finished) / len(finished)
                            if any(r.finish_reason for r in finished) else None),
     }
-    for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot)):
+    itl = [g * 1e3 for r in finished for g in r.gaps]  # pooled over requests, as vllm bench serve does
+    for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl)):
         for q in (50, 90, 99):
             out[f"{name}_p{q}"] = percentile(values, q)
+    out["itl_ms_mean"] = sum(itl) / len(itl) if itl else None
+    # streams whose every gap kept to their own TPOT target (a reader never waited longer than asked)
+    paced = [r for r in finished if r.gaps and math.isfinite(r.tpot_slo_ms)]
+    out["itl_within_tpot_target"] = (sum(max(r.gaps) * 1e3 <= r.tpot_slo_ms for r in paced) / len(paced)
+                                     if paced else None)
     return out
 
 

@@ -112,8 +112,7 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
                                                    chat=item.chat, extra=extra_inputs):
                 now = time.monotonic()
                 if text:
-                    rec.first_token = rec.first_token or now
-                    rec.last_token = now
+                    rec.chunk(now)
                 if "num_output_tokens" in extra:
                     rec.output_tokens = int(extra["num_output_tokens"])
                 if extra.get("finish_reason"):
@@ -167,8 +166,7 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
                         choice = (data.get("choices") or [{}])[0]
                         if choice.get("text"):
                             chunks += 1
-                            rec.first_token = rec.first_token or now
-                            rec.last_token = now
+                            rec.chunk(now)
                         rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
                         if data.get("usage"):
                             rec.output_tokens = data["usage"]["completion_tokens"]

@@ -121,6 +121,20 @@ def openai_frontend(triton_grpc_url: str, port: int, log_path: Path,
     return ServerProcess("openai frontend", argv, None, f"http://localhost:{port}/health", "", (), log_path)
 
 
+def served(http: int, grpc: int, metrics: int, openai_port: int, log_path: Path,
+           model_repository: Path | None = None) -> ServerProcess:
+    """What `make serve` runs (adaserve_backend.serve): tritonserver and the OpenAI frontend in front of
+    it, one process group; ready once the frontend answers, idle by Triton's gauges."""
+    argv = [sys.executable, "-m", "adaserve_backend.serve", "--http-port", str(http), "--grpc-port", str(grpc),
+            "--metrics-port", str(metrics), "--openai-port", str(openai_port),
+            "--log", str(log_path.with_suffix(".triton.log")),
+            "--model-repository", str(model_repository or PROJECT_ROOT / "model_repository")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return ServerProcess("adaserve (make serve)", argv, env, f"http://localhost:{openai_port}/health",
+                         f"http://localhost:{metrics}/metrics",
+                         ("adaserve_running_requests", "adaserve_waiting_requests"), log_path)
+
+
 def metrics_text(metrics_url: str) -> str | None:
     """A Prometheus endpoint's exposition text, or None if it does not answer."""
     try:
