@@ -175,3 +175,17 @@ def test_tiny_end_to_end_run_scores_every_request():
         assert all(r.output_tokens >= 1 and r.first_token >= r.arrival for r in records)
         # the 1e6 ms class always attains; the 5 ms class cannot on a CPU engine
         assert summarize([r for r in records if r.category == "chat"], wall)["slo_attainment"] == 1.0
+
+
+def test_inter_token_latency_is_the_gap_between_responses_a_client_saw():
+    paced, bursty = RequestRecord("a", "chat", 80.0, 0.0), RequestRecord("b", "chat", 80.0, 0.0)
+    for t in (0.1, 0.15, 0.2, 0.25):  # every 50 ms
+        paced.chunk(t)
+    for t in (0.1, 0.35, 0.4):  # a 250-ms burst gap
+        bursty.chunk(t)
+    for r in (paced, bursty):
+        r.output_tokens = 4
+    assert paced.first_token == 0.1 and paced.last_token == 0.25 and paced.gaps == pytest.approx([0.05] * 3)
+    row = summarize([paced, bursty], 1.0)
+    assert row["itl_ms_mean"] == pytest.approx((3 * 50 + 250 + 50) / 5)
+    assert row["itl_within_tpot_target"] == 0.5  # the bursty stream once waited past its 80-ms target
