@@ -92,6 +92,10 @@ class SchedulerConfig:
     eager_prefill: prefill as far as every decoding request that can still make its SLO still can
       (spared_prefill), whether or not a first-token deadline needs it: first tokens come as early as the
       decodes allow rather than just in time, so a burst's TTFTs stay short while the slack lasts.
+    prefill_within_tpot: a prefill chunk beside decoding requests keeps the iteration within the tightest
+      of their TPOT targets, except as far as first-token deadlines need more
+      (prefill_pacing.chunk_within_tpot): no stream stalls for longer than the pace its request asked
+      for while prompts are prefilled, at the price of a prompt taking more, shorter iterations.
     arrival_order_within: serve first tokens (admission and prefill chunks) in arrival order while that
       brings every one within this share of its request's time to its deadline (from arrival), predicted
       as if the waiting requests started only after the next iteration
@@ -139,6 +143,7 @@ class SchedulerConfig:
     burst_deferral: bool = True
     spare_decodes: bool = False
     eager_prefill: bool = False
+    prefill_within_tpot: bool = False
     arrival_order_within: float | None = None
     slo_classes: tuple[SLOClass, ...] = DEFAULT_SLO_CLASSES
     default_slo_class: str | None = None
@@ -157,7 +162,7 @@ class SchedulerConfig:
             raise ValueError("exclusive_hold_s and max_request_s must be positive numbers of seconds, max_waiting >= 1")
         if not isinstance(self.stats_history, int) or isinstance(self.stats_history, bool) or self.stats_history < 1:
             raise ValueError(f"stats_history must be an integer >= 1, got {self.stats_history!r}")
-        for flag in ("spare_decodes", "burst_deferral", "eager_prefill"):
+        for flag in ("spare_decodes", "burst_deferral", "eager_prefill", "prefill_within_tpot"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.admission_headroom < 1.0:

@@ -50,7 +50,7 @@ class FirstTokenGate:
         cap = self.prefill_cap(len(decode))
         if self.slo_admission and prefill:
             return prefill_budget(prefill, decode, depth, width, now, self.estimator, cap, self.config.spare_decodes,
-                                  self.config.eager_prefill)
+                                  self.config.eager_prefill, self.config.prefill_within_tpot)
         return cap
 
     def chunks(self, prefill, decode, depth, width, now) -> dict[Sequence, int]:

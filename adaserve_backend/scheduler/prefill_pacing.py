@@ -43,7 +43,33 @@ def split_chunks(prefill: list[Sequence], cap: int) -> dict[Sequence, int]:
 
 
 def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
-                   est: Estimator, full: int, spare_decodes: bool = False, eager: bool = False) -> int:
+                   est: Estimator, full: int, spare_decodes: bool = False, eager: bool = False,
+                   within_tpot: bool = False) -> int:
+    """`within_tpot`: the chunk that pacing gives is cut to what keeps the iteration within the tightest
+    TPOT target among the decoding requests (chunk_within_tpot), never below what first-token
+    deadlines need."""
+    budget = _prefill_budget(prefill, decode, depth, width, now, est, full, spare_decodes, eager)
+    if not within_tpot or not decode:
+        return budget
+    urgent = min(urgent_chunk(prefill, now, est.prefill_iteration_s(len(decode), full)), full)
+    return max(min(budget, chunk_within_tpot(decode, depth, width, est, full)), urgent)
+
+
+def chunk_within_tpot(decode: list[Sequence], depth: int, width: int, est: Estimator, cap: int) -> int:
+    """The largest chunk with which the iteration takes no longer than the tightest TPOT target among
+    the decoding requests. Pacing alone lets a chunk spend a request's accumulated slack in one long
+    iteration: its mean TPOT holds, but its stream stops for that iteration, and a reader (or a
+    client measuring inter-token latency) sees a stall many times the pace it asked for."""
+    targets_ms = [s.slo.tpot_ms for s in decode if s.slo.tpot_ms is not None]
+    if not targets_ms:
+        return cap
+    n = len(decode)
+    allowance_ms = min(targets_ms) - est.iteration_s(n, depth, width) * 1e3
+    return paced_chunk(allowance_ms, lambda chunk: est.chunk_extra_ms(n, depth, chunk), cap)
+
+
+def _prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, width: int, now: float,
+                    est: Estimator, full: int, spare_decodes: bool, eager: bool) -> int:
     """SLO-aware prefill's tokens this iteration: the chunk paced by the decoding requests' slack
     (paced_prefill) but never below what the first-token deadlines need (urgent_chunk); with
     `spare_decodes`, that floor only as far as no decoding request is pushed past its target
