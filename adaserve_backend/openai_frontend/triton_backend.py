@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from ..request_fields import tensors as field_tensors
 from ..triton.grpc_client import EnsembleClient, EnsembleError, ensemble_tensors
 from ..triton.metrics import ENGINE_UP
 from .backends import BackendError
@@ -19,24 +20,22 @@ MODEL = "adaserve"
 
 
 def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[str, np.ndarray]:
-    extra = {"top_p": np.array([gen.top_p], dtype=np.float32), "top_k": np.array([gen.top_k], dtype=np.int32),
-             "min_tokens": np.array([gen.min_tokens], dtype=np.int32), "return_num_input_tokens": np.array([True])}
-    if gen.stop:
-        extra["stop_words"] = np.array([s.encode() for s in gen.stop], dtype=object)
+    extra = {"top_p": gen.top_p, "top_k": gen.top_k, "min_tokens": gen.min_tokens, "return_num_input_tokens": True,
+             "stop_words": gen.stop or None}
     # an older model repository: never ignore a target
     if gen.slo.ttft_ms is not None and "ttft_slo_ms" not in supported:
         raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
     if gen.tenant is not None and "tenant" in supported:  # an older repository has no suffix index to scope
-        extra["tenant"] = np.array([gen.tenant.encode()], dtype=object)
+        extra["tenant"] = gen.tenant
     if gen.cache_scope is not None:  # isolation is never dropped: a repository without it cannot serve the tenant
         if "cache_scope" not in supported:
             raise OpenAIError(500, "this server's model repository cannot isolate tenants (no cache_scope input)",
                               kind="internal_error")
-        extra["cache_scope"] = np.array([gen.cache_scope.encode()], dtype=object)
+        extra["cache_scope"] = gen.cache_scope
     return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms,
                             ttft_slo_ms=gen.slo.ttft_ms,
                             slo_class=gen.slo.slo_class, temperature=gen.temperature,
-                            seed=gen.seed, chat=False, extra=extra)
+                            seed=gen.seed, chat=False, extra=field_tensors(extra))
 
 
 class TritonBackend:

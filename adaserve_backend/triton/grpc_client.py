@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from ..request_fields import NUMPY
+from ..request_fields import tensors as field_tensors
 from ..serving.errors import ErrorKind
 from .protocol import ERROR_OUTPUT, TEXT_OUTPUT, untag_error
 
 ID_OUTPUTS = ("output_ids", "context_ids")
-DTYPES = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
-          np.dtype(np.uint64): "UINT64"}
+# Triton's client names a string tensor BYTES (its config calls it TYPE_STRING)
+DTYPES = {np.dtype(dtype): "BYTES" if name == "STRING" else name for name, dtype in NUMPY.items()}
 
 
 def ensemble_tensors(prompt: str, max_tokens: int, stream: bool = True, tpot_slo_ms: float | None = None,
@@ -24,22 +26,11 @@ def ensemble_tensors(prompt: str, max_tokens: int, stream: bool = True, tpot_slo
                      extra: dict | None = None, ttft_slo_ms: float | None = None) -> dict[str, np.ndarray]:
     """The named inputs, as sent (the server validates them: slo.SLO); `extra` maps further input names
     to numpy arrays. Token counts and the finish reason are always asked for (clients score with them)."""
-    tensors = {
-        "text_input": np.array([prompt.encode("utf-8")], dtype=object),
-        "max_tokens": np.array([max_tokens], dtype=np.int32),
-        "stream": np.array([stream]),
-        "temperature": np.array([temperature], dtype=np.float32),
-        "apply_chat_template": np.array([chat]),
-        "return_num_output_tokens": np.array([True]),
-        "return_finish_reason": np.array([True]),
-    }
-    for name, ms in (("tpot_slo_ms", tpot_slo_ms), ("ttft_slo_ms", ttft_slo_ms)):
-        if ms is not None:
-            tensors[name] = np.array([ms], dtype=np.float32)
-    if slo_class is not None:
-        tensors["slo_class"] = np.array([slo_class.encode()], dtype=object)
-    if seed is not None:
-        tensors["seed"] = np.array([seed], dtype=np.uint64)
+    tensors = field_tensors({
+        "text_input": prompt, "max_tokens": max_tokens, "stream": stream, "temperature": temperature,
+        "apply_chat_template": chat, "return_num_output_tokens": True, "return_finish_reason": True,
+        "tpot_slo_ms": tpot_slo_ms, "ttft_slo_ms": ttft_slo_ms, "slo_class": slo_class, "seed": seed,
+    })
     tensors.update(extra or {})
     return tensors
 

@@ -1,12 +1,13 @@
 """The wire protocol of the `adaserve` model: request tensors in, response tensors out.
 
-Names follow Triton's vLLM and TensorRT-LLM backends, so existing clients, genai-perf and Triton's
-OpenAI frontend work unchanged; `tpot_slo_ms`, `ttft_slo_ms` and `slo_class` are our additions. Pure numpy: parsing
-and validation are tested without a server.
+The fields, their types and defaults are request_fields.py's table (names after Triton's vLLM and
+TensorRT-LLM backends; `tpot_slo_ms`, `ttft_slo_ms` and `slo_class` are our additions). Pure numpy:
+parsing and validation are tested without a server.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -16,25 +17,21 @@ import numpy as np
 
 from ..chat import encode_prompt
 from ..request import Request, RequestOutput, SamplingParams
+from ..request_fields import Role, default, names
 from ..serving.detokenize import Rendered
 from ..serving.errors import ErrorKind
 from ..slo import SLO
 
 # The `adaserve` model's inputs (the front model forwards those the client sent, input_ids first).
-INPUT_NAMES = (
-    "input_ids", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_tokens", "min_length", "seed",
-    "stop_words", "exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
-    "return_finish_reason", "return_perf_metrics", "tpot_slo_ms", "ttft_slo_ms", "slo_class", "tenant",
-    "cache_scope",
-)
+INPUT_NAMES = names(Role.PROMPT, Role.CLIENT)
 # Inputs the front model (or a gateway) sets itself rather than forwarding a client's: its own request id,
 # a cancellation by that id, when the request reached the server (protocol._arrival), and whether to be
 # answered at once with an empty response on acceptance (why: the adaserve model's config.pbtxt).
 ACK_INPUT = "accept_ack"
-FRONT_INPUTS = ("request_id", "abort_request_id", "arrival_time_ns", ACK_INPUT)
+FRONT_INPUTS = names(Role.FRONT)
 # A prompt as text, tokenized by the `adaserve` model itself (as Triton's vLLM backend takes it), for
 # clients that call it directly rather than through the ensemble; never both these and input_ids.
-TEXT_INPUTS = ("text_input", "apply_chat_template")
+TEXT_INPUTS = names(Role.TEXT)
 # Optional outputs that travel from the scheduler through the detokenizer to the client unchanged.
 PASS_THROUGH_OUTPUTS = (
     "num_input_tokens", "num_output_tokens", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
@@ -88,6 +85,8 @@ def response_error(response) -> tuple[ErrorKind, str] | None:
 
 @dataclass(frozen=True)
 class ResponseOptions:
+    """How the request is answered: the boolean fields of the same names (request_fields.py)."""
+
     stream: bool = False
     exclude_input_in_output: bool = False
     return_num_input_tokens: bool = False
@@ -95,6 +94,9 @@ class ResponseOptions:
     return_finish_reason: bool = False
     return_perf_metrics: bool = False
     accept_ack: bool = False  # an empty response on acceptance (ACK_INPUT, set by the front model)
+
+
+RESPONSE_OPTIONS = tuple(f.name for f in dataclasses.fields(ResponseOptions))
 
 
 class _Inputs:
@@ -161,7 +163,7 @@ def prompt_ids(tensors: dict[str, np.ndarray], tokenizer) -> np.ndarray:
     if text.size != 1:
         raise ValueError(f"text_input must hold exactly one string, got {text.size}")
     prompt = _utf8("text_input", text[0]) if isinstance(text[0], bytes) else str(text[0])
-    chat = _Inputs(tensors).scalar("apply_chat_template", False, bool)
+    chat = _Inputs(tensors).scalar("apply_chat_template", default("apply_chat_template"), bool)
     return np.asarray(encode_prompt(tokenizer, prompt, chat), dtype=np.int64)
 
 
@@ -173,24 +175,25 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
     if ids.size == 0:
         raise ValueError("the prompt is empty")
     seed = x.scalar("seed", None, int)
-    temperature = x.scalar("temperature", 0.0, _finite("temperature"))
+    temperature = x.scalar("temperature", default("temperature"), _finite("temperature"))
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     sampling = SamplingParams(
         temperature=temperature,
-        top_p=x.scalar("top_p", 1.0, _finite("top_p")),
-        top_k=x.scalar("top_k", 0, int),
+        top_p=x.scalar("top_p", default("top_p"), _finite("top_p")),
+        top_k=x.scalar("top_k", default("top_k"), int),
         seed=seed,
     )
     stop_words = [w for w in x.strings("stop_words") if w]  # their limits: Request.validate
     slo = SLO(*(x.scalar(name, None, _finite(name)) for name in ("tpot_slo_ms", "ttft_slo_ms")),
               x.scalar("slo_class", None, str) or None)
-    min_length = x.scalar("min_length", 0, int)  # parsed even when min_tokens wins: a bad value is an error
+    # parsed even when min_tokens wins: a bad value is an error
+    min_length = x.scalar("min_length", default("min_length"), int)
     min_tokens = x.scalar("min_tokens", min_length, int)
     request = Request(
         request_id=request_id,
         prompt_ids=[int(i) for i in ids],
-        max_tokens=x.scalar("max_tokens", 16, int),
+        max_tokens=x.scalar("max_tokens", default("max_tokens"), int),
         min_tokens=min_tokens,
         sampling=sampling,
         stop_strings=tuple(stop_words),
@@ -199,15 +202,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         tenant=x.scalar("tenant", None, str) or None,
         cache_scope=x.scalar("cache_scope", None, str) or None,
     )
-    options = ResponseOptions(
-        stream=x.scalar("stream", False, bool),
-        exclude_input_in_output=x.scalar("exclude_input_in_output", False, bool),
-        return_num_input_tokens=x.scalar("return_num_input_tokens", False, bool),
-        return_num_output_tokens=x.scalar("return_num_output_tokens", False, bool),
-        return_finish_reason=x.scalar("return_finish_reason", False, bool),
-        return_perf_metrics=x.scalar("return_perf_metrics", False, bool),
-        accept_ack=x.scalar(ACK_INPUT, False, bool),
-    )
+    options = ResponseOptions(**{name: x.scalar(name, default(name), bool) for name in RESPONSE_OPTIONS})
     return request, options
 
 

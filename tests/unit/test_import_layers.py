@@ -12,7 +12,7 @@ PACKAGES = ("adaserve_backend", "harness", "sim", "client", "benchmarks", "tools
 LAYERS = [
     ["adaserve_backend.config", "adaserve_backend.request", "adaserve_backend.slo", "adaserve_backend.chat",
      "adaserve_backend.cpu_extension", "adaserve_backend.stop_strings", "adaserve_backend.child_process",
-     "adaserve_backend.device"],
+     "adaserve_backend.device", "adaserve_backend.request_fields"],
     ["adaserve_backend.kv_cache", "adaserve_backend.attention", "adaserve_backend.models",
      "adaserve_backend.cost_model",
      "adaserve_backend.sampling", "adaserve_backend.cuda_graphs"],
