@@ -66,6 +66,7 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField("top_k", "INT32", "sample among the k likeliest tokens (0: all)", 0),
     RequestField("min_tokens", "INT32", "output tokens at least before an end of sequence or a stop string", 0),
     RequestField("min_length", "INT32", "min_tokens under TensorRT-LLM's name (min_tokens wins)", 0),
+    RequestField("ignore_eos", "BOOL", "generate on past end-of-sequence tokens, to max_tokens", False),
     RequestField("seed", "UINT64", "reproducible sampling"),
     RequestField("stop_words", "STRING", "stop strings (the output ends before the first one)", (), many=True),
     RequestField("exclude_input_in_output", "BOOL", "non-streaming: leave the prompt out of text_output", False),

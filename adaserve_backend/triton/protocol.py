@@ -197,6 +197,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         min_tokens=min_tokens,
         sampling=sampling,
         stop_strings=tuple(stop_words),
+        ignore_eos=x.scalar("ignore_eos", default("ignore_eos"), bool),
         slo=slo,
         arrival_time=_arrival(x),
         tenant=x.scalar("tenant", None, str) or None,

@@ -247,3 +247,12 @@ def _metric_or_zero(server, name: str) -> float:
         return server.metric(name)
     except KeyError:
         return 0.0
+
+
+def test_ignore_eos_through_the_ensemble_generates_exactly_max_tokens(triton_server):
+    """A field added through the request contract (request_fields.py) reaches the engine by every door."""
+    results, error = stream_call(triton_server.grpc_url, build_inputs(
+        grpcclient, "Say yes.", 12, stream=False, chat=True, extra={"ignore_eos": np.array([True])}))
+    assert error is None, error
+    assert results[-1].as_numpy("num_output_tokens")[0] == 12
+    assert results[-1].as_numpy("finish_reason")[0] == b"length"

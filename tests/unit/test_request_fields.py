@@ -31,8 +31,9 @@ def config_inputs(model: str) -> dict[str, tuple[str, list[int], bool]]:
     ("preprocessing", (Role.TEXT,)),
 ])
 def test_every_config_pbtxt_declares_exactly_its_fields_with_their_types(model, roles):
-    declared = config_inputs(model)
-    assert set(declared) == set(names(*roles)), "config.pbtxt and request_fields.FIELDS disagree"
+    declared, fields = config_inputs(model), set(names(*roles))
+    assert set(declared) == fields, (f"model_repository/{model}/config.pbtxt lacks {sorted(fields - set(declared))} "
+                                     f"and declares {sorted(set(declared) - fields)} beyond request_fields.FIELDS")
     for name, (dtype, dims, optional) in declared.items():
         f = BY_NAME[name]
         assert (dtype, dims) == (f.dtype, f.dims), name
@@ -65,6 +66,8 @@ def test_tensors_travel_in_their_fields_types_and_what_is_left_out_is_not_sent()
     req, options = parse_request("r", {"input_ids": np.array([1], dtype=np.int32), **tensors(
         {"max_tokens": 8, "stop_words": ["a"], "stream": True, "seed": 7})})
     assert (req.max_tokens, req.stop_strings, options.stream, req.sampling.seed) == (8, ("a",), True, 7)
+    assert parse_request("r", {"input_ids": np.array([1], dtype=np.int32),
+                               **tensors({"ignore_eos": True})})[0].ignore_eos
 
 
 def test_each_field_is_named_once():
