@@ -2,7 +2,7 @@
 
 One calibration picks the budget B at the knee of curves that bend with no knee on a CPU, so a few
 percent of timing noise moves B by 4-8 tokens from one start of the same server to the next, and with
-it a lone request's depth (docs/experiments.md#budget-spread). Every start still measures (that also
+it a lone request's depth (docs/scheduling.md#the-cost-model-and-its-calibration). Every start still measures (that also
 runs each forward shape once before serving); the rooflines are then fitted to the per-size medians of
 this start's curves and the previous ones of the same machine, which steadies B without moving it.
 

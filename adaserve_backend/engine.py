@@ -214,7 +214,7 @@ class Engine:
 
         Last, the garbage collector's debt: loading and measuring left hundreds of thousands of objects
         that its first full collection walks, a pause that fell on the first requests' steps
-        (docs/experiments.md#first-requests). They live as long as the process, so they are collected
+        (docs/scheduling.md#first-token-deadlines-and-overload). They live as long as the process, so they are collected
         once and then frozen: later full collections walk only what serving made."""
         import gc
         import random

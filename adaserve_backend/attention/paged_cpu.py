@@ -2,10 +2,10 @@
 
 torch's SDPA needs each sequence's keys and values contiguous, so the torch backend gathers them into
 padded copies every layer, a copy of the whole context that under load costs about as much as the
-attention itself (evidence: docs/experiments.md#decode-kernel). The kernel walks the pages instead, for
+attention itself (evidence: docs/architecture.md#the-model-runtime). The kernel walks the pages instead, for
 every kind of sequence: decode steps, token trees and prefill chunks. Its bfloat16 loops keep their
 accumulators in registers (bf16_tiles.h); without that, trees were slower through the kernel than
-through SDPA (evidence: docs/experiments.md#tree-kernel).
+through SDPA (evidence: docs/architecture.md#the-model-runtime).
 """
 
 from __future__ import annotations

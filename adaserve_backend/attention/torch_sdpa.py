@@ -9,7 +9,7 @@ therefore grouped (`group_sequences`) so that padding costs less than the extra 
 In bfloat16 (and float16) the query heads that share a KV head are folded into the query length, so
 SDPA sees a plain multi-head problem of kv_heads heads with heads/kv_heads times the queries: torch's
 CPU kernel has a fast path for that shape and none for `enable_gqa`, with bit-identical outputs for
-masked problems (evidence: docs/experiments.md#attention-grouping). float32 keeps the unfolded call:
+masked problems (evidence: docs/architecture.md#the-model-runtime). float32 keeps the unfolded call:
 its single-query kernel rounds differently when folded (1e-7), and float32 is the exact oracle.
 """
 
@@ -26,7 +26,7 @@ from .metadata import AttentionMetadata
 
 # The fixed cost of one more SDPA call per layer (gathers of K, V and the queries, the call, a copy
 # back), in query-key pairs of attention work: the ratio of a call's overhead to one pair's cost on the
-# CPU it was tuned for (evidence: docs/experiments.md#attention-grouping).
+# CPU it was tuned for (evidence: docs/architecture.md#the-model-runtime).
 GROUP_OVERHEAD_PAIRS = 3072
 
 
@@ -68,7 +68,7 @@ class PaddedGroup:
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask as SDPA's additive one (0 where seen, -inf where not), made once per forward:
     given the boolean mask, SDPA converts it in every layer's call; outputs are bit-identical
-    (evidence: docs/experiments.md#bf16-kernel)."""
+    (evidence: docs/architecture.md#the-model-runtime)."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 

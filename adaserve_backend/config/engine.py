@@ -103,7 +103,7 @@ class CacheConfig:
     block_size: tokens per block (page). 16 matches vLLM's GPU default and FlashInfer page sizes. The
       served CPU engine.json takes 128 (vLLM-CPU's choice too): the attention kernel reads each page's
       keys and values from DRAM as one run, and decode appends scatter a sequence's pages over the
-      cache, so larger pages step faster under churn (docs/experiments.md#kv-pages).
+      cache, so larger pages step faster under churn (docs/architecture.md#the-model-runtime).
     memory_mb: bytes reserved for one model's KV cache; the number of blocks follows from the model's
       layer count, KV heads, head size and dtype.
     num_blocks: an explicit block count instead (wins over memory_mb).

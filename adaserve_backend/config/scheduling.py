@@ -67,13 +67,13 @@ class SchedulerConfig:
       in admission (iteration times on a busy CPU vary from step to step; without it admitted requests
       that are just on track fall behind). 1.0 by default: on_track is about a request's mean time per
       token, over which the per-iteration noise averages out, and with 1.15 the batch stopped short of
-      what the tightest class allows (docs/experiments.md#bench-4-16, docs/experiments.md#vllm-headroom1).
+      what the tightest class allows (docs/scheduling.md#admission).
     first_token_margin_ms: the scheduler plans each first token this long before its TTFT deadline,
       for the response to reach the client (admission runs first tokens up to their deadlines, so
       without it the client's TTFT p99 lands just over the target by the response's delivery time).
       0 (the default) for in-process use; the served engine.json sets 200: smaller margins left the
       ensemble's delivery p99 and late prefill chunks under overload over class targets
-      (docs/experiments.md#first-token-margin).
+      (docs/scheduling.md#first-token-deadlines-and-overload).
     tpot_margin: the scheduler plans each request's time per token this share under its TPOT target
       (admission, prefill pacing and the SLO-customized selection all aim there). Pacing spends every
       decoding request's slack on prefill chunks, so without a margin requests end at their target
@@ -100,7 +100,7 @@ class SchedulerConfig:
       brings every one within this share of its request's time to its deadline (from arrival), predicted
       as if the waiting requests started only after the next iteration
       (deadlines.arrival_order_on_time); earliest deadline first otherwise. None (the default): always
-      deadline order; the served engine.json sets 1.0 (docs/experiments.md#ttft-vs-vllm). Deadline
+      deadline order; the served engine.json sets 1.0 (docs/scheduling.md#first-token-deadlines-and-overload). Deadline
       order spends the loose classes' TTFT slack even when nothing needs it: a summary waits behind
       every coding request due before it, so TTFT's tail is the summaries' however light the load.
       Below 1 keeps part of each deadline for the arrivals of a burst still to come.

@@ -40,7 +40,7 @@ class SpeculationConfig:
     calibration_pool: with calibrate, fit the rooflines to the per-size medians of this start's
       calibration and this machine's previous ones, up to this many (calibration_pool.py): one
       calibration's B moves by several tokens between starts on a CPU, and a lone request's depth with
-      it (docs/experiments.md#budget-spread). 1: this start's alone.
+      it (docs/scheduling.md#the-cost-model-and-its-calibration). 1: this start's alone.
     n_max: largest tree the SLO-customized phase builds for one request (root included).
     goodput_selection: with a profile, the throughput phase verifies only as much of the remaining
       budget as raises expected tokens per second (acceptance probabilities: draft scores times the
@@ -49,7 +49,7 @@ class SpeculationConfig:
     lookup_ngram, lookup_tokens: prompt lookup (speculation/lookup.py; 0 turns it off): up to
       lookup_tokens that followed the latest earlier occurrence of the context's last 1..lookup_ngram
       tokens join the tree as candidates (no draft forward), deeper than d if selected (a longer copied
-      chain beat a d=4 one; docs/experiments.md#draft-eval-lookup).
+      chain beat a d=4 one; docs/draft-training.md#what-we-learned).
     suffix_tokens: nodes a request's tree may take from the suffix index (speculation/suffix_index.py;
       0 turns it off): continuations of the longest matches of its context among the tokens of earlier
       and concurrent requests. suffix_scope: which requests match each other: "shared" (all), "tenant"
@@ -61,8 +61,9 @@ class SpeculationConfig:
       suffix_max_tokens: the index's bound over all requests.
 
     Defaults come from a float32 profile of the embedded model on a 2-core CPU: B is where a
-    verification forward stays within 1.3x its flat latency (docs/experiments.md#profile); the served
-    config's profile_path replaces B with its own profile's knee. With c1 = 2 a
+    verification forward stays within 1.3x its flat latency
+    (docs/scheduling.md#the-cost-model-and-its-calibration); the served config's profile_path replaces
+    B with its own profile's knee. With c1 = 2 a
     lone request gets depth 5, four requests depth 2 and sixteen depth 1; the draft budget of 16 tokens
     per step keeps width 4 up to four requests and 1 beyond sixteen. A GPU profile raises all of these.
     """

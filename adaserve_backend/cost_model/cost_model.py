@@ -47,7 +47,7 @@ class CostModel:
         """How much slower than when profiled the machine ran a set of target forwards, timed as the
         profile times them ({tokens: ms}, adaserve_backend.profiler.probe_ms): the geometric mean of the ratios;
         1.0 for no probe. A shared machine's speed drifts between runs, so each run is priced at its own
-        (evidence: docs/experiments.md#sim-bands)."""
+        (evidence: docs/benchmarking.md#reading-a-result)."""
         ratios = [ms / self.verify_ms(int(n)) for n, ms in probe_ms.items()]
         return math.prod(ratios) ** (1 / len(ratios)) if ratios else 1.0
 

@@ -5,7 +5,7 @@ Why beside the rooflines: those are fitted to forwards of 8-token trees over 128
 is what selection and B need. Under load a CPU step is something else, mostly decode over long
 contexts plus the engine's own per-request work (scheduling, sampling, bookkeeping), which the
 rooflines do not see: they price a loaded step at a fraction of what it takes (evidence:
-docs/experiments.md#profile). The serving
+docs/scheduling.md#the-cost-model-and-its-calibration). The serving
 simulator prices its CPU iterations with this fit; the engine itself keeps the rooflines and corrects
 them with what it measures (scheduler/prefill_estimator.py).
 """
@@ -27,7 +27,7 @@ class EngineStepCost:
     per_extra_token_ms: float  # each new token beyond one per decoding request (prefill chunks, trees)
     # each request prefilling in the step, whatever its chunk: its own attention call per layer, the
     # gathers for it, its first token's sampling; priced per token alone, a small chunk looks far
-    # cheaper than it is (evidence: docs/experiments.md#profile)
+    # cheaper than it is (evidence: docs/scheduling.md#the-cost-model-and-its-calibration)
     per_prefill_ms: float = 0.0
     # Speculating steps, beyond the draft's forwards (its roofline) and the tokens verified:
     spec_base_ms: float = 0.0  # a speculating step's own work
@@ -36,7 +36,7 @@ class EngineStepCost:
     # Fitted from served iterations (from_iterations, draft_fitted): the draft's forwards priced here,
     # a step of t tokens at spec_per_level_ms + t * draft_per_token_ms, instead of by the draft's
     # roofline from a profile taken elsewhere: the draft's small forwards move apart from the target's
-    # between machines (evidence: docs/experiments.md#sim-draft-fit).
+    # between machines (evidence: docs/simulator.md#what-it-validates-against).
     draft_per_token_ms: float = 0.0
     draft_fitted: bool = False
 
@@ -91,15 +91,14 @@ class EngineStepCost:
     @classmethod
     def from_iterations(cls, records: list[dict], fallback: EngineStepCost | None = None,
                         min_speculative: int = 20) -> EngineStepCost:
-        """The fit from a served run's own iterations (`iteration_record`s, each step's time divided by the
-        run's speed if known) instead of tools.profile's synthetic sweep: under a benchmark's load, steps
-        take longer than the sweep's fit at the same machine speed (mixed contexts, churned pages, SLO
-        bookkeeping), and on another machine the cost's shape moves, not only its scale, even where the
-        speed probe matches the profile (evidence: docs/experiments.md#sim-speed,
-        docs/experiments.md#sim-inrun). The speculative terms come from the speculating steps when there
-        are at least `min_speculative`, the draft's forwards included (draft_per_token_ms: a step per
-        level, over the tokens the first step read, then over each later level's beams); else from
-        `fallback` (the profile's, the draft then priced by its roofline)."""
+        """The fit from a served run's own iterations (`iteration_record`s, each step's time divided by the run's
+        speed if known) instead of tools.profile's synthetic sweep: under a benchmark's load, steps take longer than
+        the sweep's fit at the same machine speed (mixed contexts, churned pages, SLO bookkeeping), and on another
+        machine the cost's shape moves, not only its scale, even where the speed probe matches the profile
+        (evidence: docs/simulator.md#what-it-validates-against). The speculative terms come from the speculating
+        steps when there are at least `min_speculative`, the draft's forwards included (draft_per_token_ms: a step
+        per level, over the tokens the first step read, then over each later level's beams); else from `fallback`
+        (the profile's, the draft then priced by its roofline)."""
         timed = [r for r in records if r["step_ms"] > 0]
         fit = cls.fit([{"n": r["n"], "context": r["context"], "new_tokens": r["verified"] + r["prefill"],
                         "prefills": r["prefills"], "ms": r["step_ms"]} for r in timed if not r["depth"]])

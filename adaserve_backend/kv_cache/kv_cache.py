@@ -33,7 +33,7 @@ class KVCache:
         # Flat views [layers, 2, slots, heads, dim] share storage with `data`.
         self._flat = self.data.view(num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim)
         # made once: indexing per call is paid per layer and forward, in both models, every iteration
-        # (evidence: docs/experiments.md#iteration-profile)
+        # (evidence: docs/architecture.md#the-model-runtime)
         self._layer_views = [(self._flat[i, 0], self._flat[i, 1]) for i in range(num_layers)]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

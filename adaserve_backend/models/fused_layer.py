@@ -37,7 +37,7 @@ class FusedStack:
     """What the fused ops read of each layer, gathered once: looked up per forward through nn.Module
     attributes, the ~14 tensors of every layer and the currency check over every projection are Python
     paid on each target forward, a noticeable share of a small model's decode step (evidence:
-    docs/experiments.md#iteration-profile)."""
+    docs/architecture.md#the-model-runtime)."""
 
     pre: list[tuple]  # per layer: input norm weight, qkv (packed, pairs, q4, bias)
     # per layer: o_proj (packed, pairs, q4, bias), post-attention norm weight, gate_up (...), down (...)

@@ -2,7 +2,7 @@
 
 `F.linear` in bfloat16 on CPU reorders the weight into oneDNN's blocked layout on every call; with
 the weight prepacked once, AMX/AVX512-BF16 kernels read it straight away (evidence:
-docs/experiments.md#threads). Where the CPU has AVX512-BF16 a second packing serves the project's own
+docs/architecture.md#the-model-runtime). Where the CPU has AVX512-BF16 a second packing serves the project's own
 kernel (csrc/pair_gemm.h): a few-row product (decode, small trees, their LM head) is a read of the
 weight, and that kernel reads it closer to the memory bandwidth. Where the CPU has AVX2 but no
 AVX512-BF16, oneDNN packs no bfloat16 weight and torch's own bfloat16 GEMM is several times slower

@@ -248,6 +248,6 @@ class LlamaModel(nn.Module):
         rows = hidden.shape[0]
         if hidden.device.type == "cpu" and hidden.dtype == torch.float32 and rows > 1 and rows % 4:
             # The CPU float32 GEMM falls off its fast path for row counts that are not a multiple of 4;
-            # padding the rows is cheaper than the slow path (evidence: docs/experiments.md#lm-head-rows).
+            # padding the rows is cheaper than the slow path (evidence: docs/architecture.md#the-model-runtime).
             hidden = torch.cat([hidden, hidden.new_zeros(4 - rows % 4, hidden.shape[1])])
         return self.lm_head(hidden)[:rows].float()

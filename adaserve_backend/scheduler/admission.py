@@ -20,10 +20,10 @@ def keeps_slos(seq: Sequence, running: list[Sequence], est, config: SchedulerCon
     caught up: letting others in because it is behind anyway would make it, and those after it, miss.
     One too far behind to catch up still keeps its pace: no admission slows the batch below its
     target rate (without this, a few late requests let the batch grow until every TPOT collapsed;
-    evidence: docs/experiments.md#admission-late). The time per token after admitting counts what
+    evidence: docs/scheduling.md#admission). The time per token after admitting counts what
     arriving requests' prefill chunks add to decode iterations: under load most iterations carry
     one, and predicting decode alone lets the batch grow until the chunks push it to the tightest
-    class's target (evidence: docs/experiments.md#vllm-lazy-draft).
+    class's target (evidence: docs/architecture.md#the-model-runtime).
     A request whose target even one companion breaks holds admissions for config.exclusive_hold_s at
     most: after that it no longer does (bounded starvation; its own target may then be missed)."""
     best = est.best_tpot_at(1)

@@ -90,7 +90,8 @@ def running_first_token_at(est: Estimator, seq: Sequence, start: float, n_decode
                            chunk: int) -> float:
     """`first_token_at` for `seq` prefilling among `prefilling` (itself included or not). Later prompts
     fill its last iteration only with none decoding: beside decodes, pacing cuts chunks below `chunk`,
-    and counting them overpriced that iteration (docs/experiments.md#ttft-prediction)."""
+    and counting them overpriced that iteration
+    (docs/scheduling.md#the-estimator-decode_estimatorpy-prefill_estimatorpy)."""
     others = [s for s in prefilling if s is not seq]
     behind = tokens_behind(seq, others) if n_decode == 0 else 0
     return first_token_at(est, seq, start, n_decode, tokens_ahead(seq, others), chunk, behind)
@@ -101,7 +102,8 @@ def predict_first_tokens(started: list[Sequence], n_decode: int, prefilling: lis
     """Each starting request's first token as expected now (Sequence.predicted_first_token), those
     admitted after it in the same step sharing its last chunk, every iteration carrying `chunk` prefill
     tokens: the step's budget, not the cap, since beside decodes pacing gives a prompt fewer and pricing
-    them at the cap put long prompts' first tokens early (docs/experiments.md#ttft-prediction)."""
+    them at the cap put long prompts' first tokens early
+    (docs/scheduling.md#the-estimator-decode_estimatorpy-prefill_estimatorpy)."""
     for seq in [s for s in started if s.first_token_time is None]:
         seq.predicted_first_token = running_first_token_at(est, seq, now, n_decode, prefilling, chunk)
 

@@ -29,7 +29,7 @@ SPEC_MARGIN = 1.03
 # An exploration is not free: the draft first reads every token it skipped while speculation was off
 # (every request's tokens since the last one), and at high load the selection then often verifies no
 # draft at all, so under sustained load explorations cost drafting and buy nothing (evidence:
-# docs/experiments.md#vllm-lazy-draft). So each exploration that did not pay by itself, after which
+# docs/architecture.md#the-model-runtime). So each exploration that did not pay by itself, after which
 # speculation still does not pay, doubles the interval (up to EXPLORE_MAX); it restarts at
 # EXPLORE_EVERY when one pays, or once the load falls below EXPLORE_RELOAD of the load where the last
 # one failed (fewer requests: larger trees each).
@@ -41,9 +41,9 @@ EXPLORE_RELOAD = 0.75
 PLAIN_EXPLORE_EVERY = 64
 # Likewise between depths: each depth's own measured/predicted time. A profile taken on another machine
 # gets the shape wrong, not only the scale (a CPU without AMX pays more for a deeper tree's extra rows
-# than an AMX profile says; evidence: docs/experiments.md#spec-pays-depths), and one correction for
-# every speculative depth keeps the deeper one; so one speculative iteration in DEPTH_EXPLORE_EVERY
-# runs a neighbouring depth (shallower, then deeper, in turn).
+# than an AMX profile says; evidence: docs/speculation.md#speculating-only-as-deep-as-it-pays-the-estimator),
+# and one correction for every speculative depth keeps the deeper one; so one speculative iteration in
+# DEPTH_EXPLORE_EVERY runs a neighbouring depth (shallower, then deeper, in turn).
 DEPTH_EXPLORE_EVERY = 32
 
 
@@ -80,7 +80,7 @@ class DecodeEstimator:
         # [k-1]: decayed verifications whose verified tree went k deep. Only those: when a request the
         # selection gave nothing that deep counted too, the measured acceptance fell with the load (B
         # spread thinner), until speculation looked unpaying at every load and a heavy burst left it
-        # off for good (evidence: docs/experiments.md#lone-pace).
+        # off for good (evidence: docs/scheduling.md#admission).
         self.tried: list[float] = []
         self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
         self.since_speculation = 0  # decode iterations since the last speculative one
@@ -100,7 +100,7 @@ class DecodeEstimator:
         self.total_accepted = 0
         # depth_width(n) until the next measurement changes what it depends on: admission and first-token
         # deadlines ask it dozens of times a step, a large share of the scheduling time (evidence:
-        # docs/experiments.md#depth-width-memo)
+        # docs/speculation.md#speculating-only-as-deep-as-it-pays-the-estimator)
         self._depth_width: dict[int, tuple[int, int]] = {}
 
     # ---- learning ------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class DecodeEstimator:
         target's work, so it takes the plain kind's: with the mixed EMA, each rare speculative
         iteration (the draft catching up, a larger tree) made every chunk look slower for a while, so
         chunks shrank and waiting requests were turned away that a run without speculation served
-        (evidence: docs/experiments.md#vllm-lazy-draft)."""
+        (evidence: docs/architecture.md#the-model-runtime)."""
         return self.kind_correction.get(speculative, self.cost_correction)
 
     def verify_tokens(self, n: int, depth: int) -> int:
@@ -300,5 +300,5 @@ class DecodeEstimator:
         load a lone request's speculative yield came from a stale few-request entry (a burst's first
         iterations, trees cut to their roots), which priced it over the tightest class's target: all of
         that class then looked hopeless, was let in without holding the batch and missed
-        (docs/experiments.md#lone-pace)."""
+        (docs/scheduling.md#admission)."""
         return min(self.tpot_at(n), 1 / self.plain_rate(n))

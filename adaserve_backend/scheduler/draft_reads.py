@@ -21,7 +21,7 @@ def draft_chain_span(seq: Sequence, target_committed: int, draft_committed: int)
 # The draft reads lazily. An iteration that decodes without speculating runs no draft at all, its
 # prefill chunks included: at loads where speculation does not pay, reading every chunk and every
 # accepted token cost a draft forward per iteration for nothing (each prefill iteration paid a draft
-# pass, and each exploration first read every request's skipped tokens; docs/experiments.md#vllm-lazy-draft). What it
+# pass, and each exploration first read every request's skipped tokens; docs/architecture.md#the-model-runtime). What it
 # skipped, the draft reads when speculation resumes: at most DRAFT_CATCH_UP tokens of a decoding
 # request per speculative iteration, and a decoding request drafts only once it lags at most
 # DRAFT_MAX_LAG tokens (meanwhile it decodes plain), so resuming costs no iteration much more.

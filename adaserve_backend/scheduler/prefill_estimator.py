@@ -28,7 +28,7 @@ class Estimator(DecodeEstimator):
         took over what the cost model prices it at. Calibration times verification trees (many short
         sequences over cached context), which overprice one prompt's chunk, and the decode iterations'
         correction the chunks borrowed measures per-step overheads a chunk does not multiply
-        (docs/experiments.md#ttft-prediction). Kept apart for chunks
+        (docs/scheduling.md#the-estimator-decode_estimatorpy-prefill_estimatorpy). Kept apart for chunks
         alone and beside decodes: beside them the residual also carries what the decode part's price
         missed. An iteration whose decoding requests cost more than its chunk says little about the
         chunk and is skipped."""

@@ -11,7 +11,7 @@ reader watching its stream sees it move at least at the pace it asked for, and t
 responses (the inter-token latency a client measures) stay within it. Bounding the hold by the
 *age of the oldest held token* instead let the gaps grow to the hold plus a step; bounding it by the
 target through the ensemble (two hops a response) cost the engine its steps under load
-(docs/experiments.md#holds); the OpenAI frontend now calls the scheduler model directly, one hop.
+(docs/triton.md#decoupled-streaming); the OpenAI frontend now calls the scheduler model directly, one hop.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ than waiting on a loop that keeps failing. When the thread ends (stopped, dead, 
 every request still in flight gets a final error.
 
 Why the engine is built on this thread: once one thread has run oneDNN's GEMMs, the same GEMMs on
-another thread take markedly longer (docs/experiments.md#engine-thread), and loading and prepacking
+another thread take markedly longer (docs/architecture.md#processes-and-threads), and loading and prepacking
 the model run oneDNN.
 """
 

@@ -4,7 +4,7 @@ Why: a serving process allocates and frees tensors and Python objects of every s
 (the engine's, the responses', the front end's), and glibc keeps what they freed in per-thread arenas
 for reuse. Its resident memory therefore rises to each new peak of what was allocated at once (a burst
 of long prompts, a large batch) and stays there, in steps, though nothing is held: the soak's memory
-growth (docs/experiments.md#soak-through). malloc_trim releases the free pages of every arena.
+growth (docs/benchmarking.md#a-soak-make-soak). malloc_trim releases the free pages of every arena.
 
 When: from the engine thread, at most every `interval_s`, so its cost (a walk over the free chunks,
 milliseconds) is a small share of the steps. ctypes releases the GIL for the call. Elsewhere than glibc

@@ -8,7 +8,7 @@ this changes how many tokens an iteration yields, never which.
 
 After prompt lookup decoding (Saxena 2023) and vLLM's n-gram proposer: the longest suffix of at most
 `max_n` tokens that occurred earlier, its most recent occurrence. (A second copy, from the latest
-occurrence followed by a different token, never paid: docs/experiments.md#lookup-variants.) The priors
+occurrence followed by a different token, never paid: docs/speculation.md#prompt-lookup-lookuppy.) The priors
 hold for matches of up to MAX_NGRAM tokens: a shorter limit files longer matches under shorter n-grams.
 """
 
@@ -23,7 +23,7 @@ from .token_tree import CandidateTree
 # matched suffix (1-5 tokens) and the token's place in the copy (0, 1, 2, 3+): priors taken from the
 # target's continuations of draft training prompts, never from benchmark prompts, so they do not flatter
 # the benchmark (`python -m tools.draft.lookup_rates --max-n 5`; evidence:
-# docs/experiments.md#lookup-variants). The longer the match, the likelier the copy is right.
+# docs/speculation.md#prompt-lookup-lookuppy). The longer the match, the likelier the copy is right.
 HIT_RATE = {
     5: (0.87, 0.89, 0.90, 0.91),
     4: (0.72, 0.78, 0.82, 0.81),

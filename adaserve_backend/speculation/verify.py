@@ -66,7 +66,7 @@ def verify(
     (output, prefill progress) is left to `Scheduler.update`."""
     result = IterationResult(now)
     # Every row's argmax in one call: per row, argmax and the logits' clone add a fixed cost per decoding
-    # request, which a large batch feels (evidence: docs/experiments.md#vllm-4-16); greedy rows take it
+    # request, which a large batch feels (evidence: docs/triton.md#decoupled-streaming); greedy rows take it
     # from here (see choose).
     tops = out.logits.argmax(-1).tolist() if len(out.logits) else []
     for i, (seq, tree) in enumerate(zip(plan.decode, trees)):

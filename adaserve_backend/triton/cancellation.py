@@ -6,7 +6,7 @@ Why polled: the Python backend has no callback for cancellation. Why paced: each
 round trip to the server process that wakes a thread on the cores the engine's OpenMP threads use, so a
 sweep is paced to at most CHECKS_PER_S checks a second, between every POLL_S (few requests) and every
 POLL_MAX_S (a cancelled request keeps its KV blocks at most this much longer). Unpaced, the round trips
-grow with the requests in flight, i.e. with the load (docs/experiments.md#cancel-paced).
+grow with the requests in flight, i.e. with the load (docs/triton.md#cancellation).
 Why one sender at a time under the model's lock: once a request's final response is sent, Triton frees
 its sender's response factory and is_cancelled() on it crashes the server; a sender is asked only while
 the model still lists it, and never the whole sweep under the lock, which every response takes too.

@@ -76,7 +76,7 @@ class TritonEngineLoop(EngineHooks):
         self.exit_watchdog_armed = False
         self.served = False  # a request has come (the model is initialized and served)
         # On its own thread: polling from the engine thread stalls the loop once per sweep, longer the more
-        # requests are in flight (docs/experiments.md#cancel-thread).
+        # requests are in flight (docs/architecture.md#processes-and-threads).
         self.cancel_watch = CancellationWatcher(
             "adaserve-cancel-watch", self.lock, lambda: [i for i, a in self.active.items() if a.watched],
             lambda i: a.sender if (a := self.active.get(i)) is not None else None, self.driver.abort,

@@ -4,7 +4,7 @@ Why: Triton's gRPC frontend stops without a deadline, and its per-stream state k
 so the model that served it) alive until the client closes the stream. A client that holds its stream
 open, as one that multiplexes requests over a stream does, therefore keeps a SIGTERMed tritonserver
 alive forever: every model has answered ("the server is shutting down") and unloaded, Triton logs that
-its exit timeout expired, and the process stays (docs/experiments.md#direct-sigterm). `docker stop`
+its exit timeout expired, and the process stays (docs/triton.md#shutdown). `docker stop`
 and Kubernetes then kill it after their own grace period, with no say in when.
 
 What: once the scheduler model sees the *server* stopping (shutdown_probe: "Server not ready", never a

@@ -64,7 +64,7 @@ def server_environment() -> dict[str, str]:
     env.pop("VIRTUAL_ENV", None)
     # Two malloc arenas rather than glibc's 8 per core: each thread that allocates while another holds
     # an arena gets one of its own (64 MB regions), and what they free stays in them, so the engine
-    # stub's memory climbed in steps under load (docs/experiments.md#soak-through). A user's own value wins.
+    # stub's memory climbed in steps under load (docs/benchmarking.md#a-soak-make-soak). A user's own value wins.
     env.setdefault("MALLOC_ARENA_MAX", "2")
     if sys.prefix != sys.base_prefix:
         venv_bin = Path(sys.prefix).resolve() / "bin"

@@ -5,7 +5,7 @@ Where each response's text comes from (`detokenizer`, the model's config paramet
 default) passes on the text the scheduler model rendered in its stream; "postprocessing" calls the
 detokenizer model once per response. Why the default: on 2 cores every process hop a token takes is
 felt by the engine's threads; a per-response BLS call to the detokenizer slows served decode iterations,
-and the same ids would be decoded twice, once in each model (docs/experiments.md#scheduler-text).
+and the same ids would be decoded twice, once in each model (docs/triton.md#decoupled-streaming).
 
 Why not `platform: "ensemble"`: Triton 2.51's ensemble scheduler does not forward a client's
 cancellation to an in-flight decoupled step (the server log shows the gRPC handler dropping the
@@ -28,7 +28,7 @@ serves stub-to-parent requests ran ~ResponseIterator from SendCleanupId): a stre
 every response it returned, and the stub drops its own reference to a finished iterator on a thread
 that does not hold the GIL. If Python dropped its reference first, the iterator and the numpy arrays of
 all its responses are freed on that thread, racing the interpreter; under load this crashed the
-pipeline's stub (docs/experiments.md#pipeline-crash), and every later request failed ("Stub process is not
+pipeline's stub (docs/triton.md#shutdown), and every later request failed ("Stub process is not
 healthy"). Released by Python, the destruction runs under the GIL.
 """
 

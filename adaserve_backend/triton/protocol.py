@@ -125,7 +125,7 @@ def _arrival(x: _Inputs) -> float | None:
     pipeline or a gateway in front) on the engine's monotonic clock, never later than now; None: the
     engine takes its own receipt. Why: the first-token deadline runs from the client's arrival, and
     under overload the pipeline's own queueing before this model can take seconds that a scheduler
-    counting from its receipt never sees (docs/experiments.md#vllm-4-16)."""
+    counting from its receipt never sees (docs/triton.md#decoupled-streaming)."""
     ns = x.scalar("arrival_time_ns", None, int)
     if ns is None:
         return None

@@ -21,7 +21,7 @@ class Reply(NamedTuple):
     did not ask for with the GIL released, and if the response held the last reference to such a
     tensor, its numpy array is freed right there, racing the interpreter: the engine model's stub died of
     heap corruption under load (a segfault in libpython, or glibc's "unaligned fastbin chunk"), since
-    the pipeline asks the scheduler model for its text and not for the ids (docs/experiments.md#send-prune).
+    the pipeline asks the scheduler model for its text and not for the ids (docs/triton.md#shutdown).
     Released by Python afterwards, they are freed under the GIL."""
 
     response: object

@@ -12,7 +12,7 @@ failing model-control request frees its error message in shared memory while the
 it (`Stub::SendMessage` reads `msg->error` after releasing the parent, whose `ProcessMessage` then
 frees it). The likely cause of shutdowns that aborted the server (boost::interprocess::lock_exception)
 or segfaulted within a second of the first failing checks; they stopped with this probe (evidence:
-docs/experiments.md#shutdown-race). A failing BLS call hands its error over before it releases the
+docs/triton.md#shutdown). A failing BLS call hands its error over before it releases the
 parent (`ExecuteBLSRequest`), so the probe does not race.
 """
 

@@ -33,7 +33,7 @@ constexpr int64_t kRowsPerTask = 8;
 // Products of up to this many rows take the pair kernel. Without AMX it is ahead of oneDNN at every row
 // count (a few rows: it reads the weight nearer the bandwidth; many: both are VDPBF16PS-bound and it
 // skips oneDNN's per-call setup); with AMX, oneDNN's tiles win once there are rows enough to fill them
-// (docs/experiments.md#pair-gemm).
+// (docs/architecture.md#the-model-runtime).
 #if defined(__AMX_BF16__)
 constexpr int64_t kPairRows = 16;
 #else
@@ -44,7 +44,7 @@ inline float f(bf16 x) { return widen(x); }
 
 // Up to this many rows a weight served from GGUF blocks (models/quantized.py) is read as blocks. The
 // dequantization bounds that product, not the bytes: at 4 rows it already cost what the bfloat16
-// pairs' larger read costs (docs/experiments.md#q4-1).
+// pairs' larger read costs (docs/architecture.md#the-model-runtime).
 constexpr int64_t kBlockRows = 2;
 
 // The product with the cheapest packing there is for this many rows of a [rows, K] input: GGUF blocks,

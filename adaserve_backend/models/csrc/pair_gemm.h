@@ -4,7 +4,7 @@
 // Why not oneDNN's prepacked op (models/linear.py): at one to a few rows the product is a read of the
 // weight, and the time is how close that read runs to the memory bandwidth. oneDNN's few-row path pays
 // per-call setup and reads the weight well below the bandwidth llama.cpp reaches on the same machine
-// (docs/experiments.md#pair-gemm). Here the weight is stored once as "pairs" (pack_pairs): 16 output
+// (docs/architecture.md#the-model-runtime). Here the weight is stored once as "pairs" (pack_pairs): 16 output
 // columns x 2 consecutive k, 64 bytes, exactly what one VDPBF16PS multiplies against a broadcast
 // (x[k], x[k+1]), so the inner loop is contiguous loads and dot products, float32 accumulation.
 // Where the CPU has AVX2 and FMA but no AVX512-BF16, pair_gemm_avx2.h computes from the same layout.

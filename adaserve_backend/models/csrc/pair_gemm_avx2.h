@@ -1,6 +1,6 @@
 // The pair kernel (pair_gemm.h) for a CPU with AVX2 and FMA but no AVX512-BF16, where it serves every
 // row count: oneDNN packs no bfloat16 weight there and torch's bfloat16 GEMM widens element by element,
-// several times slower than float32 (docs/experiments.md#avx2-machine).
+// several times slower than float32 (docs/architecture.md#the-model-runtime).
 //
 // A bfloat16 is the top half of a float32, so each 32-byte half of a pair row (8 columns x 2 k) widens
 // in registers: the even k by a shift, the odd by a mask. Few rows meet those widened halves directly
