@@ -35,6 +35,7 @@ from .scheduler.plan import IterationPlan, IterationResult
 from .scheduler.policies import make_policy
 from .scheduler.prefill_estimator import Estimator
 from .scheduler.scheduler import Scheduler
+from .scheduler.speculation_size import speculation_budget
 from .sequence import Sequence
 from .speculation.draft_fit import check_draft_tokenizer
 from .speculation.draft_worker import DraftWorker
@@ -68,7 +69,7 @@ class Engine:
                      "attention) stay off; attention runs %s", self.device, type(self.target.attn).__name__)
         spec = config.speculation
         self.cost = self._calibrate(config) if spec.calibrate else load_cost_model(spec.profile_path)
-        self.budget = self.cost.budget if self.cost else config.speculation.budget
+        self.budget = speculation_budget(self.cost, spec)
         self.estimator = Estimator.for_policy(self.cost, self.budget, self.policy, config.speculation)
         # The scheduler owns both caches' blocks from here on: it reserves, trims and frees them.
         self.scheduler = Scheduler(config.scheduler, config.speculation, self.policy,

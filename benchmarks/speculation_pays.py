@@ -115,7 +115,7 @@ def main() -> None:
                 engine = served_engine(v.policy, args.dtype, v.head_rows, **dict(v.speculation))
                 if v.useless:
                     randomize_draft(engine)
-                engine.estimator.trims = engine.estimator.trims and v.trims
+                engine.estimator.size.trims = engine.estimator.size.trims and v.trims
                 engine.estimator.per_depth = v.per_depth
                 rounds[-1][i] = row(v.name, engine, prompts, args.tokens)
                 del engine

@@ -3,8 +3,8 @@ prefill_estimator.py, adds what prefill chunks cost and first tokens on top):
 the iteration time (the profiled cost model times a measured correction, or without a profile an EMA
 of measured iterations), the yield at each load (tokens per request and tree tokens verified, by the
 number of decoding requests), the draft's calibration (accepted drafts per unit of draft score), and
-how deep speculation pays (how often a verification accepts at least k drafts, against what k draft
-steps and the larger verification cost).
+how deep verifications reach (how often one accepts at least k drafts). How deep each load then
+speculates is speculation_size.py's decision, on these measurements.
 """
 
 from __future__ import annotations
@@ -13,38 +13,13 @@ from collections.abc import Callable
 
 from ..cost_model.cost_model import CostModel
 from .plan import IterationStats
+from .speculation_size import SPEC_MIN_SAMPLES, SpeculationSize
 
 ITERATION_EMA = 0.3  # weight of the newest iteration in the time EMA and the cost correction
 RIDE_ALONG_EMA = 0.05  # ... in the share prefill chunks add to decode iterations (a property of the load)
 LOAD_EMA = 0.2  # weight of the newest iteration in the per-load yield table
 CALIBRATION_DECAY = 0.98  # the draft score and hit sums forget over about 50 iterations
 CALIBRATION_RANGE = (0.05, 2.0)
-# Speculation that does not pay is trimmed (policies with trims_speculation): a depth is trusted once
-# this many (decayed) verifications went that deep; while no depth pays, one decode iteration in
-# EXPLORE_EVERY speculates at the policy's depth anyway, so the acceptance keeps being measured (text
-# changes, and so does what pays at another load); speculating must beat plain decoding by SPEC_MARGIN.
-SPEC_MIN_SAMPLES = 8.0
-EXPLORE_EVERY = 16
-SPEC_MARGIN = 1.03
-# An exploration is not free: the draft first reads every token it skipped while speculation was off
-# (every request's tokens since the last one), and at high load the selection then often verifies no
-# draft at all, so under sustained load explorations cost drafting and buy nothing (evidence:
-# docs/architecture.md#the-model-runtime). So each exploration that did not pay by itself, after which
-# speculation still does not pay, doubles the interval (up to EXPLORE_MAX); it restarts at
-# EXPLORE_EVERY when one pays, or once the load falls below EXPLORE_RELOAD of the load where the last
-# one failed (fewer requests: larger trees each).
-EXPLORE_MAX = 512
-EXPLORE_RELOAD = 0.75
-# The mirror image: while speculating, one decode iteration in PLAIN_EXPLORE_EVERY runs plain, so the
-# plain kind's cost correction is measured (a profile taken before the runtime got faster, or on a
-# busier machine, would otherwise keep speculation on where plain decoding is faster).
-PLAIN_EXPLORE_EVERY = 64
-# Likewise between depths: each depth's own measured/predicted time. A profile taken on another machine
-# gets the shape wrong, not only the scale (a CPU without AMX pays more for a deeper tree's extra rows
-# than an AMX profile says; evidence: docs/speculation.md#speculating-only-as-deep-as-it-pays-the-estimator),
-# and one correction for every speculative depth keeps the deeper one; so one speculative iteration in
-# DEPTH_EXPLORE_EVERY runs a neighbouring depth (shallower, then deeper, in turn).
-DEPTH_EXPLORE_EVERY = 32
 
 
 def ema(old: float, new: float, weight: float) -> float:
@@ -57,8 +32,6 @@ class DecodeEstimator:
     ) -> None:
         self.cost = cost
         self.budget = budget
-        self.policy_depth_width = depth_width  # the policy's (depth, width) for a number of decoding requests
-        self.trims = trims and cost is not None  # comparing depths needs a cost model
         # What this machine's iterations cost: kept by forget_yield.
         self.t_iter = 0.0  # EMA of measured decode iterations (s)
         self.cost_correction = 1.0  # EMA of measured / predicted
@@ -67,6 +40,8 @@ class DecodeEstimator:
         self.kind_correction: dict[bool, float] = {}
         self.depth_correction: dict[int, float] = {}  # measured / predicted per speculative depth
         self.per_depth = True  # price and explore depths apart (False: one speculative correction, as before)
+        # how deep each load speculates, decided on these measurements (speculation_size.py)
+        self.size = SpeculationSize(depth_width, trims, self)
         self.forget_yield()
 
     def forget_yield(self) -> None:
@@ -83,13 +58,6 @@ class DecodeEstimator:
         # off for good (evidence: docs/scheduling.md#admission).
         self.tried: list[float] = []
         self.reached: list[float] = []  # [k-1]: ... of them that accepted at least k drafts
-        self.since_speculation = 0  # decode iterations since the last speculative one
-        self.explore_every = EXPLORE_EVERY  # see EXPLORE_MAX
-        self.exploring = False  # an exploration was planned and is not recorded yet
-        self.failed_at = 0  # the load where the last exploration found speculation still not paying
-        self.since_plain = 0  # ... since the last plain one
-        self.since_depth_explore = 0  # speculative iterations since a neighbouring depth was explored
-        self.explore_deeper = False  # which neighbour the next depth exploration runs
         self.by_load: dict[int, tuple[float, float]] = {}  # n -> (tokens per request, tree tokens verified)
         # the same for iterations that do not draft: one token each, unless the suffix index's copies
         # ride along (plan.copies), which under load is where most of its tokens come from
@@ -98,10 +66,7 @@ class DecodeEstimator:
         self.hits = 0.0  # decaying sum of the drafts accepted
         self.total_verifications = 0
         self.total_accepted = 0
-        # depth_width(n) until the next measurement changes what it depends on: admission and first-token
-        # deadlines ask it dozens of times a step, a large share of the scheduling time (evidence:
-        # docs/speculation.md#speculating-only-as-deep-as-it-pays-the-estimator)
-        self._depth_width: dict[int, tuple[int, int]] = {}
+        self.size.forget()
 
     # ---- learning ------------------------------------------------------------------------------
     @classmethod
@@ -110,7 +75,7 @@ class DecodeEstimator:
         return cls(cost, budget, lambda n: policy.depth_width(n, budget, spec), policy.trims_speculation)
 
     def record(self, it: IterationStats) -> None:
-        self._depth_width.clear()
+        self.size.changed()
         self.t_iter = it.latency if self.t_iter == 0 else ema(self.t_iter, it.latency, ITERATION_EMA)
         spec = it.depth > 0
         if self.cost:
@@ -124,9 +89,6 @@ class DecodeEstimator:
                                                                                 measured), measured, ITERATION_EMA)
             self.ride_along = ema(self.ride_along,
                                   max(1.0, it.latency / self.iteration_s(it.n, it.depth, it.width)), RIDE_ALONG_EMA)
-        self.since_speculation = 0 if spec else self.since_speculation + 1
-        self.since_plain = self.since_plain + 1 if spec else 0
-        self.since_depth_explore += spec
         if spec:
             self.hits = CALIBRATION_DECAY * self.hits + it.accepted - it.n  # bonus tokens excluded
             self._record_depths(it)
@@ -137,18 +99,7 @@ class DecodeEstimator:
             table[it.n] = (ema(old[0], now[0], LOAD_EMA), ema(old[1], now[1], LOAD_EMA))
         self.total_verifications += it.n
         self.total_accepted += it.accepted
-        if spec and self.exploring:
-            self._explored(it)
-
-    def _explored(self, it: IterationStats) -> None:
-        """An exploration that paid by itself (more tokens per second than plain decoding's) keeps them
-        coming; one that did not, while speculation still does not pay, makes the next one wait longer."""
-        self.exploring = False
-        paid = self.cost is not None and it.accepted / it.latency > it.n * self.plain_rate(it.n)
-        if paid or self.depth_width(it.n)[0]:
-            self.explore_every, self.failed_at = EXPLORE_EVERY, 0
-        else:
-            self.explore_every, self.failed_at = min(2 * self.explore_every, EXPLORE_MAX), it.n
+        self.size.recorded(it)
 
     def _record_depths(self, it: IterationStats) -> None:
         while len(self.tried) < it.depth:
@@ -167,7 +118,7 @@ class DecodeEstimator:
         self.scored = CALIBRATION_DECAY * self.scored + expected_drafts
 
     def reset_totals(self) -> None:
-        self._depth_width.clear()
+        self.size.changed()
         self.total_verifications = self.total_accepted = 0
 
     # ---- predictions ---------------------------------------------------------------------------
@@ -224,7 +175,7 @@ class DecodeEstimator:
             tokens = min(tokens, n * (1 + depth * width))  # no tree outgrows its beams
         return self.cost.iteration_ms(n, depth, width, tokens) / 1e3 * correction
 
-    # ---- how deep speculation pays -------------------------------------------------------------
+    # ---- how deep speculation reaches -------------------------------------------------------------
     def reach(self, depth: int) -> list[float]:
         """P(a verification accepts at least k drafts) for k = 1..depth, as measured; a depth measured
         too rarely continues the last measured ratio (acceptance along a path only falls)."""
@@ -243,50 +194,16 @@ class DecodeEstimator:
         """Tokens per second each of `n` requests gets without drafting (copies included, at_load)."""
         return self.at_load(n, 0)[0] / self.iteration_s(n, 0, 0)
 
-    def paying_depth(self, n: int, depth: int, width: int) -> int:
-        """The depth up to the policy's `depth` whose expected tokens per second beats every other,
-        0 (no speculation) unless some depth beats plain decoding by SPEC_MARGIN. Unmeasured: `depth`."""
-        if not self.trims or depth == 0 or not self.tried or self.tried[0] < SPEC_MIN_SAMPLES:
-            return depth
-        plain = self.plain_rate(n)
-        tokens, best, best_rate = 1.0, 0, 0.0
-        for k, p in enumerate(self.reach(depth), start=1):
-            tokens += p
-            rate = tokens / self.iteration_s(n, k, width)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best if best_rate > plain * SPEC_MARGIN else 0
-
     def depth_width(self, n: int) -> tuple[int, int]:
-        """The (depth, width) `n` decoding requests speculate with: the policy's, trimmed to what pays."""
-        if n not in self._depth_width:
-            depth, width = self.policy_depth_width(n)
-            depth = self.paying_depth(n, depth, width)
-            self._depth_width[n] = (depth, width) if depth else (0, 0)
-        return self._depth_width[n]
+        """The (depth, width) `n` decoding requests speculate with (speculation_size.py)."""
+        return self.size.depth_width(n)
 
     def next_depth_width(self, n: int) -> tuple[int, int]:
-        """`depth_width` for the iteration about to be planned: while speculation is trimmed to none,
-        one iteration in `explore_every` (EXPLORE_EVERY, more after explorations that found nothing)
-        speculates at the policy's depth to measure it again; while speculating, every
-        PLAIN_EXPLORE_EVERY-th runs plain to measure that, and every DEPTH_EXPLORE_EVERY-th speculative
-        one a neighbouring depth."""
-        depth, width = self.depth_width(n)
-        if n < EXPLORE_RELOAD * self.failed_at:
-            self.explore_every, self.failed_at = EXPLORE_EVERY, 0
-        if self.trims and depth == 0 and self.since_speculation >= self.explore_every - 1:
-            self.exploring = True
-            return self.policy_depth_width(n)
-        if self.trims and depth > 0 and self.since_plain >= PLAIN_EXPLORE_EVERY - 1:
-            return 0, 0
-        if self.trims and self.per_depth and depth > 0 and self.since_depth_explore >= DEPTH_EXPLORE_EVERY - 1:
-            self.since_depth_explore, self.explore_deeper = 0, not self.explore_deeper
-            deeper = depth + 1 if depth < self.policy_depth_width(n)[0] else None
-            shallower = depth - 1 if depth > 1 else None
-            neighbour = (deeper or shallower) if self.explore_deeper else (shallower or deeper)
-            if neighbour:
-                return neighbour, width
-        return depth, width
+        """The (depth, width) of the iteration about to be planned, explorations included."""
+        return self.size.next_depth_width(n)
+
+    def policy_depth_width(self, n: int) -> tuple[int, int]:
+        return self.size.policy_depth_width(n)
 
     def tpot_at(self, n: int) -> float:
         """Predicted time per token of each of `n` decoding requests: an iteration over the tokens it

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..config import POLICY_NAMES, SPECULATIVE_POLICIES, Lookup, SchedulerConfig, SpeculationConfig, check_policy_name
 from .deadlines import edf_key
+from .speculation_size import adaptive_depth_width
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
@@ -81,18 +82,6 @@ class Priority(Sarathi):
 
     def preempts_for(self, head: Sequence, running: list[Sequence]) -> bool:
         return bool(running) and self.victim(running).slo.tpot_s > head.slo.tpot_s
-
-
-def clip(x: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, x))
-
-
-def adaptive_depth_width(n: int, budget: int, cfg: SpeculationConfig) -> tuple[int, int]:
-    """d = clip(floor(B1/(n+c1)) - 1, D_min, D_max), w = clip(floor(B2/n) + c2, 1, W_max)."""
-    n = max(n, 1)
-    d = clip(budget // (n + cfg.c1) - 1, cfg.d_min, cfg.d_max)
-    w = clip(cfg.draft_budget // n + cfg.c2, 1, cfg.w_max)
-    return d, w
 
 
 class AdaServe(Policy):

@@ -18,15 +18,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..scheduler.speculation_size import ROOT_CREDIT
 from .token_tree import CandidateTree
-
-ROOT_CREDIT = 1.0
-
-
-def required_accepted(elapsed_s: float, t_spec_s: float, tpot_slo_s: float, decoded: int) -> float:
-    """A(r) = (l + t_spec) / t_TPOT - o: tokens this iteration must accept for the request to be on its
-    SLO afterwards (l: time since its first decode step, o: tokens decoded since then)."""
-    return (elapsed_s + t_spec_s) / tpot_slo_s - decoded
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from ..config import SpeculationConfig
 from ..scheduler.plan import IterationPlan
 from ..scheduler.policies import Policy
 from ..scheduler.prefill_estimator import Estimator
-from ..scheduler.slo_slack import on_track
-from .selection import ROOT_CREDIT, SelectionParams, expected_accepted, required_accepted, select_tokens
+from ..scheduler.speculation_size import ROOT_CREDIT, acceptance_caps
+from .selection import SelectionParams, expected_accepted, select_tokens
 from .token_tree import CandidateTree, TokenTree
 
 
@@ -20,16 +20,8 @@ def choose_trees(
     if policy.verify_whole_draft:
         return [TokenTree.from_selection(c, list(range(len(c)))) for c in cands]
     n, depth = len(plan.decode), plan.depth
-    t_spec, best = estimator.iteration_s(n, depth, plan.width), estimator.tpot_at(1)
-    # A request that cannot end within its SLO even at a lone request's pace gets no forced nodes: they
-    # would not save it, and they cost every other request time. The throughput phase still gives it
-    # whatever pays.
-    a_caps = [
-        min(required_accepted(plan.start - s.first_token_time, t_spec, s.planned_tpot_s,
-                              len(s.output) - 1), c.height() + 1)
-        if on_track(s, plan.start, best) else ROOT_CREDIT
-        for s, c in zip(plan.decode, cands)
-    ]
+    a_caps = acceptance_caps(plan.decode, [c.height() for c in cands], plan.start,
+                             estimator.iteration_s(n, depth, plan.width), estimator.tpot_at(1))
     iteration_ms, cost = None, estimator.cost
     if cost and spec.goodput_selection:
         draft_ms, prefill = cost.draft_ms(n, depth, plan.width), plan.prefill_tokens

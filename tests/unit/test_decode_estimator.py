@@ -6,15 +6,15 @@ from __future__ import annotations
 from adaserve_backend.config import SpeculationConfig
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.scheduler.decode_estimator import (
+from adaserve_backend.scheduler.plan import IterationStats
+from adaserve_backend.scheduler.policies import make_policy
+from adaserve_backend.scheduler.prefill_estimator import Estimator
+from adaserve_backend.scheduler.speculation_size import (
     DEPTH_EXPLORE_EVERY,
     EXPLORE_EVERY,
     PLAIN_EXPLORE_EVERY,
     SPEC_MIN_SAMPLES,
 )
-from adaserve_backend.scheduler.plan import IterationStats
-from adaserve_backend.scheduler.policies import make_policy
-from adaserve_backend.scheduler.prefill_estimator import Estimator
 
 SPEC = SpeculationConfig(budget=16)
 # A CPU-like profile: a verification of t tokens costs 30 ms + 1 ms per token, a draft step 4 ms.
@@ -109,14 +109,14 @@ def test_while_trimmed_explorations_that_find_nothing_come_ever_more_rarely():
     feed(est, accepted_per_request=0)
     planned = explore(est, 1, 7 * EXPLORE_EVERY, lambda depth: 0)
     assert [i for i, d in enumerate(planned) if d] == [EXPLORE_EVERY - 1, 3 * EXPLORE_EVERY - 1, 7 * EXPLORE_EVERY - 1]
-    assert est.explore_every == 8 * EXPLORE_EVERY
+    assert est.size.explore_every == 8 * EXPLORE_EVERY
 
 
 def test_the_exploration_interval_restarts_when_the_load_falls():
     est = estimator()
     feed(est, accepted_per_request=0)
     explore(est, 8, 7 * EXPLORE_EVERY, lambda depth: 0)
-    assert est.explore_every > EXPLORE_EVERY
+    assert est.size.explore_every > EXPLORE_EVERY
     planned = explore(est, 4, EXPLORE_EVERY, lambda depth: 0)
     assert planned[-1] > 0 and planned.count(0) == EXPLORE_EVERY - 1
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from adaserve_backend.config import SpeculationConfig
-from adaserve_backend.scheduler.policies import adaptive_depth_width
+from adaserve_backend.scheduler.speculation_size import adaptive_depth_width
 
 
 def test_adaptive_depth_and_width_shrink_with_load():

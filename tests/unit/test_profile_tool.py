@@ -67,7 +67,7 @@ def test_an_engine_that_calibrates_plans_with_what_it_measured_and_starts_warm(t
     assert_all_blocks_free(engine)
     est = engine.estimator  # what random tokens yield is forgotten; what the steps cost is kept
     assert not est.tried and not est.by_load and est.scored == 0
-    assert est.explore_every == est.__class__(None, 1, None).explore_every
+    assert est.size.explore_every == est.__class__(None, 1, None).size.explore_every
     assert est.t_iter > 0 and est.kind_correction
     import gc  # the startup heap is frozen: no full collection walks it while requests are served
 

@@ -170,7 +170,7 @@ def test_every_per_request_structure_is_empty_or_bounded_after_every_kind_of_end
     # learnt tables keyed by buckets, loads and kinds, never by request
     assert len(draft.copies.rates._trials) <= 4 * 4 * 4 and len(draft.copies.rates._prior) <= 4 * 4 * 4
     est, max_seqs = engine.estimator, engine.config.scheduler.max_num_seqs
-    assert set(est.by_load) | set(est.plain_by_load) | set(est._depth_width) <= set(range(max_seqs + 1))
+    assert set(est.by_load) | set(est.plain_by_load) | set(est.size._depth_width) <= set(range(max_seqs + 1))
     assert set(est.depth_correction) <= set(range(1, engine.config.speculation.d_max + 2))
     assert len(est.tried) <= engine.config.speculation.d_max + 1
     lengths = sched.lengths

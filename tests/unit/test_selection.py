@@ -7,11 +7,11 @@ import random
 
 import pytest
 
+from adaserve_backend.scheduler.speculation_size import required_accepted
 from adaserve_backend.speculation.selection import (
     SelectionParams,
     expected_accepted,
     goodput_prefix,
-    required_accepted,
     select_tokens,
     slo_customized_selection,
     throughput_selection,
