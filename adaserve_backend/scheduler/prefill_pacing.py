@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from .prefill_estimator import Estimator
 
 
+# chunk_within_tpot aims at this share of the tightest target: the chunk's cost is a prediction, and
+# iterations planned at the target itself ran past it about every third time
+# (docs/scheduling.md#chunked-prefill-and-pacing)
+WITHIN_TPOT_SHARE = 0.8
+
+
 def paced_chunk(allowance_ms: float, extra_ms: Callable[[int], float], cap: int) -> int:
     """The largest prefill chunk c <= cap whose extra iteration time `extra_ms(c)` (non-decreasing)
     fits the allowance: prefill rides along decode only as far as the decoding requests' slack goes."""
@@ -64,7 +70,7 @@ def chunk_within_tpot(decode: list[Sequence], depth: int, width: int, est: Estim
     if not targets_ms:
         return cap
     n = len(decode)
-    allowance_ms = min(targets_ms) - est.iteration_s(n, depth, width) * 1e3
+    allowance_ms = WITHIN_TPOT_SHARE * min(targets_ms) - est.iteration_s(n, depth, width) * 1e3
     return paced_chunk(allowance_ms, lambda chunk: est.chunk_extra_ms(n, depth, chunk), cap)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from adaserve_backend.cost_model.cost_model import CostModel
 from adaserve_backend.cost_model.roofline import Roofline
-from adaserve_backend.scheduler.prefill_pacing import chunk_within_tpot, paced_chunk, prefill_budget
+from adaserve_backend.scheduler.prefill_pacing import WITHIN_TPOT_SHARE, chunk_within_tpot, paced_chunk, prefill_budget
 
 
 def test_paced_chunk_is_the_largest_chunk_the_allowance_pays_for():
@@ -54,7 +54,8 @@ def _seq(tpot_ms: float | None, deadline: float = math.inf, left: int = 0):
 
 def test_a_chunk_within_tpot_keeps_the_iteration_inside_the_tightest_decoding_target():
     decode = [_seq(80.0), _seq(60.0), _seq(None)]
-    assert chunk_within_tpot(decode, 2, 2, _Est(40.0), cap=256) == 20  # 40 ms + 20 tokens = the 60-ms target
+    # 40 ms + 8 tokens = 48 ms, the share of the 60-ms target the chunk aims at
+    assert chunk_within_tpot(decode, 2, 2, _Est(40.0), cap=256) == 8 == round(WITHIN_TPOT_SHARE * 60 - 40)
     assert chunk_within_tpot(decode, 2, 2, _Est(70.0), cap=256) == 0  # the decodes alone are past it
     assert chunk_within_tpot([_seq(None)], 2, 2, _Est(70.0), cap=256) == 256  # best effort: no pace to keep
 
@@ -64,7 +65,7 @@ def test_within_tpot_cuts_pacing_but_never_below_what_a_deadline_needs(monkeypat
 
     monkeypatch.setattr(prefill_pacing, "_prefill_budget", lambda *a: 256)
     decode = [_seq(60.0)]
-    assert prefill_budget([], decode, 2, 2, 0.0, _Est(40.0), 256, within_tpot=True) == 20
+    assert prefill_budget([], decode, 2, 2, 0.0, _Est(40.0), 256, within_tpot=True) == 8
     assert prefill_budget([], decode, 2, 2, 0.0, _Est(40.0), 256, within_tpot=False) == 256
     monkeypatch.setattr(prefill_pacing, "urgent_chunk", lambda *a: 100)  # a first token due soon
     assert prefill_budget([_seq(60.0)], decode, 2, 2, 0.0, _Est(40.0), 256, within_tpot=True) == 100
