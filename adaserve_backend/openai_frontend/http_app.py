@@ -40,6 +40,17 @@ IDLE_CONNECTION_S = 30.0  # a connection without a whole request's headers by th
 MAX_IN_FLIGHT = 512  # generations at once; beyond, 503 (the engine's own caps answer well before this)
 
 
+def check_json_type(content_type: str | None) -> None:
+    """A body sent as anything but JSON is refused (415), not parsed as JSON anyway: a browser can post a
+    form to any address without asking, so serving form bodies would let any page a user visits drive
+    this server (what FastAPI, and so vLLM, refuse too). No Content-Type at all is taken as JSON."""
+    if content_type is None:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise OpenAIError(415, f"the request body must be JSON (Content-Type: application/json), not {media!r}")
+
+
 def read_json(raw: bytes):
     """The body as JSON, whatever Content-Type's charset claims (JSON is UTF-8: RFC 8259); OpenAIError
     400 for anything that is not a JSON object a parser can take without harm."""
@@ -152,6 +163,7 @@ class Frontend:
             raw = await asyncio.wait_for(request.read(), BODY_READ_S)
         except TimeoutError:
             raise OpenAIError(408, f"the request body did not arrive within {BODY_READ_S:g} s") from None
+        check_json_type(request.headers.get("Content-Type"))
         body = read_json(raw)
         gen = parse(body, endpoint, request.headers)
         if body.get("model") not in (None, self.model_name):

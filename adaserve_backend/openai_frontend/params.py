@@ -23,7 +23,7 @@ MAX_GENERATIONS = 64
 SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "slo_class": "x-slo-class"}
 
 # Accepted only at the value that changes nothing (what the client would get by leaving them out).
-NEUTRAL = {"best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+NEUTRAL = {"best_of": (1,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,),
            "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",),
            "parallel_tool_calls": (False,), "tools": ([],),
            "repetition_penalty": (1, 1.0)}  # a vLLM extension; `vllm bench serve` always sends 1.0
@@ -152,6 +152,8 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
     for name, value in body.items():
         if value is None or name in KNOWN[endpoint]:
             continue
+        if name == "logprobs" and endpoint == "completions":  # an integer there: 0 still asks for each token's
+            raise bad(name, "'logprobs' is not supported by this server (leave it out or null)")
         if name == "best_of" and value == body.get("n"):
             continue  # as many candidates as choices: every candidate is returned, nothing is ranked
         if name in NEUTRAL:
@@ -196,11 +198,11 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
             role = "system" if m["role"] == "developer" else m["role"]
             parsed.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
         messages, prompts = tuple(parsed), []
-        a, b = body.get("max_completion_tokens"), body.get("max_tokens")
-        if a is not None and b is not None and a != b:
-            raise bad("max_completion_tokens", "'max_completion_tokens' and 'max_tokens' disagree")
-        max_tokens = _integer(body, "max_completion_tokens" if a is not None else "max_tokens", 1,
-                              CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
+        # OpenAI deprecated max_tokens for chat: with both, max_completion_tokens wins (as vLLM and Triton's
+        # frontend take it); the other is still checked, so a malformed one is never passed over silently
+        a = body.get("max_completion_tokens")
+        legacy = _integer(body, "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
+        max_tokens = legacy if a is None else _integer(body, "max_completion_tokens", 1, None, INT32_MAX)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []
     if (not isinstance(stop, list) or len(stop) > MAX_STOP

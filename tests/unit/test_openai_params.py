@@ -118,8 +118,9 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"messages": []}, {}, "messages"),
     ({"messages": [{"role": "tool", "content": "x"}]}, {}, "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, {}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6},
-     {}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5", "max_completion_tokens": 6},
+     {}, "max_tokens"),
+    ({"prompt": "x", "logprobs": 0}, {}, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, {}, "tools"),
 ])
 def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
@@ -168,3 +169,8 @@ def test_response_shapes():
         b.count_prompt(i, tokens)
     assert b.prompt_counts == [4, 0, 7] and b.prompt_tokens == 11
     assert sse({"a": "é"}) == 'data: {"a": "é"}\n\n'.encode()
+
+
+def test_max_completion_tokens_wins_over_max_tokens_as_openai_deprecated_the_older():
+    g = parse({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 9}, "chat")
+    assert g.max_tokens == 9
