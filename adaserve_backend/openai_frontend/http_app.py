@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hmac
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -24,9 +24,11 @@ from aiohttp import web
 
 from .backends import RETRY_AFTER_S, Backend, BackendError, http_error
 from .bodies import DONE, Tally, sse
+from .body_json import check_json_type, read_json
 from .choices import Choices, choice_generation
 from .drain import DEFAULT_GRACE_S, Drain, serve
 from .params import Generation, OpenAIError, parse, shown
+from .served_prompts import chat_renderer, context_room, served_tokenizer
 from .tenancy import Tenancy, repository_tenancy
 
 log = logging.getLogger("adaserve.openai")
@@ -40,38 +42,13 @@ IDLE_CONNECTION_S = 30.0  # a connection without a whole request's headers by th
 MAX_IN_FLIGHT = 512  # generations at once; beyond, 503 (the engine's own caps answer well before this)
 
 
-def check_json_type(content_type: str | None) -> None:
-    """A body sent as anything but JSON is refused (415), not parsed as JSON anyway: a browser can post a
-    form to any address without asking, so serving form bodies would let any page a user visits drive
-    this server (what FastAPI, and so vLLM, refuse too). No Content-Type at all is taken as JSON."""
-    if content_type is None:
-        return
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media != "application/json" and not media.endswith("+json"):
-        raise OpenAIError(415, f"the request body must be JSON (Content-Type: application/json), not {media!r}")
-
-
-def read_json(raw: bytes):
-    """The body as JSON, whatever Content-Type's charset claims (JSON is UTF-8: RFC 8259); OpenAIError
-    400 for anything that is not a JSON object a parser can take without harm."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise OpenAIError(400, "the request body is not UTF-8 text") from None
-    try:  # RecursionError: nesting past the parser's depth; ValueError: an integer past Python's 4,300 digits
-        body = json.loads(text)
-    except (json.JSONDecodeError, RecursionError, ValueError):
-        raise OpenAIError(400, "the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "the request body must be a JSON object")
-    return body
-
-
 class Frontend:
     def __init__(self, backend: Backend, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
                  api_key: str | None = None, max_in_flight: int = MAX_IN_FLIGHT,
-                 tenancy: Tenancy | None = None) -> None:
+                 tenancy: Tenancy | None = None, context_room: Callable[[str], int] | None = None) -> None:
+        """`context_room`: tokens a rendered prompt leaves in the model's context (None: not known here)."""
         self.backend, self.model_name, self.render_chat = backend, model_name, render_chat
+        self.context_room = context_room
         self.api_key, self.max_in_flight = api_key, max_in_flight
         self.tenancy = tenancy  # --api-keys-file: every key a tenant's (tenancy.py); not with api_key
         self.in_flight = 0
@@ -173,6 +150,13 @@ class Frontend:
                               f"more than this server runs at once ({self.max_in_flight})", "n")
         self._check_room(gen.generations - 1)
         prompts = (self.render_chat(gen.messages),) if gen.messages is not None else gen.prompts
+        if not gen.max_tokens_given and self.context_room is not None:
+            # a chat that left its length open gets the default or what the context leaves, whichever is
+            # less (as OpenAI and vLLM), not a 400 for a long prompt; no room at all is still the engine's 400
+            room = self.context_room(prompts[0])
+            if room >= 1:
+                gen = dataclasses.replace(gen, max_tokens=min(gen.max_tokens, room),
+                                          min_tokens=min(gen.min_tokens, room))
         tally = Tally(endpoint, self.model_name, gen.n, len(prompts))
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
             gen = self.tenancy.admit(request, gen, tally)
@@ -246,26 +230,6 @@ async def send(resp: web.StreamResponse, data: bytes) -> None:
     await asyncio.wait_for(resp.write(data), WRITE_IDLE_S)
 
 
-def tokenizer_chat_renderer(model_repository: str) -> Callable[[tuple[dict, ...]], str]:
-    """Chat messages -> prompt text with the served model's own chat template (the target's tokenizer,
-    as engine.json names it). Rendered here once; `adaserve` tokenizes the text as it is."""
-    import os
-
-    from ..triton.repository import load_repository_tokenizer
-
-    return chat_renderer(load_repository_tokenizer(os.path.join(model_repository, "adaserve")))
-
-
-def chat_renderer(tokenizer) -> Callable[[tuple[dict, ...]], str]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise SystemExit("the served model has no chat template: /v1/chat/completions cannot work")
-
-    def render(messages: tuple[dict, ...]) -> str:
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-
-    return render
-
-
 SHUTDOWN_TIMEOUT_S = 5.0  # what a stopping frontend waits for its handlers after the drain (aiohttp's: 60 s)
 
 
@@ -295,9 +259,10 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
 
     backend = TritonBackend(args.triton_url, args.triton_metrics_url, args.triton_model)
     tenancy = repository_tenancy(args.api_keys_file, args.api_key, args.model_repository)  # loudly, before serving
-    serve_frontend(Frontend(backend, args.served_model_name, tokenizer_chat_renderer(args.model_repository),
-                            args.api_key or None, args.max_in_flight, tenancy), args.host, args.port, on_shutdown,
-                   args.drain_grace_s)
+    tokenizer, max_model_len = served_tokenizer(args.model_repository)
+    frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
+                        args.max_in_flight, tenancy, context_room(tokenizer, max_model_len))
+    serve_frontend(frontend, args.host, args.port, on_shutdown, args.drain_grace_s)
 
 
 def serve_frontend(frontend: Frontend, host: str, port: int, on_shutdown: Callable[[], None] | None = None,

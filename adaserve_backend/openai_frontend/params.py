@@ -55,6 +55,8 @@ class Generation:
     messages: tuple[dict, ...] | None  # the chat messages, for rendering (None for completions)
     max_tokens: int
     n: int = 1  # choices: each its own generation (choices.py)
+    # False: chat left the length open; its default then shrinks to what the context leaves (http_app.py)
+    max_tokens_given: bool = True
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -187,6 +189,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         for p in prompts:
             _utf8(p, "prompt")
         max_tokens = _integer(body, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS, INT32_MAX)
+        max_tokens_given = True  # OpenAI's completions default (16) is a length of its own, not "what is left"
     else:
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
@@ -203,6 +206,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         a = body.get("max_completion_tokens")
         legacy = _integer(body, "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
         max_tokens = legacy if a is None else _integer(body, "max_completion_tokens", 1, None, INT32_MAX)
+        max_tokens_given = a is not None or body.get("max_tokens") is not None
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []
     if (not isinstance(stop, list) or len(stop) > MAX_STOP
@@ -232,7 +236,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         raise bad("n", f"n={n} choices of {len(prompts)} prompts are {n * len(prompts)} generations; at most "
                   f"{MAX_GENERATIONS} per request")
     return Generation(
-        prompts=tuple(prompts), messages=messages, max_tokens=max_tokens, n=n,
+        prompts=tuple(prompts), messages=messages, max_tokens=max_tokens, max_tokens_given=max_tokens_given, n=n,
         temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
         seed=_integer(body, "seed", 0, None, 2**64 - 1),

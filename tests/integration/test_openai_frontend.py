@@ -88,6 +88,15 @@ def test_chat_uses_the_chat_template_streaming_or_not(triton_server, client):
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_long_chat_without_a_length_gets_what_the_context_leaves_not_a_400(client):
+    """The 512-token chat default counted against the 2,048-token context refused every prompt past
+    1,536 tokens; the default shrinks to what is left instead (as OpenAI and vLLM)."""
+    long = " ".join(["apple"] * 1900)
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": long}], temperature=0)
+    assert out.usage.prompt_tokens > 1536
+    assert out.usage.prompt_tokens + out.usage.completion_tokens <= 2048
+
+
 def test_n_choices_sample_apart_and_count_the_prompt_once(client):
     # Not asserted: that a seed reproduces the choices. Each output token is one draw from the seeded
     # generator, but in bf16 the logits move in their last bits with the batch's shape (which trees, which

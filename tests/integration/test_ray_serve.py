@@ -52,7 +52,8 @@ def ray_app(tmp_path_factory):
 def frontend_for(handle, config_path: str, routing_log=None):
     from adaserve_backend.config import EngineConfig
     from adaserve_backend.models import load_tokenizer, locate
-    from adaserve_backend.openai_frontend.http_app import Frontend, chat_renderer
+    from adaserve_backend.openai_frontend.http_app import Frontend
+    from adaserve_backend.openai_frontend.served_prompts import chat_renderer
     from adaserve_backend.ray_serve.backend import RayBackend
 
     config = EngineConfig.from_json(config_path)

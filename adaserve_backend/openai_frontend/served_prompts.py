@@ -1,0 +1,33 @@
+"""The served model's prompt text: chat messages rendered with its own chat template, and how many
+tokens a prompt leaves of its context (for a chat that left its length open)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ..chat import encode_prompt
+
+
+def served_tokenizer(model_repository: str):
+    """The served target's tokenizer (engine.json names it) and its context length: chat messages are
+    rendered here once with its chat template; `adaserve` tokenizes the text as it is."""
+    from ..triton.repository import load_engine_config, load_repository_tokenizer  # here: Ray loads no triton/
+
+    model_dir = os.path.join(model_repository, "adaserve")
+    return load_repository_tokenizer(model_dir), load_engine_config(model_dir).target.max_model_len
+
+
+def context_room(tokenizer, max_model_len: int) -> Callable[[str], int]:
+    """Tokens a prompt, as the engine will tokenize its text, leaves of a `max_model_len` context."""
+    return lambda text: max_model_len - len(encode_prompt(tokenizer, text, False))
+
+
+def chat_renderer(tokenizer) -> Callable[[tuple[dict, ...]], str]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise SystemExit("the served model has no chat template: /v1/chat/completions cannot work")
+
+    def render(messages: tuple[dict, ...]) -> str:
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+    return render
