@@ -29,6 +29,7 @@ class Tally:
     model: str
     n: int = 1  # choices of each prompt
     prompts: int = 1
+    include_usage: bool = False  # streamed with stream_options.include_usage: every chunk says "usage"
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_counts: list[int] = field(default_factory=list)  # each prompt's tokens
@@ -84,7 +85,8 @@ class Tally:
             choice = {"index": index, "delta": d, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head(chunk=True), "choices": [choice]}
+        # as OpenAI's stream: with usage asked for, content chunks carry "usage": null, the last one the counts
+        return {**self._head(chunk=True), "choices": [choice], **({"usage": None} if self.include_usage else {})}
 
     def usage_chunk(self) -> dict:
         """`stream_options.include_usage`: a last chunk with no choices and the request's usage."""

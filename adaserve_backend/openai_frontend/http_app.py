@@ -57,7 +57,7 @@ class Frontend:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
         app.add_routes([web.get("/health", self.health), web.get("/metrics", self.metrics),
-                        web.get("/v1/models", self.models),
+                        web.get("/v1/models", self.models), web.get("/v1/models/{model:.+}", self.model),
                         web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat)])
         app.on_startup.append(self._connect)
         app.on_cleanup.append(self._disconnect)
@@ -110,9 +110,18 @@ class Frontend:
         text = f"# TYPE {IN_FLIGHT_GAUGE} gauge\n{IN_FLIGHT_GAUGE} {self.in_flight}\n"
         return web.Response(text=text + (self.tenancy.metrics_text() if self.tenancy is not None else ""))
 
+    def _model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "adaserve"}
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                                              "created": 0, "owned_by": "adaserve"}]})
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """`GET /v1/models/{id}`: the served model, or OpenAI's 404 for any other."""
+        name = request.match_info["model"]
+        if name != self.model_name:
+            raise OpenAIError(404, f"The model {shown(name)} does not exist.", "model", kind="not_found_error")
+        return web.json_response(self._model_card())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completions")
@@ -157,7 +166,7 @@ class Frontend:
             if room >= 1:
                 gen = dataclasses.replace(gen, max_tokens=min(gen.max_tokens, room),
                                           min_tokens=min(gen.min_tokens, room))
-        tally = Tally(endpoint, self.model_name, gen.n, len(prompts))
+        tally = Tally(endpoint, self.model_name, gen.n, len(prompts), include_usage=gen.stream and gen.include_usage)
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
             gen = self.tenancy.admit(request, gen, tally)
         choices = Choices([self.backend.stream(choice_generation(gen, i), p) for p in prompts for i in range(gen.n)],
