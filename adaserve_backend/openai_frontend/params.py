@@ -26,7 +26,14 @@ SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "
 NEUTRAL = {"best_of": (1,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,),
            "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",),
            "parallel_tool_calls": (False,), "tools": ([],),
-           "repetition_penalty": (1, 1.0)}  # a vLLM extension; `vllm bench serve` always sends 1.0
+           "repetition_penalty": (1, 1.0),  # a vLLM extension; `vllm bench serve` always sends 1.0
+           "store": (False,), "metadata": ({},)}  # what agent frameworks send by default
+# What OpenAI's own API answers a model without these capabilities (beyond the neutral values above).
+NOT_OFFERED = {
+    "store": "'store' is not supported: this server does not store completions (leave it out or false)",
+    "metadata": "'metadata' is kept only with stored completions, which this server does not store",
+    "reasoning_effort": "'reasoning_effort' is not supported with this model (it does not reason before answering)",
+}
 COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
           "stream", "stream_options", "user", *SLO_HEADERS}
 KNOWN = {"completions": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
@@ -158,6 +165,8 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
             raise bad(name, "'logprobs' is not supported by this server (leave it out or null)")
         if name == "best_of" and value == body.get("n"):
             continue  # as many candidates as choices: every candidate is returned, nothing is ranked
+        if name in NOT_OFFERED and value not in NEUTRAL.get(name, ()):
+            raise bad(name, NOT_OFFERED[name])
         if name in NEUTRAL:
             if value not in NEUTRAL[name]:
                 raise bad(name, f"'{name}'={value!r} is not supported by this server (only {NEUTRAL[name][0]!r})")

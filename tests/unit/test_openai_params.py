@@ -174,3 +174,14 @@ def test_response_shapes():
 def test_max_completion_tokens_wins_over_max_tokens_as_openai_deprecated_the_older():
     g = parse({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 9}, "chat")
     assert g.max_tokens == 9
+
+
+def test_what_agent_frameworks_send_by_default_is_accepted_and_what_needs_a_capability_is_refused_by_name():
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    parse({**chat, "store": False, "metadata": {}}, "chat")
+    for body, param, words in (({"store": True}, "store", "does not store"),
+                               ({"metadata": {"user": "a"}}, "metadata", "stored completions"),
+                               ({"reasoning_effort": "low"}, "reasoning_effort", "not supported with this model")):
+        with pytest.raises(OpenAIError) as e:
+            parse({**chat, **body}, "chat")
+        assert e.value.status == 400 and e.value.param == param and words in e.value.message
