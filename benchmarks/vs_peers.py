@@ -8,22 +8,24 @@ share is printed and stored) unless `--prompts repetitive`, which repeats by des
 Systems: `adaserve` (our tritonserver, `make serve`'s configuration, called through its `ensemble`
 pipeline), `adaserve-direct` (the same server, its `adaserve` model called with the same text: one
 process hop less per token), `adaserve-openai` (`make serve` itself: the OpenAI frontend in front, which
-calls the `adaserve` model; the targets as body fields), `vllm` (vLLM's default FCFS scheduler), `vllm-
-priority` (vLLM's priority scheduler, the tightest TPOT class first), `vllm-ngram`, `vllm-suffix` and
-`vllm-eagle3` (vLLM with its n-gram, suffix-decoding or EAGLE-3 speculation, the last with our draft
+calls the `adaserve` model; the targets as body fields), `vllm` (vLLM's default FCFS scheduler),
+`vllm-priority` (vLLM's priority scheduler, the tightest TPOT class first), `vllm-ngram`, `vllm-suffix`
+and `vllm-eagle3` (vLLM with its n-gram, suffix-decoding or EAGLE-3 speculation, the last with our draft
 exported), `llamacpp-bf16`, `llamacpp-q4_1` and `llamacpp-q8_0` (llama-server on the same weights in
-bf16, on the Q4_1 file that ships, and in Q8_0; `make peers`), each also as `...-spec` with `--llamacpp-
-spec` speculation and as `...-eagle3` with our draft exported. The report adds each project at its best
-configuration per level. Every request is greedy and ends at end of sequence, `max_tokens` a cap
-(`--exact-length`: exactly max_tokens each, which tells every server each output's length); chat prompts
-are rendered with the model's chat template here, so every server sees the same token ids. Scores use
-the joint TTFT+TPOT definition (harness/metrics.py) over all sent requests. `--arrivals azure-code` (or
-`azure-conv`) replays windows of a real trace; `--windows K` runs each level K times on other arrivals
-and requests. Each level is scored against its prefill-only bound (harness/prefill_bound.py) at the peak
-prefill rate measured here before any server starts (`--prefill-rate` gives it instead), and each row
-against the decode-aware bound (harness/decode_ceiling.py) over its own output lengths, at the peak
-decode rate measured likewise (`--decode-rate`). Writes runs/<date>-vs-peers/vs-peers.{json,png};
-servers are always stopped at the end. """
+bf16, on the Q4_1 file that ships, and in Q8_0; `make peers`), each also as `...-spec` with
+`--llamacpp-spec` speculation and as `...-eagle3` with our draft exported. The report adds each project
+at its best configuration per level. Every request is greedy and ends at end of sequence, `max_tokens` a
+cap (`--exact-length`: exactly max_tokens each, which tells every server each output's length); chat
+prompts are rendered with the model's chat template here, so every server sees the same token ids.
+Scores use the joint TTFT+TPOT definition (harness/metrics.py) over all sent requests. `--arrivals
+azure-code` (or `azure-conv`) replays windows of a real trace; `--windows K` runs each level K times on
+other arrivals and requests. Each level is scored against its prefill-only bound
+(harness/prefill_bound.py) at the peak prefill rate measured here before any server starts
+(`--prefill-rate` gives it instead), and each row against the decode-aware bound
+(harness/decode_ceiling.py) over its own output lengths, at the peak decode rate measured likewise
+(`--decode-rate`). Writes runs/<date>-vs-peers/vs-peers.{json,png}; servers are always stopped at the
+end.
+"""
 
 from __future__ import annotations
 
@@ -144,13 +146,13 @@ def make_server(system: str, args, log_dir: Path) -> ServerProcess:
 
 
 def run_system(system: str, server: ServerProcess, items: list[WorkItem], args, slos) -> tuple[list, float]:
-    if on_triton(system) and system != OPENAI_SYSTEM:
-        model = TRITON_MODELS.get(system, "ensemble")
-        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model,
-                          exact_length=args.exact_length)
     if system in RAY_SYSTEMS or system == OPENAI_SYSTEM:  # our OpenAI frontend: the targets travel as body fields
         return run_openai(f"http://localhost:{args.peer_port}", "adaserve", items, args.time_limit,
                           exact_length=args.exact_length, slo_fields=True)
+    if on_triton(system):
+        model = TRITON_MODELS.get(system, "ensemble")
+        return run_triton(f"localhost:{args.grpc_port}", items, args.time_limit, model=model,
+                          exact_length=args.exact_length)
     return run_openai(f"http://localhost:{args.peer_port}", PEER_SERVED_NAME, items, args.time_limit,
                       exact_length=args.exact_length, priority=priorities(slos) if system == "vllm-priority" else None)
 
