@@ -164,8 +164,7 @@ class Frontend:
             # less (as OpenAI and vLLM), not a 400 for a long prompt; no room at all is still the engine's 400
             room = self.context_room(prompts[0])
             if room >= 1:
-                gen = dataclasses.replace(gen, max_tokens=min(gen.max_tokens, room),
-                                          min_tokens=min(gen.min_tokens, room))
+                gen = dataclasses.replace(gen, **open_length(gen, room))
         tally = Tally(endpoint, self.model_name, gen.n, len(prompts), include_usage=gen.stream and gen.include_usage)
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
             gen = self.tenancy.admit(request, gen, tally)
@@ -231,6 +230,15 @@ class Frontend:
         except ConnectionResetError:  # the client closed its connection: nobody to tell, nothing failed here
             log.debug("a client closed its stream of %s", request.path)
         return resp
+
+
+def open_length(gen: Generation, room: int) -> dict[str, int]:
+    """A chat's open default cut to `room`. `ignore_eos` ties min_tokens to the length, so that shrinks
+    with it; a min_tokens the client asked for is never lowered (past the room, the engine refuses it)."""
+    max_tokens = min(gen.max_tokens, room)
+    if gen.min_tokens == gen.max_tokens:
+        return {"max_tokens": max_tokens, "min_tokens": max_tokens}
+    return {"max_tokens": max(max_tokens, gen.min_tokens)}
 
 
 async def send(resp: web.StreamResponse, data: bytes) -> None:

@@ -14,7 +14,8 @@ from tests.unit.test_openai_tenants import RecordingBackend
 CHAT = {"messages": [{"role": "user", "content": "Hello"}]}
 
 
-def lengths_sent(room: int, bodies: list[tuple[str, dict]]) -> list[int]:
+def sent(room: int, bodies: list[tuple[str, dict]]) -> list:
+    """The generations the backend was asked for, each body posted to its path."""
     backend = RecordingBackend()
     frontend = Frontend(backend, "adaserve", lambda messages: messages[-1]["content"], context_room=lambda text: room)
 
@@ -25,7 +26,11 @@ def lengths_sent(room: int, bodies: list[tuple[str, dict]]) -> list[int]:
                 assert resp.status == 200, await resp.text()
 
     asyncio.run(main())
-    return [g.max_tokens for g in backend.seen]
+    return backend.seen
+
+
+def lengths_sent(room: int, bodies: list[tuple[str, dict]]) -> list[int]:
+    return [g.max_tokens for g in sent(room, bodies)]
 
 
 def test_an_open_chat_length_shrinks_to_what_the_context_leaves_and_a_given_one_does_not():
@@ -34,6 +39,12 @@ def test_an_open_chat_length_shrinks_to_what_the_context_leaves_and_a_given_one_
                               ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 300}),
                               ("/v1/completions", {"prompt": "Hello"})])
     assert sent == [100, 300, 300, 16]  # given lengths stay (the engine's 400 says what is wrong with them)
+
+
+def test_an_asked_for_min_tokens_is_never_lowered_and_ignore_eos_shrinks_with_the_length():
+    bodies = [{**CHAT, "min_tokens": 50}, {**CHAT, "min_tokens": 200}, {**CHAT, "ignore_eos": True}]
+    got = [(g.max_tokens, g.min_tokens) for g in sent(100, [("/v1/chat/completions", b) for b in bodies])]
+    assert got == [(100, 50), (200, 200), (100, 100)]  # 200 past the room: the engine's 400
 
 
 def test_with_room_to_spare_the_default_stays():
