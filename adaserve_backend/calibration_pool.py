@@ -52,12 +52,14 @@ def key_of(parts: dict) -> str:
     return hashlib.sha1(json.dumps([FORMAT, parts], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def engine_parts(config, target_spec, draft_spec, threads: int) -> dict:
+def engine_parts(config, target_spec, draft_spec, threads: int, kernel_choice=None) -> dict:
     """What an engine's calibration times depend on (`config`: its EngineConfig; the specs: the models'
-    shapes, which say what was loaded where a config's path does not)."""
+    shapes, which say what was loaded where a config's path does not; `kernel_choice`: which kernel
+    serves which products, models/kernel_choice.py)."""
+    chosen = None if kernel_choice is None else [kernel_choice.plan, kernel_choice.pair_rows]
     return {"machine": machine(), "threads": threads, "target": _plain(config.target), "draft": _plain(config.draft),
             "target_spec": _plain(target_spec), "draft_spec": _plain(draft_spec),
-            "block_size": config.target_cache.block_size, "kernels": kernels_digest()}
+            "block_size": config.target_cache.block_size, "kernels": kernels_digest(), "kernel_choice": chosen}
 
 
 def _plain(value):

@@ -28,6 +28,7 @@ from .device import check_device, on_cpu, synchronize
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
+from .models.kernel_choice import apply as choose_kernels
 from .output_processor import make_output
 from .profiler import calibrate
 from .request import FinishReason, Overloaded, Request, RequestOutput
@@ -59,6 +60,8 @@ class Engine:
         if target.embed_tokens.weight.device != self.device:
             raise ValueError(f"the target model is on {target.embed_tokens.weight.device}; the config says "
                              f"{config.target.device}")
+        # before anything is timed: the calibration prices the kernels chosen here
+        self.kernel_choice = choose_kernels(target, config.kernels) if on_cpu(self.device) else None
         self.target = ModelRunner(target, config.target_cache, graphs=config.target.cuda_graph_max_batch)
         self.vocab_size, self.max_model_len = target.spec.vocab_size, self.target.max_len
         self.draft = (DraftWorker.for_target(self.target, config, draft, self.policy.lookup(config.speculation))
@@ -94,7 +97,7 @@ class Engine:
         if keep == 1:  # this start's alone: no machine record to name or read
             return calibrate(self.target, draft)
         parts = engine_parts(config, self.target.model.spec, draft.model.spec if draft
-                             else None, torch.get_num_threads())
+                             else None, torch.get_num_threads(), self.kernel_choice)
         return calibrate(self.target, draft, pool=functools.partial(pooled, parts, keep=keep))
 
     @classmethod

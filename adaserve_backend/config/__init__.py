@@ -3,6 +3,7 @@ frozen dataclass with documented defaults, validated loudly when it is made."""
 
 from .drain import DrainConfig
 from .engine import EMBEDDED_DEFAULT, EMBEDDED_DRAFT, CacheConfig, EngineConfig, ModelConfig, StreamingConfig, from_dict
+from .kernels import KernelConfig
 from .scheduling import (
            DEFAULT_SLO_CLASSES,
            POLICY_NAMES,
@@ -13,7 +14,8 @@ from .scheduling import (
 )
 from .speculation import LOOKUP_MAX_NGRAM, Lookup, SpeculationConfig
 
-__all__ = ["DrainConfig", "EMBEDDED_DEFAULT", "EMBEDDED_DRAFT", "CacheConfig", "EngineConfig", "ModelConfig",
+__all__ = ["DrainConfig", "KernelConfig", "EMBEDDED_DEFAULT", "EMBEDDED_DRAFT", "CacheConfig", "EngineConfig",
+           "ModelConfig",
            "StreamingConfig", "from_dict",
            "DEFAULT_SLO_CLASSES", "POLICY_NAMES", "SPECULATIVE_POLICIES", "SchedulerConfig",
            "SLOClass", "check_policy_name",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .drain import DrainConfig
+from .kernels import KernelConfig
 from .scheduling import SchedulerConfig
 from .speculation import SpeculationConfig
 
@@ -156,6 +157,7 @@ class EngineConfig:
     speculation: SpeculationConfig = SpeculationConfig()
     streaming: StreamingConfig = StreamingConfig()
     drain: DrainConfig = DrainConfig()  # how a stopping server ends its in-flight requests
+    kernels: KernelConfig = KernelConfig()  # which CPU kernel serves each product (measured at startup)
     # torch intra-op threads of the engine process; None keeps torch's default (one per core). OpenMP
     # threads wait for each other at every kernel, so when another process takes one of the cores (a
     # tokenizer, the gRPC server, a client) a two-thread GEMM can stall for many milliseconds.
@@ -180,6 +182,7 @@ class EngineConfig:
             "speculation": SpeculationConfig,
             "streaming": StreamingConfig,
             "drain": DrainConfig,
+            "kernels": KernelConfig,
         }
         kwargs = {"threads": data.pop("threads")} if "threads" in data else {}
         draft_names_device = "device" in (data.get("draft") or {})

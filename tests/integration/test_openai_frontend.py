@@ -121,6 +121,34 @@ def test_a_batch_of_prompts_answers_each_as_alone(client):
     assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
 
 
+IDENTICAL_QUESTION = "What is machine learning? " + " ".join(
+    f"Point {i}: say how it relates to statistics, data and computing." for i in range(20))
+
+
+def test_identical_greedy_requests_give_identical_text_alone_or_in_a_burst(client):
+    """The same greedy chat, alone on an idle server, again (the suffix index now holds its answer, so
+    long copied chains are verified), and inside a burst whose other requests are decoding when it arrives
+    (its prompt, ~300 tokens, then prefills in chunks cut by their TPOT targets): one text, whole. A
+    token's logits do not depend on its batch, its tree or its prefill chunks (models/kernel_choice.py)."""
+    import concurrent.futures
+
+    def ask(question: str, max_tokens: int = 96) -> str:
+        out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                             max_tokens=max_tokens, temperature=0)
+        return out.choices[0].message.content
+
+    first = ask(IDENTICAL_QUESTION)
+    assert ask(IDENTICAL_QUESTION) == first
+    others = ["Write a poem about the sea.", "Explain how a CPU cache works.", "List ten fruits.",
+              "Tell me a story about a dragon.", "Describe photosynthesis step by step."]
+    with concurrent.futures.ThreadPoolExecutor(len(others) + 1) as pool:
+        busy = [pool.submit(ask, q, 160) for q in others]
+        time.sleep(1.0)  # the others are past their prefill and decoding
+        again = pool.submit(ask, IDENTICAL_QUESTION)
+        assert again.result() == first
+        assert all(b.result() for b in busy)
+
+
 def test_stop_strings_end_the_text_before_them(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
     # An early word: two bf16 greedy runs are trusted to agree only on their start (assert_same_start);

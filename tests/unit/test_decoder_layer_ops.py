@@ -156,7 +156,7 @@ def test_float32_and_training_keep_the_python_layers():
 @pytest.mark.parametrize("bias", [False, True])
 def test_pair_kernel_matches_a_float32_product_for_every_row_count(bias):
     """pair_linear against x W^T in float32 then rounded once: row counts across its 4-row tiles and
-    column counts across its 4-block groups, with and without bias; Linear takes it up to pair_rows, then
+    column counts across its 4-block groups, with and without bias; Linear takes it up to the chosen pair_rows, then
     oneDNN."""
     torch.manual_seed(0)
     for k, n in ((64, 16), (96, 80), (576, 960)):
@@ -171,7 +171,7 @@ def test_pair_kernel_matches_a_float32_product_for_every_row_count(bias):
     layer.prepack()
     assert layer._pairs is not None
     with torch.inference_mode():
-        for m in (1, 16, min(ops.pair_rows + 1, 64)):
+        for m in (1, 16, min(ops.kernel_choice()[0] + 1, 64)):
             x = torch.randn(m, 96).bfloat16()
             torch.testing.assert_close(layer(x).float(), F.linear(x.float(), layer.weight.float(), None
                                                                   if layer.bias is None else layer.bias.float()),

@@ -18,7 +18,9 @@
 #include "pair_gemm.h"
 #include "block_gemm.h"
 #include "int8_gemm.h"
+#include "amx_gemm.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -30,15 +32,21 @@ using namespace adaserve;
 using bf16 = c10::BFloat16;
 
 constexpr int64_t kRowsPerTask = 8;
-// Products of up to this many rows take the pair kernel. Without AMX it is ahead of oneDNN at every row
-// count (a few rows: it reads the weight nearer the bandwidth; many: both are VDPBF16PS-bound and it
-// skips oneDNN's per-call setup); with AMX, oneDNN's tiles win once there are rows enough to fill them
-// (docs/architecture.md#the-model-runtime).
-#if defined(__AMX_BF16__)
-constexpr int64_t kPairRows = 16;
-#else
-constexpr int64_t kPairRows = std::numeric_limits<int64_t>::max();
-#endif
+
+// Which kernel serves a bfloat16 product, set once at startup by models/kernel_choice.py from
+// measurements on this machine (never a constant chosen on another CPU: docs/architecture.md#the-model-runtime).
+// The default serves every row count with one kernel, the pair kernel, so that a row's numbers never
+// depend on how many rows share its product; `amx` serves every count with AMX tiles instead (one kernel
+// too); a finite `pair_rows` hands larger products to oneDNN, faster on some CPUs and batch-dependent.
+std::atomic<int64_t> g_pair_rows{std::numeric_limits<int64_t>::max()};
+std::atomic<bool> g_amx{false};
+
+void set_kernel_choice(int64_t pair_rows, bool amx) {
+  TORCH_CHECK(pair_rows >= 0, "pair_rows must be >= 0");
+  TORCH_CHECK(!amx || (kAmxCompiled && amx_permitted()), "AMX tiles are not available on this CPU");
+  g_pair_rows = pair_rows;
+  g_amx = amx;
+}
 
 inline float f(bf16 x) { return widen(x); }
 
@@ -62,7 +70,9 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
   // Integer-dot blocks (int8) serve every row count: their numbers are not the bfloat16 packings'.
   if (blocks && blocks->scalar_type() == at::kChar) return int8_linear(x, *blocks, bias);
   if (blocks && rows <= kBlockRows) return block_linear(x, *blocks, bias);
-  if (pairs && rows <= kPairRows) return pair_linear(x, *pairs, bias);
+  // GGUF-block weights keep the pair kernel's order at every count (block_linear computes in it).
+  if (pairs && !blocks && g_amx && amx_fits(*pairs, x.size(1))) return amx_linear(x, *pairs, bias);
+  if (pairs && rows <= g_pair_rows) return pair_linear(x, *pairs, bias);
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -282,6 +292,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x W^T + bias through the cheapest packing for x's rows: GGUF blocks, pairs or oneDNN's (CPU bf16)");
   m.attr("pair_gemm") = py::bool_(kPairGemmCompiled);
   m.attr("block_gemm") = py::bool_(kBlockGemmCompiled);
-  m.attr("pair_rows") = py::int_(kPairRows);
+  m.def("set_kernel_choice", &set_kernel_choice, "products of up to pair_rows rows take the pair kernel, more oneDNN; amx: AMX tiles at every count");
+  m.def("kernel_choice", [] { return py::make_tuple(g_pair_rows.load(), g_amx.load()); }, "(pair_rows, amx) as set");
+  m.def("amx_linear", &amx_linear, py::call_guard<py::gil_scoped_release>(), "x W^T + bias on AMX tiles, W from pack_pairs, K a multiple of 32");
+  m.attr("amx_compiled") = py::bool_(kAmxCompiled);
+  m.def("amx_permitted", &amx_permitted, "whether this process may use the AMX tiles");
   m.attr("int8_gemm") = py::bool_(kInt8GemmCompiled);
 }
