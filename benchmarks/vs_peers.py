@@ -34,7 +34,6 @@ import dataclasses
 import json
 import os
 import platform
-import shutil
 import signal
 import sys
 import time
@@ -58,13 +57,14 @@ from harness.servers import (
     ray_server,
     served,
     triton_server,
+    variant_repository,
     vllm_server,
     wait_idle,
 )
 from harness.slo_targets import CATEGORIES, add_slo_arguments, slo_targets_from_args
 from harness.workload import PromptsExhausted, WorkItem, prompt_deck, repeat_share
 
-from . import decode_rate, prefill_rate
+from . import admission_check, decode_rate, prefill_rate
 from .prediction_error import describe, describe_lengths, errors_between, scrape
 from .vs_peers_levels import (
     ARRIVALS,
@@ -106,22 +106,6 @@ def priorities(slos) -> dict[str, int]:
     """vLLM priority per category: the tighter the TPOT target, the sooner (lower number)."""
     order = sorted(CATEGORIES, key=slos.tpot)
     return {c: order.index(c) for c in CATEGORIES}
-
-
-def variant_repository(name: str, overrides: dict, out_dir: Path) -> Path:
-    """A copy of the model repository whose engine.json has `overrides` merged in (an ablation served
-    as its own system, `adaserve:NAME`)."""
-    from adaserve_backend import PROJECT_ROOT
-
-    repo = out_dir / f"repository-{name}"
-    shutil.rmtree(repo, ignore_errors=True)
-    shutil.copytree(PROJECT_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
-    path = repo / "adaserve" / "1" / "engine.json"
-    config = json.loads(path.read_text())
-    for section, fields in overrides.items():
-        config[section] = {**config.get(section, {}), **fields} if isinstance(fields, dict) else fields
-    path.write_text(json.dumps(config, indent=2))
-    return repo
 
 
 def make_server(system: str, args, log_dir: Path) -> ServerProcess:
@@ -201,12 +185,17 @@ def main() -> None:
     ap.add_argument("--llamacpp-slots", type=int, default=16, help="llama-server's parallel sequences (-np)")
     ap.add_argument("--llamacpp-spec", default="ngram-mod",
                     help="llama-server's --spec-type for the llamacpp-*-spec systems")
+    ap.add_argument("--admission-check", action="store_true",
+                    help="also run adaserve with admission off and count its wrong refusals "
+                         "(benchmarks/admission_check.py)")
     add_slo_arguments(ap)
     args = ap.parse_args()
     if args.slo_mode != "absolute":
         ap.error("a comparison with another system uses absolute SLO targets")
     slos = slo_targets_from_args(args)
     args.variants = {name: json.loads(spec) for name, spec in (v.split("=", 1) for v in args.variant)}
+    if args.admission_check:
+        args.systems, args.variants = admission_check.with_admit_off(args.systems, args.variants)
     unknown = [s for s in args.systems if s not in SYSTEMS and s.split(":", 1)[-1] not in args.variants]
     if unknown:
         ap.error(f"unknown systems {unknown}: name one of {SYSTEMS} or define adaserve:NAME with --variant")
@@ -256,7 +245,7 @@ def main() -> None:
                 row = {"system": system, "rps": rps, **score(records, wall)}
                 row |= level_fields(level, row["slo_attainment"])
                 row |= decode_bound_fields(level, records, rate.tok_s, decode.tok_s, row["slo_attainment"])
-                row["rejected"] = sum(1 for r in records if r.error and "unavailable" in r.error.lower())
+                row["rejected"] = sum(r.refused for r in records)
                 if ours:  # the last requests' metrics are recorded once they ended in the engine
                     wait_idle(server)
                     row |= errors_between(predictions, scrape(server.metrics_url))
@@ -277,6 +266,9 @@ def main() -> None:
             if server is not None:
                 server.stop()
     bar.close()
+    rows = admission_check.wrongly_refused(rows)
+    for line in admission_check.describe(rows):
+        print(line)
 
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": args.duration, "time_limit_s": args.time_limit,
             "arrivals": args.arrivals, "windows": args.windows, "prompts": args.prompts, "repeat_share": repeats,

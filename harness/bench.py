@@ -117,6 +117,10 @@ def score(records, wall, engine=None, timeline_s=None) -> dict:
                            for c in sorted({r.category for r in records})}
     # where each request ended: sim.validate ends the simulated requests where the measured ones stopped
     row["outputs"] = {r.request_id: [r.output_tokens, r.finish_reason] for r in records}
+    # which requests met both targets and which admission refused: benchmarks/admission_check.py pairs
+    # a run's refusals with the same requests served with admission off
+    row["attained_ids"] = sorted(r.request_id for r in records if r.attained)
+    row["refused_ids"] = sorted(r.request_id for r in records if r.refused)
     if engine is not None:
         its = list(engine.iteration_stats)
         row["mean_accepted_per_verify"] = engine.mean_accepted()

@@ -77,6 +77,11 @@ class RequestRecord:
     def ttft_attained(self) -> bool:
         return self.finished and attains_ttft(self.ttft, self.ttft_slo_ms)
 
+    @property
+    def refused(self) -> bool:
+        """Turned away by admission (gRPC UNAVAILABLE, HTTP 503), not failed."""
+        return self.error is not None and ("unavailable" in self.error.lower() or "503" in self.error)
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:

@@ -5,7 +5,9 @@ level's backlog is gone before the next starts; free local ports."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -181,3 +183,17 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def variant_repository(name: str, overrides: dict, out_dir: Path) -> Path:
+    """A copy of the model repository whose engine.json has `overrides` merged in (an ablation served
+    as its own system, `adaserve:NAME`)."""
+    repo = out_dir / f"repository-{name}"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(PROJECT_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    path = repo / "adaserve" / "1" / "engine.json"
+    config = json.loads(path.read_text())
+    for section, fields in overrides.items():
+        config[section] = {**config.get(section, {}), **fields} if isinstance(fields, dict) else fields
+    path.write_text(json.dumps(config, indent=2))
+    return repo
