@@ -24,12 +24,13 @@ def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, 
         print(f"llama-bench skips {', '.join(missing)}: no GGUF for them (run `make peers`)")
     argv = [str(binary), "-t", str(os.cpu_count() or 2), "-p", str(prompt), "-n", str(gen), "-r",
             str(repeats), "-o", "json"]
-    for f in files.values():
-        argv += ["-m", str(f)]
-    rows = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
-    out = {w: {} for w in files}
-    for w, f in files.items():
-        for r in (r for r in rows if os.path.samefile(r["model_filename"], f)):
+    out = {}
+    for w, f in files.items():  # one run per file: a build that crashes on one format leaves the others
+        rows = _run(argv + ["-m", str(f)], w)
+        if rows is None:
+            continue
+        out[w] = {}
+        for r in rows:
             if r["n_prompt"]:
                 out[w] |= {"prefill_tok_s": r["avg_ts"], "prefill_tok_s_std": r["stddev_ts"]}
             else:
@@ -37,3 +38,17 @@ def llama_bench(weights: tuple[str, ...] = LLAMACPP_WEIGHTS, prompt: int = 512, 
                 out[w] |= {"decode_ms": 1e3 / rate,
                            "decode_ms_spread": [1e3 / (rate + std), 1e3 / max(rate - std, 1e-9)]}
     return out
+
+
+def _run(argv: list[str], weights: str) -> list[dict] | None:
+    """llama-bench's JSON rows, or None (reported) where it failed or crashed on these weights."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode == 0:
+        try:
+            return json.loads(done.stdout)
+        except json.JSONDecodeError:
+            pass
+    how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+    tail = (done.stderr.strip().splitlines() or [""])[-1]
+    print(f"llama-bench failed on {weights} ({how}{': ' + tail if tail else ''}); going on without it")
+    return None
