@@ -2,10 +2,11 @@
 admission off (`overload: best_effort`: every request kept and served), and a refusal counted wrong
 when the same request, admitted, met both its targets (issue 91's measure).
 
-    python -m benchmarks.vs_peers --admission-check --systems adaserve vllm ...
+    python -m benchmarks.vs_peers --admission-check --systems adaserve adaserve:NAME vllm ...
 
-adds the system `adaserve:admit-off` right after `adaserve`; the report then gives `adaserve` each
-level's wrongly refused requests as a count and as a share of those sent.
+runs each of our Triton systems again with admission off right after it (`adaserve:admit-off` after
+`adaserve`, `adaserve:NAME+admit-off` after a variant `adaserve:NAME`); the report then gives each of
+them its levels' wrongly refused requests, as a count and as a share of those sent.
 """
 
 from __future__ import annotations
@@ -15,23 +16,39 @@ ADMIT_OFF = f"{BASE}:admit-off"
 ADMIT_OFF_VARIANT = {"scheduler": {"overload": "best_effort"}}
 
 
+def admit_off(system: str) -> str:
+    """The name of `system` served with admission off."""
+    return ADMIT_OFF if system == BASE else f"{system}+admit-off"
+
+
+def merged(variant: dict, extra: dict) -> dict:
+    return {k: {**variant.get(k, {}), **v} for k, v in extra.items()} | {k: v for k, v in variant.items()
+                                                                        if k not in extra}
+
+
 def with_admit_off(systems: list[str], variants: dict[str, dict]) -> tuple[list[str], dict[str, dict]]:
-    """The systems with `adaserve:admit-off` run right after `adaserve` (added if missing)."""
-    systems = [s for s in systems if s != ADMIT_OFF]
-    at = systems.index(BASE) + 1 if BASE in systems else len(systems)
-    if BASE not in systems:
-        systems.insert(0, BASE)
-        at = 1
-    return systems[:at] + [ADMIT_OFF] + systems[at:], variants | {"admit-off": ADMIT_OFF_VARIANT}
+    """Each of our Triton systems (`adaserve` added if none is named) followed by itself with admission
+    off, defined as a variant."""
+    ours = [s for s in systems if s == BASE or s.startswith(BASE + ":")]
+    if not ours:
+        systems, ours = [BASE, *systems], [BASE]
+    out, variants = [], dict(variants)
+    for s in systems:
+        out.append(s)
+        if s in ours:
+            out.append(admit_off(s))
+            name = admit_off(s).split(":", 1)[1]
+            variants[name] = merged(variants.get(s.split(":", 1)[1], {}) if s != BASE else {}, ADMIT_OFF_VARIANT)
+    return out, variants
 
 
 def wrongly_refused(rows: list[dict]) -> list[dict]:
-    """Each `adaserve` row given `wrongly_refused` (refused there, attained with admission off, same level
-    and window) and `wrongly_refused_share` (of the requests sent)."""
-    off = {(r["rps"], r.get("window", 0)): r for r in rows if r["system"] == ADMIT_OFF}
+    """Each of our rows that has an admit-off twin given `wrongly_refused` (refused there, attained with
+    admission off, same level and window) and `wrongly_refused_share` (of the requests sent)."""
+    at = {(r["system"], r["rps"], r.get("window", 0)): r for r in rows}
     out = []
     for r in rows:
-        other = off.get((r["rps"], r.get("window", 0))) if r["system"] == BASE else None
+        other = at.get((admit_off(r["system"]), r["rps"], r.get("window", 0)))
         if other is not None:
             wrong = len(set(r.get("refused_ids", ())) & set(other.get("attained_ids", ())))
             r = r | {"wrongly_refused": wrong, "wrongly_refused_share": wrong / r["requests"] if r["requests"] else 0.0}

@@ -9,6 +9,9 @@ def test_admit_off_runs_right_after_adaserve_as_a_best_effort_variant():
     assert systems == ["vllm", "adaserve", ADMIT_OFF, "llamacpp-bf16"]
     assert variants["admit-off"] == {"scheduler": {"overload": "best_effort"}}
     assert with_admit_off(["vllm"], {})[0] == ["adaserve", ADMIT_OFF, "vllm"]
+    systems, variants = with_admit_off(["adaserve:m0"], {"m0": {"scheduler": {"first_token_margin_ms": 0}}})
+    assert systems == ["adaserve:m0", "adaserve:m0+admit-off"]
+    assert variants["m0+admit-off"] == {"scheduler": {"first_token_margin_ms": 0, "overload": "best_effort"}}
 
 
 def test_a_refusal_is_wrong_when_the_same_request_admitted_met_both_targets():
