@@ -64,6 +64,11 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField("temperature", "FP32", "sampling temperature; 0 is greedy", 0.0),
     RequestField("top_p", "FP32", "nucleus sampling: the smallest set of tokens of this total probability", 1.0),
     RequestField("top_k", "INT32", "sample among the k likeliest tokens (0: all)", 0),
+    RequestField("frequency_penalty", "FP32", "a token's logit less this times its count in the output so far", 0.0),
+    RequestField("presence_penalty", "FP32", "a token's logit less this once it occurs in the output", 0.0),
+    RequestField("logit_bias_token_ids", "INT32", "tokens whose logits are biased (with logit_bias_values)", (),
+                 many=True),
+    RequestField("logit_bias_values", "FP32", "each biased token's bias, -100 to 100", (), many=True),
     RequestField("min_tokens", "INT32", "output tokens at least before an end of sequence or a stop string", 0),
     RequestField("min_length", "INT32", "min_tokens under TensorRT-LLM's name (min_tokens wins)", 0),
     RequestField("ignore_eos", "BOOL", "generate on past end-of-sequence tokens, to max_tokens", False),
@@ -74,6 +79,13 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField("return_num_output_tokens", "BOOL", "output num_output_tokens", False),
     RequestField("return_finish_reason", "BOOL", "output finish_reason (stop/length) on the last response", False),
     RequestField("return_perf_metrics", "BOOL", "output the speculation counters and the request's times", False),
+    RequestField("logprobs", "INT32", "output each token's log-probability and this many likeliest alternatives "
+                 "(0-20; outputs output_log_probs, top_log_probs, top_log_prob_ids)"),
+    RequestField("prompt_logprobs", "INT32", "output each prompt token's log-probability and this many likeliest "
+                 "alternatives, on the first response (0-20; prompt_token_ids, prompt_log_probs, "
+                 "prompt_top_log_probs, prompt_top_log_prob_ids)"),
+    RequestField("prediction", "STRING", "Predicted Outputs: text most of the output is expected to repeat, copied "
+                 "into the speculation trees (the output is the same without it)"),
     RequestField("tpot_slo_ms", "FP32", "this request's time-per-output-token target"),
     RequestField("ttft_slo_ms", "FP32", "this request's time-to-first-token target"),
     RequestField("slo_class", "STRING", "a named SLO class (both targets; scheduler.slo_classes)"),

@@ -22,9 +22,12 @@ class Sequence:
     generator: torch.Generator | None
     prefill_goal: int  # tokens to prefill: the prompt, or after a preemption all but the last token
     output: list[int] = field(default_factory=list)
+    output_logprobs: list = field(default_factory=list)  # request.TokenLogprob per output token, if it asked
+    prompt_logprobs: list = field(default_factory=list)  # ... per prompt token after the first, as prefilled
     first_token_time: float | None = None
     prefilled: int = 0  # of those, already in the target cache
     cached_prefix: int = 0  # while waiting: of those, what the prefix cache holds now (it will not prefill)
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache when it was admitted (usage's cached_tokens)
     # prefix-cache keys of its tokens' blocks, by block size
     block_keys: dict[int, list[bytes]] = field(default_factory=dict)
     emitted: int = 0  # output tokens reported; those after it are held back by a possible stop string
@@ -32,6 +35,7 @@ class Sequence:
     verifications: int = 0
     draft_tokens: int = 0
     accepted_drafts: int = 0
+    accepted_prediction: int = 0  # of those, copied from the client's prediction (Predicted Outputs)
     delivery_s: float = 0.0  # planned for the first token to reach the client (first_token_margin_ms)
     tpot_margin: float = 0.0  # share of its TPOT target planned as margin (SchedulerConfig.tpot_margin)
     admitted_time: float | None = None  # first left the waiting queue

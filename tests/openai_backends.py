@@ -3,6 +3,9 @@ healthy; each test's subclass says how it streams."""
 
 from __future__ import annotations
 
+# usage's prompt_tokens_details where the prefix cache served nothing
+NO_CACHE = {"prompt_tokens_details": {"cached_tokens": 0}}
+
 
 class StandInBackend:
     async def connect(self) -> None:

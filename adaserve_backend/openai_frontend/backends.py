@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from ..serving.errors import ErrorKind
-from .params import Generation, OpenAIError
+from .field_readers import OpenAIError
+from .params import Generation, Prompt
 
 RETRY_AFTER_S = 1
 
@@ -42,6 +43,6 @@ class Backend(Protocol):
     async def unhealthy(self) -> str | None:
         """Why the backend cannot serve now, or None."""
 
-    def stream(self, gen: Generation, prompt: str) -> AsyncIterator[tuple[str, dict]]:
+    def stream(self, gen: Generation, prompt: Prompt) -> AsyncIterator[tuple[str, dict]]:
         """(text delta, extras) per response; extras may carry num_input_tokens, num_output_tokens and
         finish_reason. Raises BackendError; closing the iterator aborts the request."""

@@ -8,6 +8,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .logprobs import Entry, Renderer, entries, prompt_entries
+
 
 @dataclass
 class Choice:
@@ -17,6 +19,15 @@ class Choice:
     completion_tokens: int = 0
     finish_reason: str | None = None
     streamed: bool = False  # its first chunk went out (a chat choice's first delta names the role)
+    logprobs: list[Entry] = field(default_factory=list)  # every token's so far, where the request asked
+    unsent: list[Entry] = field(default_factory=list)  # those no chunk has carried yet
+    echo: str = ""  # with echo: the prompt's text, ahead of the choice's own (and its tokens' logprobs)
+    echo_logprobs: list[Entry] = field(default_factory=list)
+    prediction: dict[str, int] | None = None  # Predicted Outputs' accepted and rejected tokens, once reported
+
+    def add_logprobs(self, items: list[Entry]) -> None:
+        self.logprobs += items
+        self.unsent += items
 
 
 @dataclass
@@ -30,15 +41,51 @@ class Tally:
     n: int = 1  # choices of each prompt
     prompts: int = 1
     include_usage: bool = False  # streamed with stream_options.include_usage: every chunk says "usage"
+    logprobs: Renderer | None = None  # the request asked for logprobs: how they read
+    score_only: bool = False  # echo with max_tokens 0: the prompt is the answer; the one token made is dropped
+    dropped_tokens: int = 0  # best_of: the tokens of candidates not returned (usage still counts them)
+    service_tier: str | None = None  # the tier the response names (service_tiers.served_tier)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_counts: list[int] = field(default_factory=list)  # each prompt's tokens
+    cached_counts: list[int] = field(default_factory=list)  # ... of those, taken from the prefix cache
     choices: list[Choice] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.choices = self.choices or [Choice() for _ in range(self.prompts * self.n)]
         self.n = len(self.choices) // self.prompts
         self.prompt_counts = self.prompt_counts or [0] * self.prompts
+        self.cached_counts = self.cached_counts or [0] * self.prompts
+
+    def echo(self, prompts: list[str]) -> None:
+        """Each choice's text starts with its prompt's."""
+        for i, c in enumerate(self.choices):
+            c.echo = prompts[i // self.n]
+
+    def take(self, index: int, text: str | None, extra: dict) -> str | None:
+        """A backend response of choice `index` (its text delta, None once it ended; `extra`: counts,
+        finish reason, logprobs), recorded; returns the delta to send."""
+        c = self.choices[index]
+        if "prompt_logprobs" in extra:
+            c.echo_logprobs = prompt_entries(extra["prompt_logprobs"])
+        if "num_input_tokens" in extra:
+            self.count_prompt(index, int(extra["num_input_tokens"]))
+        if "num_cached_tokens" in extra and index % self.n == 0:  # a prompt's, as its first choice found it
+            self.cached_counts[index // self.n] = int(extra["num_cached_tokens"])
+        if self.score_only:
+            c.finish_reason = "length"
+            return None if text is None else ""
+        c.text += text or ""
+        if "logprobs" in extra:
+            c.add_logprobs(entries(extra["logprobs"]))
+        if "num_output_tokens" in extra:
+            c.completion_tokens = int(extra["num_output_tokens"])
+        if "accepted_prediction_tokens" in extra:
+            c.prediction = {k: int(extra[k]) for k in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
+        if "finish_reason" in extra:
+            reason = extra["finish_reason"]
+            c.finish_reason = (reason.decode() if isinstance(reason, bytes) else str(reason)) or None
+        return text
 
     @property
     def prompt_tokens(self) -> int:
@@ -54,39 +101,67 @@ class Tally:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(c.completion_tokens for c in self.choices)
+        return sum(c.completion_tokens for c in self.choices) + self.dropped_tokens
+
+    def keep_best(self, n: int) -> None:
+        """best_of: of each prompt's candidates the n with the highest log-probability per token, as
+        OpenAI ranks them; every candidate's tokens still count in usage, as OpenAI counts them."""
+        total, kept = self.completion_tokens, []
+        for p in range(self.prompts):
+            candidates = self.choices[p * self.n:(p + 1) * self.n]
+            kept += sorted(candidates, key=lambda c: -sum(e.logprob for e in c.logprobs) / max(len(c.logprobs), 1))[:n]
+        self.choices, self.n = kept, n
+        self.dropped_tokens = total - sum(c.completion_tokens for c in kept)
 
     def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+               "total_tokens": self.prompt_tokens + self.completion_tokens,
+               "prompt_tokens_details": {"cached_tokens": sum(self.cached_counts)}}
+        predicted = [c.prediction for c in self.choices if c.prediction is not None]
+        if predicted:  # as OpenAI reports Predicted Outputs
+            out["completion_tokens_details"] = {k: sum(p[k] for p in predicted) for k in predicted[0]}
+        return out
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
+        head = {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
                 "created": self.created, "model": self.model}
+        return head | ({"service_tier": self.service_tier} if self.service_tier else {})
 
     def whole(self) -> dict:
         """The non-streaming response."""
         choices = []
         for i, c in enumerate(self.choices):
+            logprobs = self._logprobs(c.echo_logprobs + c.logprobs, 0)
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+                choices.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
                                 "finish_reason": c.finish_reason})
             else:
-                choices.append({"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason})
+                choices.append({"index": i, "text": c.echo + c.text, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason})
         return {**self._head(chunk=False), "choices": choices, "usage": self.usage()}
 
     def chunk(self, delta: str | None = None, finish_reason: str | None = None, index: int = 0) -> dict:
         """A streamed chunk of choice `index`: a text delta, or its last one carrying the finish reason.
         A chat choice's first chunk names the role."""
-        first, self.choices[index].streamed = not self.choices[index].streamed, True
+        c = self.choices[index]
+        first, c.streamed = not c.streamed, True
+        unsent, offset = c.unsent, len(c.echo) + len(c.text) - len(delta or "")
+        if first and c.echo:  # the prompt leaves first, as it would have been generated
+            delta, unsent, offset = c.echo + (delta or ""), c.echo_logprobs + unsent, 0
+        logprobs, c.unsent = self._logprobs(unsent, offset), []
         if self.chat:
             d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
-            choice = {"index": index, "delta": d, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": delta or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": delta or "", "logprobs": logprobs, "finish_reason": finish_reason}
         # as OpenAI's stream: with usage asked for, content chunks carry "usage": null, the last one the counts
         return {**self._head(chunk=True), "choices": [choice], **({"usage": None} if self.include_usage else {})}
+
+    def _logprobs(self, items: list[Entry], offset: int) -> dict | None:
+        if self.logprobs is None:
+            return None
+        return self.logprobs.chat(items) if self.chat else self.logprobs.completion(items, offset)
 
     def usage_chunk(self) -> dict:
         """`stream_options.include_usage`: a last chunk with no choices and the request's usage."""

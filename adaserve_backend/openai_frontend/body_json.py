@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .params import OpenAIError
+from .field_readers import OpenAIError
 
 
 def check_json_type(content_type: str | None) -> None:

@@ -27,8 +27,11 @@ from .bodies import DONE, Tally, sse
 from .body_json import check_json_type, read_json
 from .choices import Choices, choice_generation
 from .drain import DEFAULT_GRACE_S, Drain, serve
-from .params import Generation, OpenAIError, parse, shown
+from .field_readers import OpenAIError, shown
+from .logprobs import Renderer, echo_text
+from .params import Generation, parse
 from .served_prompts import chat_renderer, context_room, served_tokenizer
+from .service_tiers import repository_tiers, served_tier, with_tier
 from .tenancy import Tenancy, repository_tenancy
 
 log = logging.getLogger("adaserve.openai")
@@ -45,9 +48,12 @@ MAX_IN_FLIGHT = 512  # generations at once; beyond, 503 (the engine's own caps a
 class Frontend:
     def __init__(self, backend: Backend, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
                  api_key: str | None = None, max_in_flight: int = MAX_IN_FLIGHT,
-                 tenancy: Tenancy | None = None, context_room: Callable[[str], int] | None = None) -> None:
-        """`context_room`: tokens a rendered prompt leaves in the model's context (None: not known here)."""
+                 tenancy: Tenancy | None = None, context_room: Callable[[str], int] | None = None,
+                 logprob_renderer: Renderer | None = None, tiers: dict[str, str] | None = None) -> None:
+        """`context_room`: tokens a rendered prompt leaves in the model's context (None: not known here);
+        `logprob_renderer`: how token ids read in logprobs (None: requests for logprobs get a 400)."""
         self.backend, self.model_name, self.render_chat = backend, model_name, render_chat
+        self.logprob_renderer, self.tiers = logprob_renderer, tiers or {}  # service_tiers.tier_classes
         self.context_room = context_room
         self.api_key, self.max_in_flight = api_key, max_in_flight
         self.tenancy = tenancy  # --api-keys-file: every key a tenant's (tenancy.py); not with api_key
@@ -151,7 +157,9 @@ class Frontend:
             raise OpenAIError(408, f"the request body did not arrive within {BODY_READ_S:g} s") from None
         check_json_type(request.headers.get("Content-Type"))
         body = read_json(raw)
-        gen = parse(body, endpoint, request.headers)
+        gen = with_tier(parse(body, endpoint, request.headers), self.tiers)
+        if gen.logprobs is not None and self.logprob_renderer is None:
+            raise OpenAIError(400, "logprobs are not available from this frontend", "logprobs")
         if body.get("model") not in (None, self.model_name):
             raise OpenAIError(404, f"The model {shown(body['model'])} does not exist.", "model", kind="not_found_error")
         if gen.generations > self.max_in_flight:  # every choice is a generation: this one would never fit
@@ -165,17 +173,24 @@ class Frontend:
             room = self.context_room(prompts[0])
             if room >= 1:
                 gen = dataclasses.replace(gen, **open_length(gen, room))
-        tally = Tally(endpoint, self.model_name, gen.n, len(prompts), include_usage=gen.stream and gen.include_usage)
+        tally = Tally(endpoint, self.model_name, gen.runs, len(prompts), include_usage=gen.stream and gen.include_usage,
+                      logprobs=self.logprob_renderer if gen.logprobs is not None else None,
+                      score_only=gen.max_tokens == 0, service_tier=served_tier(gen.service_tier))
+        if gen.echo:
+            tally.echo([echo_text(p, self.logprob_renderer) for p in prompts])
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
             gen = self.tenancy.admit(request, gen, tally)
-        choices = Choices([self.backend.stream(choice_generation(gen, i), p) for p in prompts for i in range(gen.n)],
-                          self.drain.guard)  # nothing runs until the first `next`
+        ranked = dataclasses.replace(gen, logprobs=0) if gen.best_of > gen.n and gen.logprobs is None else gen
+        choices = Choices([self.backend.stream(choice_generation(ranked, i), p) for p in prompts
+                           for i in range(gen.runs)], self.drain.guard)  # nothing runs until the first `next`
         self.in_flight += gen.generations - 1
         try:
             first = await self._next(choices, tally)  # errors before any output become plain HTTP errors
             if not gen.stream:
                 while first is not None:
                     first = await self._next(choices, tally)
+                if gen.best_of > gen.n:
+                    tally.keep_best(gen.n)
                 return web.json_response(tally.whole())
             return await self._sse(request, gen, choices, tally, first)
         finally:
@@ -192,16 +207,7 @@ class Frontend:
         if item is None:
             return None
         index, text, extra = item
-        choice = tally.choices[index]
-        choice.text += text or ""
-        if "num_input_tokens" in extra:
-            tally.count_prompt(index, int(extra["num_input_tokens"]))
-        if "num_output_tokens" in extra:
-            choice.completion_tokens = int(extra["num_output_tokens"])
-        if "finish_reason" in extra:
-            reason = extra["finish_reason"]
-            choice.finish_reason = (reason.decode() if isinstance(reason, bytes) else str(reason)) or None
-        return index, text
+        return index, tally.take(index, text, extra)
 
     async def _sse(self, request: web.Request, gen: Generation, choices: Choices, tally: Tally,
                    item: tuple[int, str | None] | None) -> web.StreamResponse:
@@ -278,7 +284,8 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     tenancy = repository_tenancy(args.api_keys_file, args.api_key, args.model_repository)  # loudly, before serving
     tokenizer, max_model_len = served_tokenizer(args.model_repository)
     frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
-                        args.max_in_flight, tenancy, context_room(tokenizer, max_model_len))
+                        args.max_in_flight, tenancy, context_room(tokenizer, max_model_len), Renderer.of(tokenizer),
+                        repository_tiers(args.model_repository))
     serve_frontend(frontend, args.host, args.port, on_shutdown, args.drain_grace_s)
 
 

@@ -4,13 +4,13 @@ took effect when it did not. Pure: tested without a server."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..request import MAX_STOP_CHARS, MAX_TENANT_CHARS
+from ..request import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_TENANT_CHARS
 from ..request import MAX_STOP_WORDS as MAX_STOP
 from ..slo import SLO
+from .field_readers import bad, flag, integer, number, shown, utf8
 
 INT32_MAX = 2**31 - 1  # token counts travel to Triton as INT32: a larger one would wrap, not fail
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions
@@ -23,8 +23,7 @@ MAX_GENERATIONS = 64
 SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "slo_class": "x-slo-class"}
 
 # Accepted only at the value that changes nothing (what the client would get by leaving them out).
-NEUTRAL = {"best_of": (1,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,),
-           "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "suffix": ("",),
+NEUTRAL = {"best_of": (1,), "suffix": ("",),
            "parallel_tool_calls": (False,), "tools": ([],),
            "repetition_penalty": (1, 1.0),  # a vLLM extension; `vllm bench serve` always sends 1.0
            "store": (False,), "metadata": ({},)}  # what agent frameworks send by default
@@ -35,30 +34,19 @@ NOT_OFFERED = {
     "reasoning_effort": "'reasoning_effort' is not supported with this model (it does not reason before answering)",
 }
 COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
-          "stream", "stream_options", "user", *SLO_HEADERS}
-KNOWN = {"completions": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
+          "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logit_bias", "prediction",
+          "service_tier", *SLO_HEADERS}
+KNOWN = {"completions": COMMON | {"prompt", "logprobs", "echo", "best_of"},
+         "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}}
 
 
-class OpenAIError(Exception):
-    """An error response in OpenAI's shape; `retry_after_s` becomes a Retry-After header."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.kind, self.retry_after_s = kind, retry_after_s
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-
-
-def bad(param: str, message: str) -> OpenAIError:
-    return OpenAIError(400, message, param)
+Prompt = str | tuple[int, ...]  # a completion's prompt: text, or token ids sent as they are
 
 
 @dataclass(frozen=True)
 class Generation:
-    prompts: tuple[str, ...]  # plain text, one or a batch (completions; chat: none, its messages are rendered)
+    # text or token ids, one or a batch (completions; chat: none, its messages are rendered)
+    prompts: tuple[Prompt, ...]
     messages: tuple[dict, ...] | None  # the chat messages, for rendering (None for completions)
     max_tokens: int
     n: int = 1  # choices: each its own generation (choices.py)
@@ -75,60 +63,24 @@ class Generation:
     slo: SLO = SLO()
     tenant: str | None = None  # whose suffix index it shares (suffix_scope "tenant"): OpenAI's `user`, or the key's
     cache_scope: str | None = None  # an isolated tenant's (tenancy.py): its own prefix cache and suffix index
+    logprobs: int | None = None  # each token's logprob with this many alternatives (None: not asked)
+    echo: bool = False  # completions: the prompt ahead of the text (and its tokens' logprobs, with logprobs)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as SamplingParams takes it
+    prediction: str | None = None  # Predicted Outputs' text (speculation/prediction.py)
+    best_of: int = 1  # completions: candidates made of each prompt, the n likeliest returned (>= n)
+    service_tier: str | None = None  # OpenAI's, served as an SLO class (service_tiers.py)
+
+    @property
+    def runs(self) -> int:
+        """Generations made of each prompt: best_of candidates, or the n choices."""
+        return max(self.n, self.best_of)
 
     @property
     def generations(self) -> int:
-        """What the engine runs for this request: `n` choices of each prompt."""
-        return self.n * max(len(self.prompts), 1)
-
-
-def _number(body: Mapping, name: str, lo: float, hi: float, default: float) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    try:
-        f = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
-    except OverflowError:  # an integer literal of hundreds of digits
-        f = math.nan
-    if not math.isfinite(f) or not lo <= f <= hi:
-        raise bad(name, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {shown(v)}")
-    return f
-
-
-def _integer(body: Mapping, name: str, lo: int, default: int | None, hi: int = 2**63 - 1) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise bad(name, f"'{name}' must be an integer in [{lo}, {hi}], got {shown(v)}")
-    return v
-
-
-def shown(v, limit: int = 60) -> str:
-    """A client's value in an error message, cut short (a 4,000-digit number stays out of the log)."""
-    try:
-        text = repr(v)
-    except (RecursionError, ValueError):  # deeply nested, or an integer too long to print
-        return f"a {type(v).__name__}"
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _utf8(text: str, where: str) -> str:
-    """JSON can carry lone UTF-16 surrogates ("\\ud800"), which no tokenizer can encode."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(where, f"'{where}' is not valid Unicode text (a lone surrogate)") from None
-    return text
-
-
-def _flag(body: Mapping, name: str) -> bool:
-    v = body.get(name, False)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise bad(name, f"'{name}' must be a boolean, got {v!r}")
-    return v
+        """What the engine runs for this request: `runs` of each prompt."""
+        return self.runs * max(len(self.prompts), 1)
 
 
 def _number_of_ms(name: str, v) -> float | None:
@@ -150,7 +102,7 @@ def _slo(body: Mapping, headers: Mapping[str, str]) -> SLO:
         if from_body is not None and from_header is not None and str(from_body) != from_header:
             raise bad(name, f"'{name}' is {from_body!r} in the body but {from_header!r} in header {header}")
         v = from_body if from_body is not None else from_header
-        out[name] = (_utf8(v, name) if isinstance(v, str) else v) if name == "slo_class" else _number_of_ms(name, v)
+        out[name] = (utf8(v, name) if isinstance(v, str) else v) if name == "slo_class" else _number_of_ms(name, v)
     try:
         return SLO(out["tpot_slo_ms"], out["ttft_slo_ms"], out["slo_class"])
     except ValueError as e:
@@ -161,8 +113,6 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
     for name, value in body.items():
         if value is None or name in KNOWN[endpoint]:
             continue
-        if name == "logprobs" and endpoint == "completions":  # an integer there: 0 still asks for each token's
-            raise bad(name, "'logprobs' is not supported by this server (leave it out or null)")
         if name == "best_of" and value == body.get("n"):
             continue  # as many candidates as choices: every candidate is returned, nothing is ranked
         if name in NOT_OFFERED and value not in NEUTRAL.get(name, ()):
@@ -176,10 +126,10 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
 
 def _text(content, where: str) -> str:
     if isinstance(content, str):
-        return _utf8(content, where)
+        return utf8(content, where)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return _utf8("".join(p["text"] for p in content), where)
+        return utf8("".join(p["text"] for p in content), where)
     raise bad(where, f"'{where}' must be a string or a list of text parts (images and audio are not supported)")
 
 
@@ -190,14 +140,9 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     _check_fields(body, endpoint)
     messages = None
     if endpoint == "completions":
-        prompt = body.get("prompt")
-        prompts = [prompt] if isinstance(prompt, str) else prompt
-        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
-            raise bad("prompt", "'prompt' must be a non-empty string or a list of them (token-id prompts are "
-                      "not supported)")
-        for p in prompts:
-            _utf8(p, "prompt")
-        max_tokens = _integer(body, "max_tokens", 1, COMPLETIONS_DEFAULT_MAX_TOKENS, INT32_MAX)
+        prompts = _prompts(body.get("prompt"))
+        echo = flag(body, "echo")  # with echo, max_tokens 0 scores the prompt alone (evaluation harnesses)
+        max_tokens = integer(body, "max_tokens", 0 if echo else 1, COMPLETIONS_DEFAULT_MAX_TOKENS, INT32_MAX)
         max_tokens_given = True  # OpenAI's completions default (16) is a length of its own, not "what is left"
     else:
         raw = body.get("messages")
@@ -209,12 +154,12 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
                 raise bad(f"messages[{i}]", f"messages[{i}] needs a role of system, developer, user or assistant")
             role = "system" if m["role"] == "developer" else m["role"]
             parsed.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
-        messages, prompts = tuple(parsed), []
+        messages, prompts, echo = tuple(parsed), [], False
         # OpenAI deprecated max_tokens for chat: with both, max_completion_tokens wins (as vLLM and Triton's
         # frontend take it); the other is still checked, so a malformed one is never passed over silently
         a = body.get("max_completion_tokens")
-        legacy = _integer(body, "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
-        max_tokens = legacy if a is None else _integer(body, "max_completion_tokens", 1, None, INT32_MAX)
+        legacy = integer(body, "max_tokens", 1, CHAT_DEFAULT_MAX_TOKENS, INT32_MAX)
+        max_tokens = legacy if a is None else integer(body, "max_completion_tokens", 1, None, INT32_MAX)
         max_tokens_given = a is not None or body.get("max_tokens") is not None
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []
@@ -223,32 +168,102 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         raise bad("stop",
                   f"'stop' must be a string of 1-{MAX_STOP_CHARS} characters or a list of at most {MAX_STOP} of them")
     for s in stop:
-        _utf8(s, "stop")
-    min_tokens = _integer(body, "min_tokens", 0, 0, INT32_MAX)
+        utf8(s, "stop")
+    min_tokens = integer(body, "min_tokens", 0, 0, INT32_MAX)
     if min_tokens > max_tokens:
         raise bad("min_tokens", f"'min_tokens' ({min_tokens}) exceeds the maximum ({max_tokens})")
-    if _flag(body, "ignore_eos"):
+    if flag(body, "ignore_eos"):
         min_tokens = max_tokens  # the engine stops neither at EOS nor at a stop string before min_tokens
-    stream = _flag(body, "stream")
+    stream = flag(body, "stream")
     options = body.get("stream_options") or {}
     if (not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}
             or options.get("continuous_usage_stats")):
         raise bad("stream_options", "'stream_options' supports only include_usage")
     if options and not stream:
         raise bad("stream_options", "'stream_options' is only allowed with stream=true")
-    top_k = _integer(body, "top_k", -1, 0, INT32_MAX)
+    top_k = integer(body, "top_k", -1, 0, INT32_MAX)
     user = body.get("user")
     if user is not None and (not isinstance(user, str) or not 0 < len(user) <= MAX_TENANT_CHARS):
         raise bad("user", f"'user' must be a string of 1-{MAX_TENANT_CHARS} characters")
-    n = _integer(body, "n", 1, 1, MAX_GENERATIONS)
-    if n * len(prompts) > MAX_GENERATIONS:
-        raise bad("n", f"n={n} choices of {len(prompts)} prompts are {n * len(prompts)} generations; at most "
-                  f"{MAX_GENERATIONS} per request")
+    n = integer(body, "n", 1, 1, MAX_GENERATIONS)
+    best_of = integer(body, "best_of", 1, n, MAX_GENERATIONS) if endpoint == "completions" else n
+    if best_of < n or (best_of > n and stream):
+        raise bad("best_of", f"'best_of' must be at least n ({n})" if best_of < n else
+                  "'best_of' above n cannot be streamed (the best candidates are known only at the end)")
+    if max(n, best_of) * len(prompts) > MAX_GENERATIONS:
+        raise bad("n", f"n={n} choices (best_of {best_of}) of {len(prompts)} prompts are "
+                  f"{max(n, best_of) * len(prompts)} generations; at most {MAX_GENERATIONS} per request")
     return Generation(
         prompts=tuple(prompts), messages=messages, max_tokens=max_tokens, max_tokens_given=max_tokens_given, n=n,
-        temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
-        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
-        seed=_integer(body, "seed", 0, None, 2**64 - 1),
+        temperature=number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
+        top_p=number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
+        seed=integer(body, "seed", 0, None, 2**64 - 1),
         stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
-        slo=_slo(body, headers or {}), tenant=_utf8(user, "user") if user is not None else None,
+        slo=_slo(body, headers or {}), tenant=utf8(user, "user") if user is not None else None,
+        logprobs=_logprobs(body, endpoint), echo=echo,
+        frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0), logit_bias=_logit_bias(body),
+        prediction=_prediction(body), best_of=best_of, service_tier=_service_tier(body),
     )
+
+
+SERVICE_TIERS = ("auto", "default", "flex", "priority")  # OpenAI's, served as SLO classes (service_tiers.py)
+
+
+def _service_tier(body: Mapping) -> str | None:
+    value = body.get("service_tier")
+    if value is not None and value not in SERVICE_TIERS:
+        raise bad("service_tier", f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}, got {shown(value)}")
+    return value
+
+
+def _prediction(body: Mapping) -> str | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}."""
+    raw = body.get("prediction")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or raw.get("type") != "content" or set(raw) - {"type", "content"}:
+        raise bad("prediction", "'prediction' must be {\"type\": \"content\", \"content\": ...}")
+    return _text(raw.get("content"), "prediction") or None
+
+
+def _logit_bias(body: Mapping) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token ids (as strings) to biases in [-100, 100]."""
+    raw = body.get("logit_bias") or {}
+    if not isinstance(raw, dict) or len(raw) > MAX_LOGIT_BIAS:
+        raise bad("logit_bias", f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS} token ids to biases")
+    out = []
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= INT32_MAX):
+            raise bad("logit_bias", f"'logit_bias' keys are token ids, got {shown(key)}")
+        out.append((int(key), number({"logit_bias": value}, "logit_bias", -100.0, 100.0, 0.0)))
+    return tuple(out)
+
+
+def _is_ids(p) -> bool:
+    return (isinstance(p, list) and bool(p)
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in p))
+
+
+def _prompts(prompt) -> list[Prompt]:
+    """OpenAI's four forms: a string, a list of strings, a list of token ids, a list of such lists. Ids
+    reach the model as they are (the engine checks them against the vocabulary)."""
+    if isinstance(prompt, str) or _is_ids(prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt or not all((isinstance(p, str) and p) or _is_ids(p)
+                                                             for p in prompt):
+        raise bad("prompt", "'prompt' must be a non-empty string, a list of them, a list of token ids (integers "
+                  f"in [0, {INT32_MAX}]) or a list of such lists")
+    return [utf8(p, "prompt") if isinstance(p, str) else tuple(p) for p in prompt]
+
+
+def _logprobs(body: Mapping, endpoint: str) -> int | None:
+    """Completions: `logprobs` N (0: the chosen tokens' only). Chat: `logprobs` true, `top_logprobs` N."""
+    if endpoint == "completions":
+        return integer(body, "logprobs", 0, None, MAX_LOGPROBS)
+    top = integer(body, "top_logprobs", 0, None, MAX_LOGPROBS)
+    if not flag(body, "logprobs"):
+        if top:
+            raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        return None
+    return top or 0

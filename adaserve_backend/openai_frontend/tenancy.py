@@ -22,8 +22,9 @@ from aiohttp import web
 from ..config import SchedulerConfig
 from ..slo import SLO
 from .bodies import Tally
+from .field_readers import OpenAIError
 from .keys_file import load_keys_file
-from .params import Generation, OpenAIError
+from .params import Generation
 from .tenant_limits import TenantLimits
 from .tenant_metrics import TenantMetrics, outcome_of
 from .tenants import Keyring, Tenant, bearer

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backends import RETRY_AFTER_S
-from .params import OpenAIError
+from .field_readers import OpenAIError
 from .tenants import Tenant
 
 

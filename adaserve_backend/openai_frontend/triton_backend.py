@@ -14,17 +14,37 @@ from ..request_fields import tensors as field_tensors
 from ..triton.grpc_client import EnsembleClient, EnsembleError, ensemble_tensors
 from ..triton.metrics import ENGINE_UP
 from .backends import BackendError
-from .params import Generation, OpenAIError
+from .field_readers import OpenAIError
+from .params import Generation, Prompt
 
 MODEL = "adaserve"
 
 
-def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[str, np.ndarray]:
+def ensemble_request(gen: Generation, prompt: Prompt, supported: set[str]) -> dict[str, np.ndarray]:
     extra = {"top_p": gen.top_p, "top_k": gen.top_k, "min_tokens": gen.min_tokens, "return_num_input_tokens": True,
              "stop_words": gen.stop or None}
+    adjusts = {"frequency_penalty": gen.frequency_penalty or None, "presence_penalty": gen.presence_penalty or None,
+               "logit_bias_token_ids": [t for t, _ in gen.logit_bias] or None,
+               "logit_bias_values": [b for _, b in gen.logit_bias] or None}
+    for name, value in adjusts.items():
+        if value is not None:
+            if name not in supported:  # an older model repository: never ignore a setting
+                raise OpenAIError(400, f"{name} is not supported by this server's model", name.split("_token")[0])
+            extra[name] = value
     # an older model repository: never ignore a target
     if gen.slo.ttft_ms is not None and "ttft_slo_ms" not in supported:
         raise OpenAIError(400, "ttft_slo_ms is not supported by this server's scheduler", "ttft_slo_ms")
+    if gen.logprobs is not None:  # the ensemble reports no token ids to name the tokens by
+        if "logprobs" not in supported or "input_ids" not in supported:
+            raise OpenAIError(400, "logprobs need the `adaserve` model (this frontend serves one without them)",
+                              "logprobs")
+        extra["logprobs"] = gen.logprobs
+        if gen.echo:
+            extra["prompt_logprobs"] = gen.logprobs
+    if gen.prediction is not None:
+        if "prediction" not in supported:
+            raise OpenAIError(400, "'prediction' is not supported by this server's model", "prediction")
+        extra |= {"prediction": gen.prediction, "return_perf_metrics": True}  # the counts come with the metrics
     if gen.tenant is not None and "tenant" in supported:  # an older repository has no suffix index to scope
         extra["tenant"] = gen.tenant
     if gen.cache_scope is not None:  # isolation is never dropped: a repository without it cannot serve the tenant
@@ -32,10 +52,18 @@ def ensemble_request(gen: Generation, prompt: str, supported: set[str]) -> dict[
             raise OpenAIError(500, "this server's model repository cannot isolate tenants (no cache_scope input)",
                               kind="internal_error")
         extra["cache_scope"] = gen.cache_scope
-    return ensemble_tensors(prompt, gen.max_tokens, stream=True, tpot_slo_ms=gen.slo.tpot_ms,
-                            ttft_slo_ms=gen.slo.ttft_ms,
-                            slo_class=gen.slo.slo_class, temperature=gen.temperature,
-                            seed=gen.seed, chat=False, extra=field_tensors(extra))
+    if not isinstance(prompt, str):  # token ids: sent as the model's input_ids, never as text
+        if "input_ids" not in supported:
+            raise OpenAIError(400, "token-id prompts need the `adaserve` model (this frontend serves one without "
+                              "them)", "prompt")
+        extra["input_ids"] = list(prompt)
+    # max_tokens 0 (echo, scoring the prompt): one token is made, and the frontend drops it
+    tensors = ensemble_tensors(prompt if isinstance(prompt, str) else "", max(1, gen.max_tokens), stream=True,
+                               tpot_slo_ms=gen.slo.tpot_ms, ttft_slo_ms=gen.slo.ttft_ms, slo_class=gen.slo.slo_class,
+                               temperature=gen.temperature, seed=gen.seed, chat=False, extra=field_tensors(extra))
+    if not isinstance(prompt, str):
+        del tensors["text_input"], tensors["apply_chat_template"]
+    return tensors
 
 
 class TritonBackend:
@@ -64,7 +92,7 @@ class TritonBackend:
             return "the engine is not running"
         return None
 
-    async def stream(self, gen: Generation, prompt: str) -> AsyncIterator[tuple[str, dict]]:
+    async def stream(self, gen: Generation, prompt: Prompt) -> AsyncIterator[tuple[str, dict]]:
         if self.inputs is None:
             self.inputs = await self.ensemble.input_names()
         responses = self.ensemble.stream_tensors(ensemble_request(gen, prompt, self.inputs))

@@ -17,7 +17,9 @@ import time
 from ..config import EngineConfig
 from ..models import load_tokenizer, locate
 from ..openai_frontend.http_app import API_KEY_ENV, MAX_IN_FLIGHT, Frontend, serve_frontend
+from ..openai_frontend.logprobs import Renderer
 from ..openai_frontend.served_prompts import chat_renderer, context_room
+from ..openai_frontend.service_tiers import tier_classes
 from ..openai_frontend.tenancy import load_tenancy
 from .backend import APP_NAME, RayBackend
 from .replica import EngineReplica
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
                         record_routing=args.record_routing)
         backend = RayBackend(handle, tokenizer, config.scheduler, config.target_cache.block_size)
         frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
-                            args.max_in_flight, tenancy, context_room(tokenizer, config.target.max_model_len))
+                            args.max_in_flight, tenancy, context_room(tokenizer, config.target.max_model_len),
+                            Renderer.of(tokenizer), tier_classes(config.scheduler.slo_classes))
         serve_frontend(frontend, args.host, args.port, on_shutdown=backend.stop, drain_grace_s=config.drain.grace_s)
     finally:
         started = time.monotonic()

@@ -6,6 +6,7 @@ stream cancels the call, which aborts the request in its replica and frees its K
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
@@ -13,7 +14,7 @@ from ..chat import encode_prompt
 from ..config import SchedulerConfig
 from ..kv_cache.block_pool import scope_root
 from ..openai_frontend.backends import BackendError
-from ..openai_frontend.params import Generation
+from ..openai_frontend.params import Generation, Prompt
 from ..replica_routing import Job, prefix_hints
 from ..request import Request, SamplingParams
 from ..serving.errors import SHUTTING_DOWN, ErrorKind
@@ -23,9 +24,11 @@ REPLICA_FAILED = "the replica serving this request failed; retry"
 
 
 def engine_request(gen: Generation, prompt_ids: list[int]) -> Request:
-    return Request(uuid.uuid4().hex, prompt_ids, max_tokens=gen.max_tokens, min_tokens=gen.min_tokens,
-                   sampling=SamplingParams(gen.temperature, gen.top_p, gen.top_k, gen.seed), stop_strings=gen.stop,
-                   slo=gen.slo, tenant=gen.tenant, cache_scope=gen.cache_scope)
+    return Request(uuid.uuid4().hex, prompt_ids, max_tokens=max(1, gen.max_tokens), min_tokens=gen.min_tokens,
+                   sampling=SamplingParams(gen.temperature, gen.top_p, gen.top_k, gen.seed, gen.frequency_penalty,
+                                           gen.presence_penalty, gen.logit_bias), stop_strings=gen.stop,
+                   slo=gen.slo, tenant=gen.tenant, cache_scope=gen.cache_scope, logprobs=gen.logprobs,
+                   prompt_logprobs=gen.logprobs if gen.echo else None)
 
 
 class RayBackend:
@@ -56,14 +59,19 @@ class RayBackend:
             return f"the Ray Serve application is {app.status.lower() if app else 'not deployed'}"
         return None
 
-    async def stream(self, gen: Generation, prompt: str) -> AsyncIterator[tuple[str, dict]]:
+    async def stream(self, gen: Generation, prompt: Prompt) -> AsyncIterator[tuple[str, dict]]:
         from ray.exceptions import RayActorError, RayError
 
         if self.stopped.is_set():
             raise BackendError(SHUTTING_DOWN, ErrorKind.UNAVAILABLE)
         try:
-            ids = [int(i) for i in encode_prompt(self.tokenizer, prompt, False)]
+            ids = ([int(i) for i in encode_prompt(self.tokenizer, prompt, False)] if isinstance(prompt, str)
+                   else list(prompt))  # token ids as the client sent them
+            prompt = prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)  # the router reads text
             request = engine_request(gen, ids)
+            if gen.prediction:
+                request = dataclasses.replace(request, prediction=tuple(
+                    self.tokenizer(gen.prediction, add_special_tokens=False)["input_ids"]))
             slo = self.scheduler.resolve_slo(gen.slo)
         except ValueError as e:
             raise BackendError(str(e), ErrorKind.INVALID_ARG) from None

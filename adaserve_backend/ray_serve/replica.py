@@ -44,9 +44,17 @@ class EngineReplica:
                 item = {"text": rendered.text if rendered else ""}
                 if first:
                     item["num_input_tokens"], first = out.num_prompt_tokens, False
+                    item["num_cached_tokens"] = out.num_cached_tokens
                 if out.finished:
                     item.update(num_output_tokens=out.num_output_tokens, finish_reason=out.finish_reason.value)
-                if rendered or out.finished or "num_input_tokens" in item:
+                    if request.prediction:
+                        item.update(accepted_prediction_tokens=out.stats.accepted_prediction_tokens,
+                                    rejected_prediction_tokens=out.stats.rejected_prediction_tokens)
+                if out.new_logprobs:
+                    item["logprobs"] = logprob_arrays(out.new_logprobs)
+                if out.prompt_logprobs is not None:
+                    item["prompt_logprobs"] = logprob_arrays(out.prompt_logprobs[1:]) | {"ids": request.prompt_ids}
+                if rendered or out.finished or len(item) > 1:
                     yield item
         except ValueError as e:
             yield error_item(str(e), ErrorKind.INVALID_ARG)
@@ -64,3 +72,9 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
+
+
+def logprob_arrays(logprobs) -> dict:
+    """What the OpenAI frontend reads (openai_frontend/logprobs.entries), as the Triton model sends it."""
+    return {"ids": [lp.token for lp in logprobs], "logprobs": [lp.logprob for lp in logprobs],
+            "top": [v for lp in logprobs for _, v in lp.top], "top_ids": [i for lp in logprobs for i, _ in lp.top]}

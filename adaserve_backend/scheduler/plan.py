@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..request import TokenLogprob
 from ..sequence import Sequence
 
 
@@ -64,6 +65,8 @@ class Verified:
     draft_tokens: int  # draft tokens verified (the tree without its root)
     accepted_drafts: int
     draft_depth: int  # the verified tree's deepest draft (0: its root alone)
+    logprobs: list[TokenLogprob] | None = None  # one per token, where the request asked for them
+    accepted_prediction: int = 0  # accepted drafts copied from the client's prediction
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class Prefilled:
     seq: Sequence
     tokens: int
     first_token: int | None = None
+    first_logprob: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # the chunk's prompt tokens', where the request asked
 
 
 @dataclass

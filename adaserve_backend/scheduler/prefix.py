@@ -59,5 +59,5 @@ def note_cached_prefixes(waiting, target: BlockManager, draft: BlockManager | No
     whose prompt is mostly cached must not be refused as if it had to prefill all of it)."""
     caches = caches_of(target, draft)
     for seq in waiting:
-        if not target.has(seq.seq_id):
+        if not target.has(seq.seq_id) and seq.request.prompt_logprobs is None:  # a scored prompt: computed whole
             seq.cached_prefix = common_prefix(seq, caches)[0]

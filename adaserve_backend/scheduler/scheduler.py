@@ -143,12 +143,17 @@ class Scheduler:
             v.seq.verifications += 1
             v.seq.draft_tokens += v.draft_tokens
             v.seq.accepted_drafts += v.accepted_drafts
-            outputs.append(self._emit(v.seq, v.tokens, now))
+            v.seq.accepted_prediction += v.accepted_prediction
+            outputs.append(self._emit(v.seq, v.tokens, now, v.logprobs))
         for p in result.prefilled:
+            if p.prompt_logprobs is not None:  # in place: a request preempted mid-prompt scores it again
+                del p.seq.prompt_logprobs[p.seq.prefilled:]
+                p.seq.prompt_logprobs += p.prompt_logprobs
             p.seq.prefilled += p.tokens
             if p.first_token is not None:
                 p.seq.first_token_time = now
-                outputs.append(self._emit(p.seq, [p.first_token], now))
+                first = None if p.first_logprob is None else [p.first_logprob]
+                outputs.append(self._emit(p.seq, [p.first_token], now, first))
         if plan.prefill_tokens:
             self.estimator.record_prefill(len(plan.decode), plan.depth, plan.width, plan.prefill_tokens, result.latency)
         if plan.decode:
@@ -162,9 +167,9 @@ class Scheduler:
             self.target_blocks.publish(seq.seq_id, seq.tokens, root=seq.cache_root)  # (the draft's: draft worker)
         return outputs
 
-    def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
+    def _emit(self, seq: Sequence, tokens: list[int], now: float, logprobs=None) -> RequestOutput:
         try:
-            new, reason = append_tokens(seq, tokens, self.tokenizer)
+            new, reason = append_tokens(seq, tokens, self.tokenizer, logprobs)
         except Exception:  # a stop-string check that fails ends this request only
             log.exception("request %s failed", seq.request.request_id)
             return self._end(seq, now, FinishReason.ERROR, INTERNAL_ERROR)
@@ -211,7 +216,9 @@ class Scheduler:
                 del self.waiting[i]
                 self.running.append(seq)
                 if not self.target_blocks.has(seq.seq_id):
-                    reuse_prefix(seq, self.target_blocks, self.draft_blocks, self.prefix_stats)
+                    if seq.request.prompt_logprobs is None:  # a scored prompt is computed whole
+                        cached = reuse_prefix(seq, self.target_blocks, self.draft_blocks, self.prefix_stats)
+                        seq.cached_tokens = seq.cached_tokens or cached  # the first admission's, not a re-prefill's
                     started.append(seq)
                 seq.admitted_time = seq.admitted_time if seq.admitted_time is not None else now
                 reserved += need

@@ -8,16 +8,18 @@ Past the batched forward, work is per request: an exception here ends that reque
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import torch
 
 from ..model_runner import ForwardOutput, ModelRunner, SeqInput
-from ..request import INTERNAL_ERROR
-from ..sampling import choose_token
+from ..request import INTERNAL_ERROR, SamplingParams
+from ..sampling import adjusted, choose_token, token_logprobs
 from ..scheduler.plan import IterationPlan, IterationResult, Prefilled, Verified
 from ..sequence import Sequence
 from .acceptance import accept
 from .draft_worker import DraftWorker
+from .prediction import is_predicted
 from .token_tree import CandidateTree, TokenTree
 
 log = logging.getLogger("adaserve")
@@ -54,8 +56,23 @@ def target_inputs(plan: IterationPlan, trees: list[TokenTree]) -> list[SeqInput]
     inputs = [SeqInput(s.seq_id, t.tokens, parents=t.parents, num_logits=len(t.tokens))
               for s, t in zip(plan.decode, trees)]
     for s, n in plan.prefill.items():
-        inputs.append(SeqInput(s.seq_id, s.tokens[s.prefilled : s.prefilled + n], num_logits=int(ends_prompt(s, n))))
+        rows = n if scores_prompt(s) else int(ends_prompt(s, n))
+        inputs.append(SeqInput(s.seq_id, s.tokens[s.prefilled : s.prefilled + n], num_logits=rows))
     return inputs
+
+
+def scores_prompt(seq: Sequence) -> bool:
+    """Whether its prompt's own tokens get logprobs (Request.prompt_logprobs): every row of its first
+    prefill, not of a re-prefill after a preemption."""
+    return seq.request.prompt_logprobs is not None and not seq.output
+
+
+def prompt_logprobs_of(seq: Sequence, rows: torch.Tensor, n: int):
+    """The logprobs of the prompt tokens that rows of this n-token chunk predict (row i: the token after)."""
+    start, prompt = seq.prefilled, seq.request.prompt_ids
+    ahead = [prompt[p + 1] for p in range(start, start + n) if p + 1 < len(prompt)]
+    # the model's own distribution (temperature 1, no filters), as evaluation harnesses score a prompt
+    return token_logprobs(rows[:len(ahead)], ahead, SamplingParams(), seq.request.prompt_logprobs)
 
 
 def verify(
@@ -81,9 +98,17 @@ def verify(
             target.commit_all(seq.seq_id)
             if draft is not None:
                 draft.add_features(seq, seq.prefilled, out.features_of(j))
-            first = (choose(seq, sampling_rows(seq, out.of(j))[0], 0, tops[out.offsets[j]]) if ends_prompt(seq, n)
-                     else None)
-            result.prefilled.append(Prefilled(seq, n, first))
+            first, first_logprob, scored = None, None, None
+            rows = out.of(j)
+            if scores_prompt(seq):
+                scored = prompt_logprobs_of(seq, rows, n)
+            if ends_prompt(seq, n):
+                params = seq.request.sampling
+                last = adjusted(sampling_rows(seq, rows)[-1], params, Counter())[None]
+                first = choose(seq, last[0], 0, None if params.adjusts else tops[out.offsets[j + 1] - 1])
+                first_logprob = logprobs_of(seq, last, [first])
+                first_logprob = first_logprob[0] if first_logprob else None
+            result.prefilled.append(Prefilled(seq, n, first, first_logprob, scored))
         except Exception as e:
             result.failed.append((seq, _failure(seq, e)))
     return result
@@ -92,6 +117,8 @@ def verify(
 def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list[int], features,
             target: ModelRunner, draft) -> Verified:
     depths = tree.depths()
+    if seq.request.sampling.adjusts:  # penalties count each node's own path: rows per node, as visited
+        logits, tops = PathRows(seq, tree, logits), [None] * len(tree.tokens)
     acc = accept(tree, lambda node: choose(seq, logits[node], len(seq.output) + depths[node], tops[node]))
     target.commit(seq.seq_id, acc.path)
     if draft is not None:
@@ -100,7 +127,36 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
             draft.learn(cand, tree, acc.path)
         # the accepted path's features, for the tokens the draft reads next iteration
         draft.add_features(seq, len(seq.tokens) - 1, features[acc.path])
-    return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts, max(depths))
+    predicted = sum(is_predicted(cand.origin[tree.source[n]]) for n in acc.path[1:]) if cand is not None else 0
+    return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts, max(depths),
+                    logprobs_of(seq, logits[acc.path], acc.tokens), predicted)
+
+
+class PathRows:
+    """A tree's logits rows adjusted per node (sampling.adjusted): penalties count the output so far and
+    the tokens on the node's own path, exactly what plain decoding would have counted there."""
+
+    def __init__(self, seq: Sequence, tree: TokenTree, logits: torch.Tensor) -> None:
+        self.seq, self.tree, self.logits, self.rows = seq, tree, logits, {}
+
+    def __getitem__(self, node):
+        if isinstance(node, list):  # the accepted path's rows, for their logprobs
+            return torch.stack([self[n] for n in node])
+        if node not in self.rows:
+            counts, n = Counter(self.seq.output), node
+            while n > 0:  # the root is the last token already counted
+                counts[self.tree.tokens[n]] += 1
+                n = self.tree.parents[n]
+            self.rows[node] = adjusted(self.logits[node], self.seq.request.sampling, counts)
+        return self.rows[node]
+
+
+def logprobs_of(seq: Sequence, rows: torch.Tensor, tokens: list[int]):
+    """The tokens' logprobs from the rows they were chosen at (token i at row i), where the request asked
+    for them: the accepted path's nodes, so a token verified in a tree reports the logprob plain decoding
+    gives it. Only the requests that ask pay for the softmax."""
+    n = seq.request.logprobs
+    return None if n is None else token_logprobs(rows, tokens, seq.request.sampling, n)
 
 
 def _failure(seq: Sequence, error: Exception) -> str:

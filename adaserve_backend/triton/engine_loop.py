@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..engine import Engine
 from ..request import FinishReason, Overloaded, RequestOutput
@@ -50,6 +50,9 @@ class Active:
     last_sent: float | None = None  # when its last response left (monotonic)
     last: RequestOutput | None = None  # the newest output, for a response of held tokens only
     watched: bool = True  # polled for cancellation (not: the ensemble pipeline aborts it by id)
+    logprobs: list = field(default_factory=list)  # the made tokens' TokenLogprobs not sent yet, in order
+    wants_logprobs: bool = False
+    prompt_logprobs: list | None = None  # the prompt's, until a response carries them
 
 
 class TritonEngineLoop(EngineHooks):
@@ -111,7 +114,8 @@ class TritonEngineLoop(EngineHooks):
             if request_id in self.active:
                 self.responses.error(sender, f"request id {request_id!r} is already in flight", ErrorKind.INVALID_ARG)
                 return
-            self.active[request_id] = Active(sender, options, req.prompt_ids, watched=not options.accept_ack)
+            self.active[request_id] = Active(sender, options, req.prompt_ids, watched=not options.accept_ack,
+                                             wants_logprobs=req.logprobs is not None)
         if options.accept_ack:  # queued before any answer
             self.responses.send(sender, self.pb.InferenceResponse(output_tensors=[]), final=False)  # see config.pbtxt
         try:
@@ -186,6 +190,9 @@ class TritonEngineLoop(EngineHooks):
         if (error := output_error(out)) is not None:
             self.responses.error(a.sender, error[1], error[0])
             return
+        a.logprobs.extend(out.new_logprobs or ())
+        if out.prompt_logprobs is not None:
+            a.prompt_logprobs = out.prompt_logprobs
         if a.options.stream:
             if self._holds(a, out):
                 a.stream.hold(out.new_token_ids)
@@ -204,7 +211,13 @@ class TritonEngineLoop(EngineHooks):
         self._send(a, out, rendered)
 
     def _send(self, a: Active, out: RequestOutput, rendered: Rendered) -> None:
-        tensors = response_tensors(out, a.options, rendered, self.clock_offset_ns)
+        logprobs = None
+        if a.wants_logprobs:  # those of the output tokens this response carries, in order
+            n = len(rendered.ids) if a.options.stream else len(a.output_ids)
+            logprobs, a.logprobs = a.logprobs[:n], a.logprobs[n:]
+        if a.prompt_logprobs is not None:  # on the first response that leaves
+            out, a.prompt_logprobs = replace(out, prompt_logprobs=a.prompt_logprobs), None
+        tensors = response_tensors(out, a.options, rendered, self.clock_offset_ns, logprobs, a.prompt_ids)
         self.responses.send(a.sender, reply(self.pb, (self.pb.Tensor(k, v) for k, v in tensors.items())),
                             final=out.finished)
 

@@ -13,7 +13,7 @@ import numpy as np
 from ..request_fields import NUMPY
 from ..request_fields import tensors as field_tensors
 from ..serving.errors import ErrorKind
-from .protocol import ERROR_OUTPUT, TEXT_OUTPUT, untag_error
+from .protocol import ERROR_OUTPUT, LOGPROB_OUTPUTS, PROMPT_LOGPROB_OUTPUTS, TEXT_OUTPUT, untag_error
 
 ID_OUTPUTS = ("output_ids", "context_ids")
 # Triton's client names a string tensor BYTES (its config calls it TYPE_STRING)
@@ -114,7 +114,16 @@ class EnsembleClient:
             if ERROR_OUTPUT in names:  # the `adaserve` model called directly: its error output, the kind in a tag
                 kind, message = untag_error(result.as_numpy(ERROR_OUTPUT).reshape(-1)[0].decode("utf-8", "replace"))
                 raise EnsembleError(message, kind)
-            extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names - {TEXT_OUTPUT, *ID_OUTPUTS}}
+            arrays = {TEXT_OUTPUT, *ID_OUTPUTS, *LOGPROB_OUTPUTS, *PROMPT_LOGPROB_OUTPUTS}
+            extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names - arrays}
+            if "output_log_probs" in names and "output_ids" in names:  # whole arrays, one entry per token
+                extra["logprobs"] = {key: result.as_numpy(name) for key, name in (
+                    ("ids", "output_ids"), ("logprobs", "output_log_probs"), ("top", "top_log_probs"),
+                    ("top_ids", "top_log_prob_ids"))}
+            if "prompt_token_ids" in names:
+                extra["prompt_logprobs"] = {key: result.as_numpy(name) for key, name in (
+                    ("ids", "prompt_token_ids"), ("logprobs", "prompt_log_probs"), ("top", "prompt_top_log_probs"),
+                    ("top_ids", "prompt_top_log_prob_ids"))}
             text = "".join(t.decode("utf-8")
                            for t in result.as_numpy(TEXT_OUTPUT).reshape(-1)) if TEXT_OUTPUT in names else ""
             if text or extra:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..chat import encode_prompt
-from ..request import Request, RequestOutput, SamplingParams
+from ..request import Request, RequestOutput, SamplingParams, TokenLogprob
 from ..request_fields import Role, default, names
 from ..serving.detokenize import Rendered
 from ..serving.errors import ErrorKind
@@ -32,10 +32,16 @@ FRONT_INPUTS = names(Role.FRONT)
 # A prompt as text, tokenized by the `adaserve` model itself (as Triton's vLLM backend takes it), for
 # clients that call it directly rather than through the ensemble; never both these and input_ids.
 TEXT_INPUTS = names(Role.TEXT)
+# With `logprobs`: each token's log-probability, and the likeliest alternatives (flattened, per token).
+LOGPROB_OUTPUTS = ("output_log_probs", "top_log_probs", "top_log_prob_ids")
+# With `prompt_logprobs`, on the first response: the prompt's ids and its tokens' (all but the first).
+PROMPT_LOGPROB_OUTPUTS = ("prompt_token_ids", "prompt_log_probs", "prompt_top_log_probs", "prompt_top_log_prob_ids")
 # Optional outputs that travel from the scheduler through the detokenizer to the client unchanged.
 PASS_THROUGH_OUTPUTS = (
-    "num_input_tokens", "num_output_tokens", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
-    "total_draft_tokens", "arrival_time_ns", "first_token_time_ns", "emit_time_ns",
+    "num_input_tokens", "num_cached_tokens", "num_output_tokens", "finish_reason", "acceptance_rate",
+    "total_accepted_draft_tokens", "total_draft_tokens", "accepted_prediction_tokens", "rejected_prediction_tokens",
+    "arrival_time_ns", "first_token_time_ns", "emit_time_ns",
+    *LOGPROB_OUTPUTS, *PROMPT_LOGPROB_OUTPUTS,
 )
 
 
@@ -167,6 +173,24 @@ def prompt_ids(tensors: dict[str, np.ndarray], tokenizer) -> np.ndarray:
     return np.asarray(encode_prompt(tokenizer, prompt, chat), dtype=np.int64)
 
 
+def _logit_bias(tensors: dict[str, np.ndarray]) -> tuple[tuple[int, float], ...]:
+    ids = np.asarray(tensors.get("logit_bias_token_ids", [])).reshape(-1)
+    values = np.asarray(tensors.get("logit_bias_values", [])).reshape(-1)
+    if len(ids) != len(values):
+        raise ValueError(f"logit_bias_token_ids ({len(ids)}) and logit_bias_values ({len(values)}) must pair up")
+    return tuple(zip((int(i) for i in ids), (float(v) for v in values)))
+
+
+def _prediction(x: _Inputs, tokenizer) -> tuple[int, ...]:
+    """Predicted Outputs' text as token ids (the output's own tokenization: no special tokens)."""
+    text = x.scalar("prediction", None, str)
+    if not text:
+        return ()
+    if tokenizer is None:
+        raise ValueError("a prediction needs the model's tokenizer")
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=None) -> tuple[Request, ResponseOptions]:
     """Build an engine Request from the `adaserve` model's input tensors; ValueError on bad input.
     `tokenizer`: needed only for a prompt sent as text_input."""
@@ -183,6 +207,9 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         top_p=x.scalar("top_p", default("top_p"), _finite("top_p")),
         top_k=x.scalar("top_k", default("top_k"), int),
         seed=seed,
+        frequency_penalty=x.scalar("frequency_penalty", default("frequency_penalty"), _finite("frequency_penalty")),
+        presence_penalty=x.scalar("presence_penalty", default("presence_penalty"), _finite("presence_penalty")),
+        logit_bias=_logit_bias(tensors),
     )
     stop_words = [w for w in x.strings("stop_words") if w]  # their limits: Request.validate
     slo = SLO(*(x.scalar(name, None, _finite(name)) for name in ("tpot_slo_ms", "ttft_slo_ms")),
@@ -202,14 +229,20 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         arrival_time=_arrival(x),
         tenant=x.scalar("tenant", None, str) or None,
         cache_scope=x.scalar("cache_scope", None, str) or None,
+        logprobs=x.scalar("logprobs", None, int),
+        prompt_logprobs=x.scalar("prompt_logprobs", None, int),
+        prediction=_prediction(x, tokenizer),
     )
     options = ResponseOptions(**{name: x.scalar(name, default(name), bool) for name in RESPONSE_OPTIONS})
     return request, options
 
 
-def response_tensors(out: RequestOutput, options: ResponseOptions, rendered: Rendered,
-                     clock_offset_ns: int) -> dict[str, np.ndarray]:
-    """Tensors of one response. Only what the client asked for is included."""
+def response_tensors(out: RequestOutput, options: ResponseOptions, rendered: Rendered, clock_offset_ns: int,
+                     logprobs: list[TokenLogprob] | None = None,
+                     prompt_ids: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Tensors of one response. Only what the client asked for is included; `logprobs`: one per output
+    token the response carries, where the request asked for them; `prompt_ids`: the prompt, for the
+    response that carries its logprobs (out.prompt_logprobs)."""
     t: dict[str, np.ndarray] = {
         "output_ids": np.asarray(rendered.ids, dtype=np.int32),
         "context_ids": np.asarray(rendered.context_ids, dtype=np.int32),
@@ -218,6 +251,7 @@ def response_tensors(out: RequestOutput, options: ResponseOptions, rendered: Ren
     }
     if options.return_num_input_tokens:
         t["num_input_tokens"] = np.asarray([out.num_prompt_tokens], dtype=np.int32)
+        t["num_cached_tokens"] = np.asarray([out.num_cached_tokens], dtype=np.int32)
     if options.return_num_output_tokens:
         t["num_output_tokens"] = np.asarray([out.num_output_tokens], dtype=np.int32)
     if options.return_finish_reason and out.finished:
@@ -226,8 +260,23 @@ def response_tensors(out: RequestOutput, options: ResponseOptions, rendered: Ren
         t["acceptance_rate"] = np.asarray([out.stats.acceptance_rate], dtype=np.float32)
         t["total_accepted_draft_tokens"] = np.asarray([out.stats.accepted_drafts], dtype=np.int32)
         t["total_draft_tokens"] = np.asarray([out.stats.draft_tokens], dtype=np.int32)
+        t["accepted_prediction_tokens"] = np.asarray([out.stats.accepted_prediction_tokens], dtype=np.int32)
+        t["rejected_prediction_tokens"] = np.asarray([out.stats.rejected_prediction_tokens], dtype=np.int32)
         ns = lambda s: int(s * 1e9) + clock_offset_ns  # noqa: E731  monotonic -> wall clock
         t["arrival_time_ns"] = np.asarray([ns(out.arrival_time)], dtype=np.int64)
         t["first_token_time_ns"] = np.asarray([ns(out.first_token_time or out.emit_time)], dtype=np.int64)
         t["emit_time_ns"] = np.asarray([ns(out.emit_time)], dtype=np.int64)
+    if logprobs is not None:
+        t |= logprob_tensors(logprobs)
+    if out.prompt_logprobs is not None and prompt_ids is not None:
+        scored = logprob_tensors(out.prompt_logprobs[1:])
+        t |= {"prompt_token_ids": np.asarray(prompt_ids, dtype=np.int32),
+              "prompt_log_probs": scored["output_log_probs"], "prompt_top_log_probs": scored["top_log_probs"],
+              "prompt_top_log_prob_ids": scored["top_log_prob_ids"]}
     return t
+
+
+def logprob_tensors(logprobs: list[TokenLogprob]) -> dict[str, np.ndarray]:
+    return {"output_log_probs": np.asarray([lp.logprob for lp in logprobs], dtype=np.float32),
+            "top_log_probs": np.asarray([v for lp in logprobs for _, v in lp.top], dtype=np.float32),
+            "top_log_prob_ids": np.asarray([i for lp in logprobs for i, _ in lp.top], dtype=np.int32)}

@@ -149,6 +149,30 @@ def test_identical_greedy_requests_give_identical_text_alone_or_in_a_burst(clien
         assert all(b.result() for b in busy)
 
 
+def test_logprobs_echo_and_token_id_prompts_through_the_real_server(client):
+    """Chat logprobs with alternatives (the chosen greedy token the likeliest); the same greedy request's
+    logprobs again, after the suffix index learned its answer (verified as a long copied chain): the same
+    numbers; a token-id prompt is served (echoed as its text); echo + logprobs + max_tokens 0 scores the
+    prompt alone."""
+    def chat():
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a color."}],
+                                              max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+
+    first, again = chat(), chat()
+    content = first.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == first.choices[0].message.content
+    assert len(content) == first.usage.completion_tokens and all(c.logprob <= 0 for c in content)
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in content)
+    assert [c.logprob for c in again.choices[0].logprobs.content] == [c.logprob for c in content]
+    ids = client.completions.create(model=MODEL, prompt=[1, 2], max_tokens=1, temperature=0, echo=True)
+    assert ids.usage.prompt_tokens == 2 and ids.choices[0].text  # the ids' text, then one token
+    scored = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    lp = scored.choices[0].logprobs
+    assert scored.choices[0].text == PROMPT and scored.usage.completion_tokens == 0
+    assert len(lp.tokens) == scored.usage.prompt_tokens and lp.token_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+
+
 def test_stop_strings_end_the_text_before_them(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
     # An early word: two bf16 greedy runs are trusted to agree only on their start (assert_same_start);
@@ -194,7 +218,8 @@ def test_ttft_targets_are_accepted_and_an_unmeetable_one_is_a_503_with_retry_aft
 @pytest.mark.parametrize("kwargs, words", [
     ({"max_tokens": 0}, "max_tokens"),
     ({"n": 65}, "'n'"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"prompt": [1, 10**6]}, "prompt token ids"),
     ({"extra_body": {"slo_class": "platinum"}}, "platinum"),
     ({"extra_body": {"tpot_slo_ms": -1}}, "tpot_slo_ms"),
     ({"prompt": "word " * 3000}, "prompt"),

@@ -15,7 +15,7 @@ from adaserve_backend.openai_frontend.backends import BackendError
 from adaserve_backend.openai_frontend.drain import Drain
 from adaserve_backend.openai_frontend.http_app import Frontend
 from adaserve_backend.serving.errors import ErrorKind
-from tests.openai_backends import StandInBackend
+from tests.openai_backends import NO_CACHE, StandInBackend
 
 
 class SeededBackend(StandInBackend):
@@ -72,7 +72,7 @@ def test_n_choices_each_sample_with_their_own_seed_and_share_one_prompt_count():
     assert status == 200 and in_flight == 0 and sorted(backend.seeds) == [10, 11, 12]
     assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
         (i, f"s{10 + i}w0 s{10 + i}w1 s{10 + i}w2 ", "length") for i in range(3)]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3 + 4 + 3, "total_tokens": 13}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3 + 4 + 3, "total_tokens": 13, **NO_CACHE}
 
 
 def test_a_batch_of_prompts_gives_n_choices_of_each_in_order():
@@ -82,7 +82,7 @@ def test_a_batch_of_prompts_gives_n_choices_of_each_in_order():
     assert status == 200 and in_flight == 0
     assert [(c["index"], c["text"]) for c in out["choices"]] == [(0, "as3w0 "), (1, "as4w0 "), (2, "cs3w0 "),
                                                                 (3, "cs4w0 ")]
-    assert out["usage"] == {"prompt_tokens": 2 + 3, "completion_tokens": 1 + 2 + 1 + 2, "total_tokens": 11}
+    assert out["usage"] == {"prompt_tokens": 2 + 3, "completion_tokens": 1 + 2 + 1 + 2, "total_tokens": 11, **NO_CACHE}
 
 
 def test_streamed_choices_interleave_each_named_by_index_with_its_own_role_and_finish():
@@ -94,7 +94,7 @@ def test_streamed_choices_interleave_each_named_by_index_with_its_own_role_and_f
     chunks = [json.loads(e) for e in events[:-1]]
     usage = chunks.pop()
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 2, "completion_tokens": 7,
-                                                         "total_tokens": 9}
+                                                         "total_tokens": 9, **NO_CACHE}
     order = [c["choices"][0]["index"] for c in chunks]
     assert order.index(1) < len(order) - order[::-1].index(0) - 1  # merged as they came, not one after the other
     for i in (0, 1):
@@ -176,3 +176,24 @@ def test_a_drain_whose_grace_runs_out_ends_every_choice_once(caplog):
     # the choices still closing when the first one's error ended the request were waited for, not closed
     # while running (RuntimeError), and their errors were read (else asyncio reports them, at collection)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+
+
+class RankedBackend(SeededBackend):
+    """Each seed's one token with log-probability -seed / 10: the lower the seed, the likelier."""
+
+    async def stream(self, gen, prompt):
+        assert gen.logprobs == 0  # asked internally, to rank the candidates
+        self.seeds.append(gen.seed)
+        lp = {"ids": [gen.seed], "logprobs": [-gen.seed / 10], "top": [], "top_ids": []}
+        yield f"s{gen.seed}", {"num_input_tokens": 2, "logprobs": lp}
+        yield "", {"num_output_tokens": 1, "finish_reason": "length"}
+
+
+def test_best_of_makes_that_many_candidates_and_returns_the_n_likeliest():
+    backend = RankedBackend()
+    [(status, body)], in_flight = run(backend, [("/v1/completions", {"prompt": "a b", "n": 2, "best_of": 5,
+                                                                      "seed": 13, "temperature": 1.0})])
+    assert status == 200 and in_flight == 0 and sorted(backend.seeds) == [13, 14, 15, 16, 17]
+    assert [c["text"] for c in body["choices"]] == ["s13", "s14"] and [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["choices"][0]["logprobs"] is None  # not asked by the client
+    assert body["usage"]["completion_tokens"] == 5  # every candidate counts, as OpenAI bills them

@@ -42,3 +42,40 @@ def test_with_usage_streamed_every_content_chunk_says_usage_null_and_the_last_ho
     assert all(e["usage"] is None for e in counted[:-1]) and counted[-1]["choices"] == []
     usage = counted[-1]["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_usage_says_how_many_prompt_tokens_the_prefix_cache_served():
+    class CachedBackend(RecordingBackend):
+        async def stream(self, gen, prompt):
+            yield "Hi", {"num_input_tokens": 40, "num_cached_tokens": 32}
+            yield "", {"num_output_tokens": 2, "finish_reason": "length"}
+
+    frontend = Frontend(CachedBackend(), "adaserve", lambda messages: "")
+
+    async def main():
+        async with TestClient(TestServer(frontend.app())) as client:
+            resp = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+            return await resp.json()
+
+    usage = asyncio.run(main())["usage"]
+    assert usage["prompt_tokens"] == 40 and usage["prompt_tokens_details"] == {"cached_tokens": 32}
+
+
+def test_predicted_outputs_report_accepted_and_rejected_tokens_as_openai():
+    class PredictingBackend(RecordingBackend):
+        async def stream(self, gen, prompt):
+            assert gen.prediction == "abc"
+            yield "Hi", {"num_input_tokens": 4}
+            yield "", {"num_output_tokens": 5, "finish_reason": "stop", "accepted_prediction_tokens": 3,
+                       "rejected_prediction_tokens": 1}
+
+    frontend = Frontend(PredictingBackend(), "adaserve", lambda messages: "")
+
+    async def main():
+        async with TestClient(TestServer(frontend.app())) as client:
+            resp = await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content", "content": "abc"}})
+            return await resp.json()
+
+    usage = asyncio.run(main())["usage"]
+    assert usage["completion_tokens_details"] == {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 1}

@@ -7,10 +7,12 @@ import pytest
 from adaserve_backend.openai_frontend.backends import BackendError, http_error
 from adaserve_backend.openai_frontend.bodies import Choice, Tally, sse
 from adaserve_backend.openai_frontend.choices import choice_generation
-from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, OpenAIError, parse
+from adaserve_backend.openai_frontend.field_readers import OpenAIError
+from adaserve_backend.openai_frontend.params import CHAT_DEFAULT_MAX_TOKENS, parse
 from adaserve_backend.openai_frontend.triton_backend import ensemble_request
 from adaserve_backend.serving.errors import ErrorKind
 from adaserve_backend.slo import SLO
+from tests.openai_backends import NO_CACHE
 
 
 def test_completion_parameters_map_to_the_ensemble():
@@ -89,10 +91,17 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"prompt": ["x", 5]}, {}, "prompt"),
     ({"prompt": []}, {}, "prompt"),
     ({"prompt": "x", "n": "2"}, {}, "n"),
-    ({"prompt": "x", "n": 2, "best_of": 3}, {}, "best_of"),
-    ({"prompt": "x", "logprobs": 3}, {}, "logprobs"),
-    ({"prompt": "x", "echo": True}, {}, "echo"),
-    ({"prompt": "x", "frequency_penalty": 0.5}, {}, "frequency_penalty"),
+    ({"prompt": "x", "n": 3, "best_of": 2}, {}, "best_of"),
+    ({"prompt": "x", "n": 1, "best_of": 3, "stream": True}, {}, "best_of"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 1, "best_of": 3}, {}, "best_of"),
+    ({"prompt": "x", "logprobs": 21}, {}, "logprobs"),
+    ({"prompt": "x", "echo": "yes"}, {}, "echo"),
+    ({"messages": [{"role": "user", "content": "x"}], "echo": True}, {}, "echo"),
+    ({"prompt": "x", "frequency_penalty": 2.5}, {}, "frequency_penalty"),
+    ({"prompt": "x", "presence_penalty": "1"}, {}, "presence_penalty"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, {}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, {}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [5]}, {}, "logit_bias"),
     ({"prompt": "x", "repetition_penalty": 1.2}, {}, "repetition_penalty"),
     ({"prompt": "x", "response_format": {"type": "json_object"}}, {}, "response_format"),
     ({"prompt": "x", "max_tokens": 0}, {}, "max_tokens"),
@@ -106,7 +115,9 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"prompt": "x", "min_tokens": 20, "max_tokens": 10}, {}, "min_tokens"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, {}, "stream_options"),
     ({"prompt": ""}, {}, "prompt"),
-    ({"prompt": [1, 2, 3]}, {}, "prompt"),
+    ({"prompt": [1, -2, 3]}, {}, "prompt"),
+    ({"prompt": [[1, 2], []]}, {}, "prompt"),
+    ({"prompt": [1, True]}, {}, "prompt"),
     ({"prompt": "x", "tpot_slo_ms": -5}, {}, "tpot_slo_ms"),
     ({"prompt": "x"}, {"x-slo-tpot-ms": "fast"}, "tpot_slo_ms"),
     ({"prompt": "x", "tpot_slo_ms": 50}, {"x-slo-tpot-ms": "60"}, "tpot_slo_ms"),
@@ -120,7 +131,7 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, {}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5", "max_completion_tokens": 6},
      {}, "max_tokens"),
-    ({"prompt": "x", "logprobs": 0}, {}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, {}, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, {}, "tools"),
 ])
 def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
@@ -147,7 +158,7 @@ def test_response_shapes():
     whole = t.whole()
     assert whole["object"] == "chat.completion"
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
-    assert whole["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert whole["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, **NO_CACHE}
     assert t.chunk("He")["choices"][0]["delta"] == {"role": "assistant", "content": "He"}  # a choice's first
     assert t.chunk(finish_reason="length")["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
                                                              "finish_reason": "length"}
@@ -158,7 +169,7 @@ def test_response_shapes():
     n = Tally("chat", "m", prompt_counts=[4], choices=[Choice("a", 1, "stop"), Choice("bc", 3, "length")])
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in n.whole()["choices"]] == [
         (0, "a", "stop"), (1, "bc", "length")]
-    assert n.usage() == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert n.usage() == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8, **NO_CACHE}
     assert n.chunk("x", index=1)["choices"][0] == {"index": 1, "delta": {"role": "assistant", "content": "x"},
                                                    "logprobs": None, "finish_reason": None}
     assert Tally("chat", "m", n=3).n == 3
@@ -185,3 +196,20 @@ def test_what_agent_frameworks_send_by_default_is_accepted_and_what_needs_a_capa
         with pytest.raises(OpenAIError) as e:
             parse({**chat, **body}, "chat")
         assert e.value.status == 400 and e.value.param == param and words in e.value.message
+
+
+def test_penalties_and_logit_bias_are_taken_as_openai_defines_them():
+    gen = parse({"prompt": "x", "frequency_penalty": 0.5, "presence_penalty": -1, "logit_bias": {"50256": -100}},
+                "completions")
+    assert (gen.frequency_penalty, gen.presence_penalty, gen.logit_bias) == (0.5, -1.0, ((50256, -100.0),))
+
+
+def test_predicted_outputs_are_taken_as_text_and_anything_else_refused():
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    assert parse({**chat, "prediction": {"type": "content", "content": "def f():"}}, "chat").prediction == "def f():"
+    parts = {"type": "content", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    assert parse({**chat, "prediction": parts}, "chat").prediction == "ab"
+    for bad_value in ({"type": "image", "content": "x"}, "x", {"type": "content", "content": 5}):
+        with pytest.raises(OpenAIError) as e:
+            parse({**chat, "prediction": bad_value}, "chat")
+        assert e.value.param == "prediction"

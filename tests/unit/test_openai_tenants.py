@@ -16,14 +16,15 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from adaserve_backend.config import SchedulerConfig
 from adaserve_backend.openai_frontend import tenants as tenants_cli
+from adaserve_backend.openai_frontend.field_readers import OpenAIError
 from adaserve_backend.openai_frontend.http_app import Frontend
 from adaserve_backend.openai_frontend.keys_file import load_keys_file, parse_keys_file
-from adaserve_backend.openai_frontend.params import Generation, OpenAIError, parse
+from adaserve_backend.openai_frontend.params import Generation, parse
 from adaserve_backend.openai_frontend.tenancy import Tenancy, load_tenancy
 from adaserve_backend.openai_frontend.tenants import key_entry
 from adaserve_backend.openai_frontend.triton_backend import ensemble_request
 from adaserve_backend.triton.protocol import parse_request
-from tests.openai_backends import StandInBackend
+from tests.openai_backends import NO_CACHE, StandInBackend
 
 SCHEDULER = SchedulerConfig()  # coding 65 ms / 2 s, chat 80 ms / 2 s, summary 150 ms / 5 s
 KEY_A, KEY_B, KEY_C = "sk-team-a-0123456789abcdef", "sk-team-b-0123456789abcdef", "sk-team-c-0123456789abcdef"
@@ -178,7 +179,8 @@ def test_every_choice_takes_a_place_and_pays_for_its_tokens():
     never, over, (status, body, _) = served(fe, calls)
     assert never[0] == 400 and never[1]["error"]["param"] == "n"
     assert over[0] == 429 and "would pass its limit of 3" in over[1]["error"]["message"]
-    assert status == 200 and body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert status == 200
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, **NO_CACHE}
     assert in_flight == {"t": 0}
     assert (fe.tenancy.metrics.tokens["t", "prompt"], fe.tenancy.metrics.tokens["t", "completion"]) == (5, 6)
 

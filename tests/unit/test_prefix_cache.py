@@ -125,3 +125,20 @@ def test_a_waiting_request_is_predicted_with_the_prefill_its_cached_prefix_saves
     assert [s.request.request_id for s, _ in rejected] == ["w"]
     rejected, s = waiting_request(cached=True)
     assert not rejected and s.cached_prefix == 16
+
+
+def test_each_output_reports_the_prompt_tokens_the_cache_served():
+    """usage.prompt_tokens_details.cached_tokens: a prompt seen before reports its cached blocks' tokens
+    (whole 4-token blocks here), a new one none."""
+    from tests.engines import make_engine
+
+    target = tiny_checkpoint("llama")
+    engine = make_engine(target, target, "adaserve")
+    prompt = list(range(5, 23))  # 18 tokens: four whole blocks
+    cached = {}
+    for rid in ("first", "again"):
+        engine.add_request(Request(rid, prompt, max_tokens=2))
+        while engine.has_work():
+            for o in engine.step():
+                cached[o.request_id] = o.num_cached_tokens
+    assert cached["first"] == 0 and cached["again"] == 16

@@ -306,3 +306,42 @@ def test_requests_past_the_waiting_cap_are_refused_at_once_with_unavailable(monk
         assert all(len(ids_of(r)) == 3 + 4 for r in reqs[:2])  # the prompt, then 4 tokens
     finally:
         loop.shutdown()
+
+
+def test_logprobs_travel_one_per_output_token_streamed_coalesced_or_whole():
+    """With `logprobs` N: each response's output_log_probs match its output_ids one for one, with N
+    alternatives each (top_log_probs, top_log_prob_ids flattened), streamed, coalesced or whole;
+    without it, none."""
+    engine = make_engine(tiny_checkpoint("llama"), None, "continuous", tokenizer=Detok())
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+    loop.max_hold_ms = 250.0
+    asked = [request([5, 6, 7], 30, stream=[True], min_tokens=[30], logprobs=np.asarray([2], dtype=np.int32)),
+             request([5, 6, 7], 30, min_tokens=[30], exclude_input_in_output=[True],
+                     logprobs=np.asarray([0], dtype=np.int32))]
+    plain = request([5, 6, 7], 30, stream=[True], min_tokens=[30])
+    for r in (*asked, plain):
+        loop.submit(r)
+    wait(*asked, plain)
+    loop.shutdown()
+    for r, k in zip(asked, (2, 0)):
+        total = 0
+        for resp, _ in r.sender.sent:
+            t = resp.tensors()
+            n = len(t["output_ids"])
+            assert len(t["output_log_probs"]) == n and len(t["top_log_probs"]) == len(t["top_log_prob_ids"]) == k * n
+            assert all(lp <= 0 for lp in t["output_log_probs"])
+            total += n
+        assert total == 30
+    assert all("output_log_probs" not in resp.tensors() for resp, _ in plain.sender.sent)
+
+
+def test_prompt_logprobs_come_once_on_the_first_response():
+    engine = make_engine(tiny_checkpoint("llama"), None, "continuous", tokenizer=Detok())
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+    r = request([5, 6, 7, 8], 4, stream=[True], min_tokens=[4], prompt_logprobs=np.asarray([2], dtype=np.int32))
+    loop.submit(r)
+    wait(r)
+    loop.shutdown()
+    carrying = [resp.tensors() for resp, _ in r.sender.sent if "prompt_token_ids" in resp.tensors()]
+    assert len(carrying) == 1 and carrying[0]["prompt_token_ids"].tolist() == [5, 6, 7, 8]
+    assert len(carrying[0]["prompt_log_probs"]) == 3 and len(carrying[0]["prompt_top_log_prob_ids"]) == 6

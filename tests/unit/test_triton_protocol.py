@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 
@@ -187,3 +188,14 @@ def test_the_tokenizer_models_run_without_torch_and_encode_as_the_engine():
     assert (light.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
             == engine.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
     assert light.eos_token_id == engine.eos_token_id
+
+
+def test_logprobs_are_parsed_and_bounded():
+    from adaserve_backend.triton.protocol import parse_request
+
+    ids = {"input_ids": np.asarray([1, 2], dtype=np.int32)}
+    assert parse_request("r", ids)[0].logprobs is None
+    req, _ = parse_request("r", {**ids, "logprobs": np.asarray([3], dtype=np.int32)})
+    assert req.logprobs == 3
+    with pytest.raises(ValueError, match="logprobs must be in"):
+        dataclasses.replace(req, logprobs=99).validate(100, 100)
