@@ -148,6 +148,9 @@ class SchedulerConfig:
     slo_classes: tuple[SLOClass, ...] = DEFAULT_SLO_CLASSES
     default_slo_class: str | None = None
     overload: str = "reject"
+    # OpenAI's service_tier -> the SLO class it is served in ("priority", "flex", "default"); None: priority
+    # the tightest class by TPOT target, flex the loosest, default the request's own (openai_frontend/service_tiers.py)
+    service_tiers: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         classes = tuple(c if isinstance(c, SLOClass) else SLOClass(**c) for c in self.slo_classes)
@@ -179,6 +182,10 @@ class SchedulerConfig:
             raise ValueError(f"output_length_quantile must be in [0.5, 1) or null, got {q!r}")
         if BEST_EFFORT in {c.name for c in classes}:
             raise ValueError(f"{BEST_EFFORT!r} is the class of requests without targets, not a configurable one")
+        tiers = self.service_tiers
+        if tiers is not None and (not isinstance(tiers, dict) or set(tiers) - {"priority", "flex", "default"}
+                                  or any(v not in {c.name for c in classes} for v in tiers.values())):
+            raise ValueError(f"service_tiers maps priority, flex and default to slo_classes names, got {tiers!r}")
         if self.overload not in ("reject", "best_effort"):
             raise ValueError(f"overload must be 'reject' or 'best_effort', got {self.overload!r}")
 

@@ -1,7 +1,9 @@
 """OpenAI's `service_tier` as this server's SLO classes: "priority" is the tightest class (the shortest
 time per token), "flex" the loosest, "default" and "auto" leave the request as it is (its own SLO
-fields, or the server's default class). A request that names both a tier and SLO fields is refused:
-two answers to one question. The response says the tier it was served at, as OpenAI's does."""
+fields, or the server's default class), unless engine.json's scheduler.service_tiers maps them
+otherwise. A request that names both a tier and SLO fields is refused: two answers to one question. A
+tenant's key bounds the class a tier maps to as it bounds any class (tenancy.py). The response says
+the tier it was served at, as OpenAI's does."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ from .field_readers import bad
 from .params import Generation
 
 
-def tier_classes(slo_classes) -> dict[str, str]:
-    """"priority" and "flex" -> the names of the tightest and loosest classes (by TPOT target)."""
+def tier_classes(slo_classes, configured: dict[str, str] | None = None) -> dict[str, str]:
+    """Tier -> SLO class name: engine.json's scheduler.service_tiers if it sets them, else "priority" the
+    tightest class (by TPOT target) and "flex" the loosest."""
+    if configured is not None:
+        return dict(configured)
     if not slo_classes:
         return {}
     by_pace = sorted(slo_classes, key=lambda c: (c.tpot_ms, c.ttft_ms))
@@ -21,8 +26,10 @@ def tier_classes(slo_classes) -> dict[str, str]:
 
 
 def with_tier(gen: Generation, classes: dict[str, str]) -> Generation:
-    """The request's SLO under its tier (unchanged for default, auto or no tier)."""
-    if gen.service_tier not in ("priority", "flex"):
+    """The request's SLO under its tier (unchanged for auto, no tier, or a default the config maps to
+    nothing)."""
+    if gen.service_tier not in ("priority", "flex", "default") or (gen.service_tier == "default"
+                                                                    and "default" not in classes):
         return gen
     if gen.slo != SLO():
         raise bad("service_tier", "give either 'service_tier' or SLO targets (slo_class, tpot_slo_ms, ttft_slo_ms)")
@@ -42,4 +49,5 @@ def repository_tiers(model_repository: str) -> dict[str, str]:
 
     from ..triton.repository import load_engine_config
 
-    return tier_classes(load_engine_config(os.path.join(model_repository, "adaserve")).scheduler.slo_classes)
+    scheduler = load_engine_config(os.path.join(model_repository, "adaserve")).scheduler
+    return tier_classes(scheduler.slo_classes, scheduler.service_tiers)

@@ -46,3 +46,16 @@ def test_the_response_names_the_tier_and_the_backend_gets_the_class():
     priority, auto, none = asyncio.run(main())
     assert priority["service_tier"] == "priority" and auto["service_tier"] == "default" and "service_tier" not in none
     assert backend.seen[0].slo.slo_class == "coding" and backend.seen[1].slo.slo_class is None
+
+
+def test_engine_json_may_map_the_tiers_itself_and_is_checked_at_load():
+    from adaserve_backend.config import SchedulerConfig
+
+    config = SchedulerConfig(service_tiers={"priority": "chat", "default": "summary"})
+    tiers = tier_classes(config.slo_classes, config.service_tiers)
+    assert with_tier(parse({**BODY, "service_tier": "priority"}, "completions"), tiers).slo.slo_class == "chat"
+    assert with_tier(parse({**BODY, "service_tier": "default"}, "completions"), tiers).slo.slo_class == "summary"
+    with pytest.raises(OpenAIError):
+        with_tier(parse({**BODY, "service_tier": "flex"}, "completions"), tiers)  # not offered by this map
+    with pytest.raises(ValueError, match="service_tiers"):
+        SchedulerConfig(service_tiers={"priority": "platinum"})
