@@ -112,3 +112,28 @@ def test_prompt_logprobs_score_every_prompt_token_even_when_the_prefix_is_cached
     want = ref.gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor([g.logprob for g in got[1:]]), want, rtol=0, atol=1e-4)
     assert [g.token for g in got[1:]] == prompt[1:] and all(len(g.top) == 1 for g in got[1:])
+
+
+def test_bfloat16_logprobs_are_the_same_with_and_without_speculation():
+    """The served dtype: one kernel at every row count (models/kernel_choice.py), so a token verified
+    in a tree reports the logprob plain decoding gives it, to the bit."""
+    from adaserve_backend.engine import Engine
+    from tests.engines import small_config
+    from tests.model_fixtures import our_model
+
+    target = tiny_checkpoint("llama")
+    reqs = [dataclasses.replace(r, logprobs=2) for r in workload(target, seed=5)]
+    got = {}
+    for policy in ("continuous", "adaserve"):
+        engine = Engine(small_config(policy, lookup_ngram=3), target=our_model(target, "bfloat16"),
+                        draft=our_model(target, "bfloat16"), eos_token_ids=[2])
+        for r in reqs:
+            engine.add_request(r)
+        out = {}
+        while engine.has_work():
+            for o in engine.step():
+                out.setdefault(o.request_id, []).extend(o.new_logprobs or [])
+        got[policy] = out
+    assert engine.mean_accepted() > 1.0  # trees were verified
+    for r in reqs:
+        assert got["adaserve"][r.request_id] == got["continuous"][r.request_id]
