@@ -41,7 +41,7 @@ class RequestField:
     default: object = None  # what the server takes when the field is left out (None: nothing)
     role: Role = Role.CLIENT
     many: bool = False  # dims [-1] (a list), else [1]
-    required_in_ensemble: bool = False  # the ensemble's config.pbtxt marks it required
+    required_in_preprocessing: bool = False  # the tokenizer model's config.pbtxt marks it required
 
     @property
     def dims(self) -> list[int]:
@@ -57,7 +57,7 @@ class RequestField:
 
 FIELDS: tuple[RequestField, ...] = (
     RequestField("input_ids", "INT32", "the prompt's token ids", role=Role.PROMPT, many=True),
-    RequestField("text_input", "STRING", "the prompt as text", role=Role.TEXT, required_in_ensemble=True),
+    RequestField("text_input", "STRING", "the prompt as text", role=Role.TEXT, required_in_preprocessing=True),
     RequestField("apply_chat_template", "BOOL", "wrap the prompt in the model's chat template", False, Role.TEXT),
     RequestField("max_tokens", "INT32", "output tokens at most", 16),
     RequestField("stream", "BOOL", "deltas as they come (else one aggregated response)", False),

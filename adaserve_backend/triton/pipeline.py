@@ -215,7 +215,15 @@ class BLSPipeline:
         return self.pb.TritonError(message, getattr(self.pb.TritonError, kind.triton))
 
     def _preprocess(self, request) -> np.ndarray:
+        """The prompt's ids: `preprocessing`'s of its text, or the client's own `input_ids` as they are."""
         pb = self.pb
+        ids = pb.get_input_tensor_by_name(request, "input_ids")
+        if (ids is None) == (pb.get_input_tensor_by_name(request, "text_input") is None):
+            raise ValueError("send exactly one of 'text_input' and 'input_ids'")
+        if ids is not None:
+            if pb.get_input_tensor_by_name(request, "apply_chat_template") is not None:
+                raise ValueError("apply_chat_template applies to text_input, not input_ids")
+            return ids.as_numpy().reshape(-1).astype(np.int32)
         inputs = [pb.Tensor(name, t.as_numpy()) for name in ("text_input", "apply_chat_template")
                   if (t := pb.get_input_tensor_by_name(request, name)) is not None]
         response = pb.InferenceRequest(model_name="preprocessing", inputs=inputs,

@@ -256,3 +256,28 @@ def test_ignore_eos_through_the_ensemble_generates_exactly_max_tokens(triton_ser
     assert error is None, error
     assert results[-1].as_numpy("num_output_tokens")[0] == 12
     assert results[-1].as_numpy("finish_reason")[0] == b"length"
+
+
+def test_the_ensemble_takes_token_ids_and_returns_logprobs_and_penalised_text(triton_server):
+    """input_ids in place of text_input, logprobs with two alternatives each, and a logit_bias that
+    bans the greedy first token: each through the real ensemble."""
+    from adaserve_backend.request_fields import tensors
+    from adaserve_backend.triton.grpc_client import infer_inputs
+
+    ids = [504, 1305, 2443, 314]  # any in-vocabulary ids
+    base = {"input_ids": ids, "max_tokens": 6, "min_tokens": 6, "stream": True, "logprobs": 2,
+            "return_num_input_tokens": True}
+    results, error = stream_call(triton_server.grpc_url, infer_inputs(grpcclient, tensors(base)))
+    assert error is None, error
+    def every(name):
+        return [v for r in results if r.as_numpy(name) is not None for v in r.as_numpy(name)]
+
+    logprobs, tops = every("output_log_probs"), every("top_log_prob_ids")
+    assert len(logprobs) == 6 and len(tops) == 12 and all(v <= 0 for v in logprobs)
+    assert results[0].as_numpy("num_input_tokens")[0] == len(ids)
+    banned = int(tops[0])  # the greedy first token: the likeliest alternative of the first position
+    biased, error = stream_call(triton_server.grpc_url, infer_inputs(grpcclient, tensors(
+        {**base, "logit_bias_token_ids": [banned], "logit_bias_values": [-100.0]})))
+    assert error is None, error
+    firsts = [r.as_numpy("top_log_prob_ids") for r in biased if r.as_numpy("top_log_prob_ids") is not None]
+    assert int(firsts[0][0]) != banned

@@ -27,7 +27,7 @@ def config_inputs(model: str) -> dict[str, tuple[str, list[int], bool]]:
 
 @pytest.mark.parametrize("model, roles", [
     ("adaserve", tuple(Role)),
-    ("ensemble", (Role.TEXT, Role.CLIENT)),
+    ("ensemble", (Role.PROMPT, Role.TEXT, Role.CLIENT)),
     ("preprocessing", (Role.TEXT,)),
 ])
 def test_every_config_pbtxt_declares_exactly_its_fields_with_their_types(model, roles):
@@ -37,7 +37,7 @@ def test_every_config_pbtxt_declares_exactly_its_fields_with_their_types(model, 
     for name, (dtype, dims, optional) in declared.items():
         f = BY_NAME[name]
         assert (dtype, dims) == (f.dtype, f.dims), name
-        required = model != "adaserve" and f.required_in_ensemble
+        required = model == "preprocessing" and f.required_in_preprocessing
         assert optional != required, f"{model}: {name} should be {'required' if required else 'optional'}"
 
 

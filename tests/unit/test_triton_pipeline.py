@@ -299,3 +299,23 @@ def test_bad_input_keeps_its_invalid_arg_code_through_the_pipeline(served, monke
     pipeline.submit(req)
     assert req.sender.finished.wait(30)
     assert req.sender.sent[-1][0].error().code() == fake_pb.TritonError.INVALID_ARG
+
+
+def test_token_ids_go_through_the_ensemble_as_they_are_and_logprobs_come_back(served, monkeypatch):
+    """input_ids instead of text_input: `preprocessing` is not called, the scheduler gets the ids; with
+    `logprobs` the pass-through outputs carry one per token; both prompt forms at once is a 400."""
+    pipeline, loop = served
+    monkeypatch.setitem(fake_pb.MODELS, "preprocessing", lambda inputs, decoupled: pytest.fail("tokenized ids"))
+    req = fake_pb.Request(input_ids=np.asarray([5, 6, 7], dtype=np.int32), max_tokens=np.asarray([6], dtype=np.int32),
+                          min_tokens=np.asarray([6], dtype=np.int32), logprobs=np.asarray([1], dtype=np.int32))
+    pipeline.submit(req)
+    assert req.sender.finished.wait(60)
+    sent = [r.tensors() for r, _ in req.sender.sent if r is not None and not r.has_error()]
+    assert sum(len(t.get("output_log_probs", [])) for t in sent) == 6
+    both = fake_pb.Request(input_ids=np.asarray([5], dtype=np.int32),
+                           text_input=np.asarray([b"hi"], dtype=object), max_tokens=np.asarray([2], dtype=np.int32))
+    pipeline.submit(both)
+    assert both.sender.finished.wait(60)
+    (resp, _), = both.sender.sent
+    assert resp.has_error() and "exactly one" in resp.error().message()
+    assert kv_free(loop)
