@@ -41,6 +41,7 @@ class Tally:
     n: int = 1  # choices of each prompt
     prompts: int = 1
     include_usage: bool = False  # streamed with stream_options.include_usage: every chunk says "usage"
+    continuous_usage: bool = False  # ... continuous_usage_stats (vLLM's): every chunk says the usage so far
     logprobs: Renderer | None = None  # the request asked for logprobs: how they read
     score_only: bool = False  # echo with max_tokens 0: the prompt is the answer; the one token made is dropped
     dropped_tokens: int = 0  # best_of: the tokens of candidates not returned (usage still counts them)
@@ -149,17 +150,19 @@ class Tally:
         unsent, offset = c.unsent, len(c.echo) + len(c.text) - len(delta or "")
         if first and c.echo:  # the prompt leaves first, as it would have been generated
             delta, unsent, offset = c.echo + (delta or ""), c.echo_logprobs + unsent, 0
-        logprobs, c.unsent = self._logprobs(unsent, offset), []
+        logprobs, c.unsent = self._logprobs(unsent, offset, chunk=True), []
         if self.chat:
             d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
             choice = {"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             choice = {"index": index, "text": delta or "", "logprobs": logprobs, "finish_reason": finish_reason}
         # as OpenAI's stream: with usage asked for, content chunks carry "usage": null, the last one the counts
-        return {**self._head(chunk=True), "choices": [choice], **({"usage": None} if self.include_usage else {})}
+        usage = ({"usage": self.usage()} if self.continuous_usage
+                 else {"usage": None} if self.include_usage else {})
+        return {**self._head(chunk=True), "choices": [choice], **usage}
 
-    def _logprobs(self, items: list[Entry], offset: int) -> dict | None:
-        if self.logprobs is None:
+    def _logprobs(self, items: list[Entry], offset: int, chunk: bool = False) -> dict | None:
+        if self.logprobs is None or (chunk and not items):  # a chunk without tokens says null, as OpenAI's
             return None
         return self.logprobs.chat(items) if self.chat else self.logprobs.completion(items, offset)
 

@@ -174,6 +174,7 @@ class Frontend:
             if room >= 1:
                 gen = dataclasses.replace(gen, **open_length(gen, room))
         tally = Tally(endpoint, self.model_name, gen.runs, len(prompts), include_usage=gen.stream and gen.include_usage,
+                      continuous_usage=gen.stream and gen.continuous_usage,
                       logprobs=self.logprob_renderer if gen.logprobs is not None else None,
                       score_only=gen.max_tokens == 0, service_tier=served_tier(gen.service_tier))
         if gen.echo:

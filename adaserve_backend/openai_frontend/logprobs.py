@@ -69,8 +69,10 @@ class Renderer:
         tokens = [self.text_of(e.token) for e in items]
         starts = np.cumsum([0] + [len(t) for t in tokens[:-1]]).tolist() if tokens else []
         return {"tokens": tokens, "token_logprobs": [None if e.logprob is None else _value(e.logprob) for e in items],
-                "top_logprobs": [None if e.logprob is None else {self.text_of(t): _value(v) for t, v in e.top}
-                                 for e in items],
+                # the chosen token among the alternatives (up to N + 1 of them), as OpenAI's completions give it
+                "top_logprobs": [None if e.logprob is None else
+                                 {self.text_of(t): _value(v) for t, v in e.top} | {tokens[k]: _value(e.logprob)}
+                                 for k, e in enumerate(items)],
                 "text_offset": [offset + s for s in starts]}
 
 

@@ -60,6 +60,7 @@ class Generation:
     min_tokens: int = 0
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage so far on every chunk
     slo: SLO = SLO()
     tenant: str | None = None  # whose suffix index it shares (suffix_scope "tenant"): OpenAI's `user`, or the key's
     cache_scope: str | None = None  # an isolated tenant's (tenancy.py): its own prefix cache and suffix index
@@ -177,8 +178,8 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     stream = flag(body, "stream")
     options = body.get("stream_options") or {}
     if (not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}
-            or options.get("continuous_usage_stats")):
-        raise bad("stream_options", "'stream_options' supports only include_usage")
+            or not all(isinstance(v, bool) for v in options.values())):
+        raise bad("stream_options", "'stream_options' takes include_usage and continuous_usage_stats, booleans")
     if options and not stream:
         raise bad("stream_options", "'stream_options' is only allowed with stream=true")
     top_k = integer(body, "top_k", -1, 0, INT32_MAX)
@@ -199,6 +200,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         top_p=number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
         seed=integer(body, "seed", 0, None, 2**64 - 1),
         stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
+        continuous_usage=bool(options.get("continuous_usage_stats")),
         slo=_slo(body, headers or {}), tenant=utf8(user, "user") if user is not None else None,
         logprobs=_logprobs(body, endpoint), echo=echo,
         frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),

@@ -87,6 +87,7 @@ def test_chat_logprobs_whole_and_streamed():
     status, chunks = post("/v1/chat/completions", {**body, "stream": True})
     streamed = [c for ch in chunks for c in (ch["choices"][0]["logprobs"] or {"content": []})["content"]]
     assert [c["token"] for c in streamed] == ["Hel", "lo", "!"]
+    assert chunks[-1]["choices"][0]["finish_reason"] and chunks[-1]["choices"][0]["logprobs"] is None
     plain = post("/v1/chat/completions", {**body, "logprobs": False, "top_logprobs": None})[1]
     assert plain["choices"][0]["logprobs"] is None
 
@@ -95,7 +96,7 @@ def test_completion_logprobs_with_text_offsets():
     status, out = post("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 1})
     lp = out["choices"][0]["logprobs"]
     assert lp["tokens"] == ["Hel", "lo", "!"] and lp["token_logprobs"] == [-0.5, FLOOR, -1.5]
-    assert lp["text_offset"] == [0, 3, 5] and lp["top_logprobs"][2] == {"Hi": -1.5}
+    assert lp["text_offset"] == [0, 3, 5] and lp["top_logprobs"][2] == {"Hi": -1.5, "!": -1.5}  # chosen one too
     status, chunks = post("/v1/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 0, "stream": True})
     offsets = [o for ch in chunks if ch["choices"][0]["logprobs"] for o in ch["choices"][0]["logprobs"]["text_offset"]]
     assert offsets == [0, 3, 5]
@@ -120,3 +121,11 @@ def test_echo_puts_the_prompt_and_its_logprobs_ahead_and_max_tokens_0_scores_it_
     status, chunks = post("/v1/completions", {"prompt": "Hi!", "max_tokens": 0, "echo": True, "stream": True})
     assert "".join(c["choices"][0]["text"] for c in chunks) == "Hi!"
     assert post("/v1/completions", {"prompt": "Hi", "max_tokens": 0})[0] == 400  # 0 only to score a prompt
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk():
+    body = {"prompt": "Hi", "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    status, chunks = post("/v1/completions", body)
+    assert status == 200 and all(c["usage"]["prompt_tokens"] == 2 for c in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
