@@ -173,6 +173,18 @@ def test_logprobs_echo_and_token_id_prompts_through_the_real_server(client):
     assert all(v <= 0 for v in lp.token_logprobs[1:])
 
 
+def test_a_seeded_sampled_request_gives_the_same_text_again_though_speculation_differs(client):
+    """Temperature 1, one seed, sent twice: the second run verifies the suffix index's copy of the first
+    answer in long chains, yet each emitted token is one draw from the request's own generator over the
+    same logits (one kernel at every row count), so the text is the same."""
+    def ask():
+        return client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=48, temperature=1.0,
+                                         seed=1234).choices[0].text
+
+    first = ask()
+    assert ask() == first and first
+
+
 def test_stop_strings_end_the_text_before_them(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
     # An early word: two bf16 greedy runs are trusted to agree only on their start (assert_same_start);
