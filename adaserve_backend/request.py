@@ -60,7 +60,7 @@ MAX_LOGPROBS = 20  # top alternatives a request may ask for per token (OpenAI's 
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A emitted token's log-probability under the target's distribution at its position
+    """An emitted token's log-probability under the target's distribution at its position
     (sampling.token_logprobs says which), and the `top` most likely tokens there, most likely first."""
 
     token: int

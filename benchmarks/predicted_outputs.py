@@ -31,12 +31,11 @@ from harness.run_dir import run_dir
 def one(engine: Engine, rid: str, prompt: list[int], prediction: tuple[int, ...], max_tokens: int) -> dict:
     engine.add_request(Request(rid, prompt, max_tokens=max_tokens, prediction=prediction))
     start, first, tokens, last = time.monotonic(), None, [], None
-    while engine.has_work():
-        for o in engine.step():
-            if o.new_token_ids and first is None:
-                first = time.monotonic()
-            tokens += o.new_token_ids
-            last = o
+    for o in engine.drain():
+        if o.new_token_ids and first is None:
+            first = time.monotonic()
+        tokens += o.new_token_ids
+        last = o
     end = time.monotonic()
     s = last.stats
     return {"tokens": tokens, "per_verification": (s.accepted_drafts + s.verifications) / max(s.verifications, 1),

@@ -127,7 +127,8 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
             draft.learn(cand, tree, acc.path)
         # the accepted path's features, for the tokens the draft reads next iteration
         draft.add_features(seq, len(seq.tokens) - 1, features[acc.path])
-    predicted = sum(is_predicted(cand.origin[tree.source[n]]) for n in acc.path[1:]) if cand is not None else 0
+    predicted = (sum(is_predicted(cand.origin[tree.source[n]]) for n in acc.path[1:])
+                 if cand is not None and seq.request.prediction else 0)
     return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts, max(depths),
                     logprobs_of(seq, logits[acc.path], acc.tokens), predicted)
 

@@ -16,6 +16,9 @@ from ..serving.errors import ErrorKind
 from .protocol import ERROR_OUTPUT, LOGPROB_OUTPUTS, PROMPT_LOGPROB_OUTPUTS, TEXT_OUTPUT, untag_error
 
 ID_OUTPUTS = ("output_ids", "context_ids")
+# The logprob outputs a response may carry, as extras for openai_frontend/logprobs.entries: (extra, outputs
+# for its "ids", "logprobs", "top", "top_ids").
+REPORTED_LOGPROBS = (("logprobs", ("output_ids", *LOGPROB_OUTPUTS)), ("prompt_logprobs", PROMPT_LOGPROB_OUTPUTS))
 # Triton's client names a string tensor BYTES (its config calls it TYPE_STRING)
 DTYPES = {np.dtype(dtype): "BYTES" if name == "STRING" else name for name, dtype in NUMPY.items()}
 
@@ -116,14 +119,9 @@ class EnsembleClient:
                 raise EnsembleError(message, kind)
             arrays = {TEXT_OUTPUT, *ID_OUTPUTS, *LOGPROB_OUTPUTS, *PROMPT_LOGPROB_OUTPUTS}
             extra = {n: result.as_numpy(n).reshape(-1)[0] for n in names - arrays}
-            if "output_log_probs" in names and "output_ids" in names:  # whole arrays, one entry per token
-                extra["logprobs"] = {key: result.as_numpy(name) for key, name in (
-                    ("ids", "output_ids"), ("logprobs", "output_log_probs"), ("top", "top_log_probs"),
-                    ("top_ids", "top_log_prob_ids"))}
-            if "prompt_token_ids" in names:
-                extra["prompt_logprobs"] = {key: result.as_numpy(name) for key, name in (
-                    ("ids", "prompt_token_ids"), ("logprobs", "prompt_log_probs"), ("top", "prompt_top_log_probs"),
-                    ("top_ids", "prompt_top_log_prob_ids"))}
+            for key, outputs in REPORTED_LOGPROBS:  # whole arrays, one entry per token
+                if all(n in names for n in outputs):
+                    extra[key] = dict(zip(("ids", "logprobs", "top", "top_ids"), map(result.as_numpy, outputs)))
             text = "".join(t.decode("utf-8")
                            for t in result.as_numpy(TEXT_OUTPUT).reshape(-1)) if TEXT_OUTPUT in names else ""
             if text or extra:

@@ -20,12 +20,11 @@ def run(policy: str, reqs: list[Request]):
     tokens, logprobs = {}, {}
     for r in reqs:
         engine.add_request(r)
-    while engine.has_work():
-        for o in engine.step():
-            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.new_logprobs is not None:
-                assert len(o.new_logprobs) == len(o.new_token_ids)
-                logprobs.setdefault(o.request_id, []).extend(o.new_logprobs)
+    for o in engine.drain():
+        tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+        if o.new_logprobs is not None:
+            assert len(o.new_logprobs) == len(o.new_token_ids)
+            logprobs.setdefault(o.request_id, []).extend(o.new_logprobs)
     return tokens, logprobs
 
 
@@ -102,10 +101,9 @@ def test_prompt_logprobs_score_every_prompt_token_even_when_the_prefix_is_cached
     outputs = {}
     for r in (plain, scored):
         engine.add_request(r)
-        while engine.has_work():
-            for o in engine.step():
-                if o.prompt_logprobs is not None:
-                    outputs[o.request_id] = o.prompt_logprobs
+        for o in engine.drain():
+            if o.prompt_logprobs is not None:
+                outputs[o.request_id] = o.prompt_logprobs
     got = outputs["scored"]
     assert "warm" not in outputs and len(got) == len(prompt) and got[0] is None
     ref = torch.log_softmax(hf_reference(target)(torch.tensor([prompt])).logits[0, :-1].float(), -1)
@@ -130,9 +128,8 @@ def test_bfloat16_logprobs_are_the_same_with_and_without_speculation():
         for r in reqs:
             engine.add_request(r)
         out = {}
-        while engine.has_work():
-            for o in engine.step():
-                out.setdefault(o.request_id, []).extend(o.new_logprobs or [])
+        for o in engine.drain():
+            out.setdefault(o.request_id, []).extend(o.new_logprobs or [])
         got[policy] = out
     assert engine.mean_accepted() > 1.0  # trees were verified
     for r in reqs:

@@ -38,13 +38,9 @@ def oracle(path: str, req: Request) -> list[int]:
 def run(policy: str, reqs: list[Request]) -> dict[str, list[int]]:
     target = tiny_checkpoint("llama")
     engine = make_engine(target, target, policy, lookup_ngram=3)
-    out: dict[str, list[int]] = {}
     for r in reqs:
         engine.add_request(r)
-    while engine.has_work():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    return out
+    return engine.run_until_done()
 
 
 @pytest.mark.parametrize("policy", POLICIES)

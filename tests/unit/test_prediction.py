@@ -16,10 +16,9 @@ def run(reqs, policy: str = "adaserve"):
     tokens, last = {}, {}
     for r in reqs:
         engine.add_request(r)
-    while engine.has_work():
-        for o in engine.step():
-            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
-            last[o.request_id] = o
+    for o in engine.drain():
+        tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+        last[o.request_id] = o
     return tokens, last
 
 

@@ -138,7 +138,6 @@ def test_each_output_reports_the_prompt_tokens_the_cache_served():
     cached = {}
     for rid in ("first", "again"):
         engine.add_request(Request(rid, prompt, max_tokens=2))
-        while engine.has_work():
-            for o in engine.step():
-                cached[o.request_id] = o.num_cached_tokens
+        for o in engine.drain():
+            cached[o.request_id] = o.num_cached_tokens
     assert cached["first"] == 0 and cached["again"] == 16
