@@ -25,6 +25,7 @@ from .calibration_pool import engine_parts, pooled
 from .config import EngineConfig
 from .cost_model.cost_model import CostModel, load_cost_model
 from .device import check_device, on_cpu, synchronize
+from .grammar.compiler import Grammars
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
@@ -38,6 +39,7 @@ from .scheduler.prefill_estimator import Estimator
 from .scheduler.scheduler import Scheduler
 from .scheduler.speculation_size import speculation_budget
 from .sequence import Sequence
+from .speculation.constrained import prune
 from .speculation.draft_fit import check_draft_tokenizer
 from .speculation.draft_worker import DraftWorker
 from .speculation.tree_choice import choose_trees
@@ -49,8 +51,10 @@ log = logging.getLogger("adaserve")
 class Engine:
     def __init__(
         self, config: EngineConfig, target: LlamaModel | None = None, draft: LlamaModel | None = None,
-        eos_token_ids: Iterable[int] = (), tokenizer=None,
+        eos_token_ids: Iterable[int] = (), tokenizer=None, grammars: Grammars | None = None,
     ) -> None:
+        """`grammars`: structured output's compiler (by default over `tokenizer`'s vocabulary; without
+        either, requests with a grammar are refused)."""
         self.config = config
         self.device = check_device(config.target.device)  # before any weights are read
         if config.threads is not None:  # the host's threads (scheduling, sampling) on any device
@@ -67,6 +71,9 @@ class Engine:
         self.draft = (DraftWorker.for_target(self.target, config, draft, self.policy.lookup(config.speculation))
                       if self.policy.speculative else None)
         self.eos_token_ids = frozenset(eos_token_ids)
+        if grammars is None and tokenizer is not None:
+            grammars = Grammars(tokenizer, self.vocab_size, self.eos_token_ids)
+        self.grammars = grammars
         if not on_cpu(self.device):
             log.info("engine on %s: the CPU kernels (prepacked and fused layers, GGUF-block dtypes, paged_cpu "
                      "attention) stay off; attention runs %s", self.device, type(self.target.attn).__name__)
@@ -116,6 +123,10 @@ class Engine:
         request.validate(self.vocab_size, self.max_model_len)
         if request.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need an engine built with a tokenizer")
+        if request.grammar is not None:  # compiled here, on the caller's thread, for the loop to find cached
+            if self.grammars is None:
+                raise ValueError("a grammar (response_format) needs an engine built with a tokenizer")
+            self.grammars.compile(request.grammar)
         slo = self.config.scheduler.resolve_slo(request.slo)  # ValueError for an unknown class
         self._inbox.put_request(request, slo)  # ValueError if its id is in flight
 
@@ -149,6 +160,7 @@ class Engine:
             cands = self.draft.propose(plan, self.max_model_len)
         else:  # model-free proposals need no draft step
             cands = self.draft.copies.alone(plan, self.max_model_len) if self.draft is not None and plan.copies else []
+        prune(plan.decode, cands)  # nothing a request's grammar forbids reaches selection
         # The times below teach the estimator: on a GPU each waits for the work it times (no-ops on the CPU).
         synchronize(self.device)
         t_spec = time.monotonic()
@@ -187,6 +199,8 @@ class Engine:
         for item, slo, received in self._inbox.take():
             if isinstance(item, Request):
                 seq = Sequence.start(item, next(self._seq_ids), slo, received, self.eos_token_ids)
+                if item.grammar is not None:
+                    seq.grammar = self.grammars.start(item.grammar)
                 self._owed[item.request_id] = seq
                 self.scheduler.add(seq)
             else:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .grammar.spec import GrammarSpec
 from .slo import SLO
 
 
@@ -147,6 +148,8 @@ class Request:
     # Predicted Outputs: token ids the client expects most of the output to repeat, copied into the
     # speculation trees (speculation/prediction.py); the output is the same with or without them.
     prediction: tuple[int, ...] = ()
+    # Structured output: every output token is one the grammar allows (grammar/), speculated ones too.
+    grammar: GrammarSpec | None = None
 
     def validate(self, vocab_size: int, max_model_len: int) -> None:
         """Raise ValueError with a message a client can act on."""
@@ -167,6 +170,9 @@ class Request:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if self.grammar is not None and (self.min_tokens or self.ignore_eos):
+            raise ValueError("min_tokens and ignore_eos cannot be combined with a grammar (response_format): "
+                             "the grammar decides where the output ends")
         for name in ("logprobs", "prompt_logprobs"):
             n = getattr(self, name)
             if n is not None and not 0 <= n <= MAX_LOGPROBS:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .grammar.state import GrammarState
 from .kv_cache.block_pool import scope_root
 from .request import Request
 from .slo import SLO
@@ -47,6 +48,7 @@ class Sequence:
     # (scheduler/output_lengths.py); None: plan with the cap (`remaining`)
     remaining_range: tuple[int, int] | None = None
     predicted_length: int | None = None  # its whole output's median, first predicted (the error measured)
+    grammar: GrammarState | None = None  # its grammar's parse state, having consumed the output (request.grammar)
 
     @classmethod
     def start(cls, req: Request, seq_id: int, slo: SLO, received: float, eos_ids: frozenset[int]) -> Sequence:

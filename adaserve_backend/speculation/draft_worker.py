@@ -67,7 +67,8 @@ class DraftWorker:
             # a beam search of depth d puts its deepest beams d - 1 positions past the root: a request that
             # close to the end of the context verifies its root alone (and what copies fit)
             if drafts_now(len(chain), decoding, plan.depth) and len(s.tokens) + plan.depth <= self.runner.max_len:
-                drafting[s.seq_id] = BeamRequest(s.seq_id, chain, self._chain_features(s, len(chain)))
+                drafting[s.seq_id] = BeamRequest(s.seq_id, chain, self._chain_features(s, len(chain)),
+                                                  s.grammar if decoding else None)
             elif n := draft_reads(len(chain), decoding, plan.depth, bool(plan.decode)):
                 extra.append(SeqInput(s.seq_id, chain[:n], num_logits=0, features=self._chain_features(s, n)))
                 catching_up.append(s.seq_id)

@@ -85,7 +85,11 @@ def truncate_depth(cand: CandidateTree, max_depth: int) -> None:
     depth = depths(cand.parents)
     if max(depth) <= max_depth:
         return
-    keep = [i for i, d in enumerate(depth) if d <= max_depth]
+    keep_nodes(cand, [i for i, d in enumerate(depth) if d <= max_depth])
+
+
+def keep_nodes(cand: CandidateTree, keep: list[int]) -> None:
+    """Keep only these nodes (in order, the root and each kept node's parent among them)."""
     where = {old: new for new, old in enumerate(keep)}
     cand.tokens[:] = [cand.tokens[i] for i in keep]
     cand.parents[:] = [-1 if cand.parents[i] < 0 else where[cand.parents[i]] for i in keep]

@@ -12,6 +12,7 @@ from collections import Counter
 
 import torch
 
+from ..grammar.state import GrammarState, masked
 from ..model_runner import ForwardOutput, ModelRunner, SeqInput
 from ..request import INTERNAL_ERROR, SamplingParams
 from ..sampling import adjusted, choose_token, token_logprobs
@@ -105,7 +106,12 @@ def verify(
             if ends_prompt(seq, n):
                 params = seq.request.sampling
                 last = adjusted(sampling_rows(seq, rows)[-1], params, Counter())[None]
-                first = choose(seq, last[0], 0, None if params.adjusts else tops[out.offsets[j + 1] - 1])
+                if seq.grammar is not None:
+                    last = masked(last, seq.grammar.bitmask())
+                first = choose(seq, last[0], 0, None if params.adjusts or seq.grammar
+                               else tops[out.offsets[j + 1] - 1])
+                if seq.grammar is not None:
+                    seq.grammar.accept(first)
                 first_logprob = logprobs_of(seq, last, [first])
                 first_logprob = first_logprob[0] if first_logprob else None
             result.prefilled.append(Prefilled(seq, n, first, first_logprob, scored))
@@ -119,7 +125,16 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
     depths = tree.depths()
     if seq.request.sampling.adjusts:  # penalties count each node's own path: rows per node, as visited
         logits, tops = PathRows(seq, tree, logits), [None] * len(tree.tokens)
-    acc = accept(tree, lambda node: choose(seq, logits[node], len(seq.output) + depths[node], tops[node]))
+    if seq.grammar is not None:  # masked by the grammar's state at each node the walk reaches
+        logits, tops = GrammarRows(seq.grammar, logits), [None] * len(tree.tokens)
+
+    def target_token_at(node: int) -> int:
+        token = choose(seq, logits[node], len(seq.output) + depths[node], tops[node])
+        if seq.grammar is not None and not seq.grammar.done:  # past its end the request has ended
+            seq.grammar.accept(token)  # the walk goes on below it: the state follows the accepted path
+        return token
+
+    acc = accept(tree, target_token_at)
     target.commit(seq.seq_id, acc.path)
     if draft is not None:
         if cand is not None:
@@ -149,6 +164,23 @@ class PathRows:
                 counts[self.tree.tokens[n]] += 1
                 n = self.tree.parents[n]
             self.rows[node] = adjusted(self.logits[node], self.seq.request.sampling, counts)
+        return self.rows[node]
+
+
+class GrammarRows:
+    """A tree's rows masked by the grammar where verification reads them: the walk visits an accepted
+    path in order, and the state has consumed that path's tokens when it reaches each node, so each row
+    is masked exactly as plain constrained decoding would mask it (kept for the path's logprobs)."""
+
+    def __init__(self, state: GrammarState, logits) -> None:
+        self.state, self.logits, self.rows = state, logits, {}
+
+    def __getitem__(self, node):
+        if isinstance(node, list):
+            return torch.stack([self.rows[n] for n in node])
+        if node not in self.rows:  # past the grammar's end (an accepted stop token) nothing is kept
+            row = self.logits[node]
+            self.rows[node] = row if self.state.done else masked(row, self.state.bitmask())
         return self.rows[node]
 
 

@@ -12,10 +12,10 @@ PACKAGES = ("adaserve_backend", "harness", "sim", "client", "benchmarks", "tools
 LAYERS = [
     ["adaserve_backend.config", "adaserve_backend.request", "adaserve_backend.slo", "adaserve_backend.chat",
      "adaserve_backend.cpu_extension", "adaserve_backend.stop_strings", "adaserve_backend.child_process",
-     "adaserve_backend.device", "adaserve_backend.request_fields"],
+     "adaserve_backend.device", "adaserve_backend.request_fields", "adaserve_backend.grammar.spec"],
     ["adaserve_backend.kv_cache", "adaserve_backend.attention", "adaserve_backend.models",
      "adaserve_backend.cost_model",
-     "adaserve_backend.sampling", "adaserve_backend.cuda_graphs"],
+     "adaserve_backend.sampling", "adaserve_backend.cuda_graphs", "adaserve_backend.grammar"],
     ["adaserve_backend.model_runner", "adaserve_backend.sequence", "adaserve_backend.output_processor"],
     ["adaserve_backend.scheduler"],
     ["adaserve_backend.speculation", "adaserve_backend.profiler", "adaserve_backend.calibration_pool",
