@@ -86,6 +86,10 @@ FIELDS: tuple[RequestField, ...] = (
                  "prompt_top_log_probs, prompt_top_log_prob_ids)"),
     RequestField("prediction", "STRING", "Predicted Outputs: text most of the output is expected to repeat, copied "
                  "into the speculation trees (the output is the same without it)"),
+    RequestField("guided_decoding_guide_type", "STRING", "structured output: json (a JSON object), json_schema, "
+                 "regex or ebnf_grammar (TensorRT-LLM's names); every output token is one the grammar allows"),
+    RequestField("guided_decoding_guide", "STRING", "the JSON schema, regex or EBNF grammar (rule root) of "
+                 "guided_decoding_guide_type"),
     RequestField("tpot_slo_ms", "FP32", "this request's time-per-output-token target"),
     RequestField("ttft_slo_ms", "FP32", "this request's time-to-first-token target"),
     RequestField("slo_class", "STRING", "a named SLO class (both targets; scheduler.slo_classes)"),

@@ -71,8 +71,13 @@ def allows(masks: torch.Tensor, tokens: list[int], parents: list[int]) -> list[b
     one has an empty parent mask, so it is forbidden too."""
     ok = [True]
     for t, p in zip(tokens[1:], parents[1:]):
-        ok.append(ok[p] and bool((int(masks[p, t >> 5]) >> (t & 31)) & 1))
+        ok.append(ok[p] and allows_token(masks[p : p + 1], t))
     return ok
+
+
+def allows_token(bitmask: torch.Tensor, token: int) -> bool:
+    """Whether a mask [1, W] allows the token."""
+    return bool((int(bitmask[0, token >> 5]) >> (token & 31)) & 1)
 
 
 def forbidden(vocab_size: int) -> torch.Tensor:

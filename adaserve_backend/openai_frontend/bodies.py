@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .logprobs import Entry, Renderer, entries, prompt_entries
+from .tools import ToolUse, parse_calls
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Tally:
     score_only: bool = False  # echo with max_tokens 0: the prompt is the answer; the one token made is dropped
     dropped_tokens: int = 0  # best_of: the tokens of candidates not returned (usage still counts them)
     service_tier: str | None = None  # the tier the response names (service_tiers.served_tier)
+    tools: ToolUse | None = None  # chat with tools: an answer that is a call comes back as tool_calls (tools.py)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_counts: list[int] = field(default_factory=list)  # each prompt's tokens
@@ -135,12 +137,36 @@ class Tally:
         for i, c in enumerate(self.choices):
             logprobs = self._logprobs(c.echo_logprobs + c.logprobs, 0)
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason})
+                calls = parse_calls(c.text, self.tools) if self.tools is not None else None
+                message = ({"role": "assistant", "content": c.text} if calls is None
+                           else {"role": "assistant", "content": None, "tool_calls": calls})
+                choices.append({"index": i, "message": message, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason if calls is None else "tool_calls"})
             else:
                 choices.append({"index": i, "text": c.echo + c.text, "logprobs": logprobs,
                                 "finish_reason": c.finish_reason})
         return {**self._head(chunk=False), "choices": choices, "usage": self.usage()}
+
+    def chunks(self, delta: str | None, finish_reason: str | None = None, index: int = 0) -> list[dict]:
+        """What goes out for choice `index`'s text delta (None: it ended, with `finish_reason`). With
+        tools the text is held: whether the answer is a call is known at its end, then it goes out as
+        tool_calls deltas, or as the text."""
+        c = self.choices[index]
+        if self.tools is None:
+            if delta is not None and not delta and (c.streamed or not self.chat):
+                return []
+            return [self.chunk(delta, finish_reason, index)]
+        if delta is not None:
+            return []
+        calls = parse_calls(c.text, self.tools)
+        if calls is None:
+            return [self.chunk(c.text, index=index), self.chunk(finish_reason=finish_reason, index=index)]
+        c.streamed, c.unsent = True, []
+        deltas = [{"index": k, **call} for k, call in enumerate(calls)]
+        head = {**self._head(chunk=True), **({"usage": None} if self.include_usage else {})}
+        first = {"index": index, "delta": {"role": "assistant", "content": None, "tool_calls": deltas},
+                 "logprobs": None, "finish_reason": None}
+        return [{**head, "choices": [first]}, self.chunk(finish_reason="tool_calls", index=index)]
 
     def chunk(self, delta: str | None = None, finish_reason: str | None = None, index: int = 0) -> dict:
         """A streamed chunk of choice `index`: a text delta, or its last one carrying the finish reason.

@@ -33,6 +33,7 @@ from .params import Generation, parse
 from .served_prompts import chat_renderer, context_room, served_tokenizer
 from .service_tiers import repository_tiers, served_tier, with_tier
 from .tenancy import Tenancy, repository_tenancy
+from .tools import tool_messages
 
 log = logging.getLogger("adaserve.openai")
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
@@ -166,7 +167,8 @@ class Frontend:
             raise OpenAIError(400, f"this request's {gen.generations} generations (n choices of each prompt) are "
                               f"more than this server runs at once ({self.max_in_flight})", "n")
         self._check_room(gen.generations - 1)
-        prompts = (self.render_chat(gen.messages),) if gen.messages is not None else gen.prompts
+        prompts = ((self.render_chat(tool_messages(gen.messages, gen.tools)),) if gen.messages is not None
+                   else gen.prompts)
         if not gen.max_tokens_given and self.context_room is not None:
             # a chat that left its length open gets the default or what the context leaves, whichever is
             # less (as OpenAI and vLLM), not a 400 for a long prompt; no room at all is still the engine's 400
@@ -176,7 +178,7 @@ class Frontend:
         tally = Tally(endpoint, self.model_name, gen.runs, len(prompts), include_usage=gen.stream and gen.include_usage,
                       continuous_usage=gen.stream and gen.continuous_usage,
                       logprobs=self.logprob_renderer if gen.logprobs is not None else None,
-                      score_only=gen.max_tokens == 0, service_tier=served_tier(gen.service_tier))
+                      score_only=gen.max_tokens == 0, service_tier=served_tier(gen.service_tier), tools=gen.tools)
         if gen.echo:
             tally.echo([echo_text(p, self.logprob_renderer) for p in prompts])
         if self.tenancy is not None:  # the key's tenant, its SLO bounds and limits; its tokens charged at the end
@@ -218,11 +220,9 @@ class Frontend:
             try:
                 while item is not None:
                     index, delta = item
-                    if delta is None:  # this choice ended
-                        reason = tally.choices[index].finish_reason or "stop"
-                        await send(resp, sse(tally.chunk(finish_reason=reason, index=index)))
-                    elif delta or (tally.chat and not tally.choices[index].streamed):
-                        await send(resp, sse(tally.chunk(delta, index=index)))
+                    reason = tally.choices[index].finish_reason or "stop" if delta is None else None  # None: ended
+                    for chunk in tally.chunks(delta, reason, index):
+                        await send(resp, sse(chunk))
                     item = await self._next(choices, tally)
                 if gen.include_usage:
                     await send(resp, sse(tally.usage_chunk()))

@@ -7,10 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..grammar.spec import GrammarSpec
 from ..request import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_TENANT_CHARS
 from ..request import MAX_STOP_WORDS as MAX_STOP
 from ..slo import SLO
 from .field_readers import bad, flag, integer, number, shown, utf8
+from .messages import chat_message, text_of
+from .structured import FIELDS as STRUCTURED
+from .structured import grammar_of
+from .tools import FIELDS as TOOL_FIELDS
+from .tools import ToolUse, tool_use, with_tools
 
 INT32_MAX = 2**31 - 1  # token counts travel to Triton as INT32: a larger one would wrap, not fail
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's own default for /v1/completions
@@ -24,7 +30,7 @@ SLO_HEADERS = {"tpot_slo_ms": "x-slo-tpot-ms", "ttft_slo_ms": "x-slo-ttft-ms", "
 
 # Accepted only at the value that changes nothing (what the client would get by leaving them out).
 NEUTRAL = {"best_of": (1,), "suffix": ("",),
-           "parallel_tool_calls": (False,), "tools": ([],),
+           "parallel_tool_calls": (False, True), "tools": ([],),  # completions: no tools to call
            "repetition_penalty": (1, 1.0),  # a vLLM extension; `vllm bench serve` always sends 1.0
            "store": (False,), "metadata": ({},)}  # what agent frameworks send by default
 # What OpenAI's own API answers a model without these capabilities (beyond the neutral values above).
@@ -36,8 +42,9 @@ NOT_OFFERED = {
 COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
           "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logit_bias", "prediction",
           "service_tier", *SLO_HEADERS}
+COMMON |= set(STRUCTURED)  # response_format and the other servers' ways of asking for structured output
 KNOWN = {"completions": COMMON | {"prompt", "logprobs", "echo", "best_of"},
-         "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}}
+         "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", *TOOL_FIELDS}}
 
 
 Prompt = str | tuple[int, ...]  # a completion's prompt: text, or token ids sent as they are
@@ -72,6 +79,8 @@ class Generation:
     prediction: str | None = None  # Predicted Outputs' text (speculation/prediction.py)
     best_of: int = 1  # completions: candidates made of each prompt, the n likeliest returned (>= n)
     service_tier: str | None = None  # OpenAI's, served as an SLO class (service_tiers.py)
+    grammar: GrammarSpec | None = None  # structured output (structured.py): every token one it allows
+    tools: ToolUse | None = None  # chat: the tools the model may (or must) call (tools.py)
 
     @property
     def runs(self) -> int:
@@ -125,15 +134,6 @@ def _check_fields(body: Mapping, endpoint: str) -> None:
         raise bad(name, f"unsupported parameter '{name}'")
 
 
-def _text(content, where: str) -> str:
-    if isinstance(content, str):
-        return utf8(content, where)
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return utf8("".join(p["text"] for p in content), where)
-    raise bad(where, f"'{where}' must be a string or a list of text parts (images and audio are not supported)")
-
-
 def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Generation:
     """`endpoint` is "completions" or "chat"."""
     if not isinstance(body, dict):
@@ -149,13 +149,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise bad("messages", "'messages' must be a non-empty list")
-        parsed = []
-        for i, m in enumerate(raw):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
-                raise bad(f"messages[{i}]", f"messages[{i}] needs a role of system, developer, user or assistant")
-            role = "system" if m["role"] == "developer" else m["role"]
-            parsed.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
-        messages, prompts, echo = tuple(parsed), [], False
+        messages, prompts, echo = tuple(chat_message(i, m) for i, m in enumerate(raw)), [], False
         # OpenAI deprecated max_tokens for chat: with both, max_completion_tokens wins (as vLLM and Triton's
         # frontend take it); the other is still checked, so a malformed one is never passed over silently
         a = body.get("max_completion_tokens")
@@ -194,8 +188,15 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     if max(n, best_of) * len(prompts) > MAX_GENERATIONS:
         raise bad("n", f"n={n} choices (best_of {best_of}) of {len(prompts)} prompts are "
                   f"{max(n, best_of) * len(prompts)} generations; at most {MAX_GENERATIONS} per request")
+    grammar, tools = grammar_of(body), tool_use(body) if endpoint == "chat" else None
+    if tools is not None:
+        grammar = with_tools(tools, grammar)
+    if grammar is not None and min_tokens:
+        raise bad("min_tokens" if body.get("min_tokens") else "ignore_eos",
+                  "min_tokens and ignore_eos cannot be combined with structured output: the grammar ends the output")
     return Generation(
-        prompts=tuple(prompts), messages=messages, max_tokens=max_tokens, max_tokens_given=max_tokens_given, n=n,
+        grammar=grammar, tools=tools, prompts=tuple(prompts), messages=messages,
+        max_tokens=max_tokens, max_tokens_given=max_tokens_given, n=n,
         temperature=number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
         seed=integer(body, "seed", 0, None, 2**64 - 1),
@@ -226,7 +227,7 @@ def _prediction(body: Mapping) -> str | None:
         return None
     if not isinstance(raw, dict) or raw.get("type") != "content" or set(raw) - {"type", "content"}:
         raise bad("prediction", "'prediction' must be {\"type\": \"content\", \"content\": ...}")
-    return _text(raw.get("content"), "prediction") or None
+    return text_of(raw.get("content"), "prediction") or None
 
 
 def _logit_bias(body: Mapping) -> tuple[tuple[int, float], ...]:

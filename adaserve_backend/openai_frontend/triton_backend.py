@@ -45,6 +45,10 @@ def ensemble_request(gen: Generation, prompt: Prompt, supported: set[str]) -> di
         if "prediction" not in supported:
             raise OpenAIError(400, "'prediction' is not supported by this server's model", "prediction")
         extra |= {"prediction": gen.prediction, "return_perf_metrics": True}  # the counts come with the metrics
+    if gen.grammar is not None:
+        if "guided_decoding_guide_type" not in supported:
+            raise OpenAIError(400, "structured output is not supported by this server's model", "response_format")
+        extra |= {"guided_decoding_guide_type": gen.grammar.kind, "guided_decoding_guide": gen.grammar.guide or None}
     if gen.tenant is not None and "tenant" in supported:  # an older repository has no suffix index to scope
         extra["tenant"] = gen.tenant
     if gen.cache_scope is not None:  # isolation is never dropped: a repository without it cannot serve the tenant

@@ -28,7 +28,7 @@ def engine_request(gen: Generation, prompt_ids: list[int]) -> Request:
                    sampling=SamplingParams(gen.temperature, gen.top_p, gen.top_k, gen.seed, gen.frequency_penalty,
                                            gen.presence_penalty, gen.logit_bias), stop_strings=gen.stop,
                    slo=gen.slo, tenant=gen.tenant, cache_scope=gen.cache_scope, logprobs=gen.logprobs,
-                   prompt_logprobs=gen.logprobs if gen.echo else None)
+                   prompt_logprobs=gen.logprobs if gen.echo else None, grammar=gen.grammar)
 
 
 class RayBackend:

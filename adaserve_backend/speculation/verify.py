@@ -12,7 +12,7 @@ from collections import Counter
 
 import torch
 
-from ..grammar.state import GrammarState, masked
+from ..grammar.state import GrammarState, allows_token, masked
 from ..model_runner import ForwardOutput, ModelRunner, SeqInput
 from ..request import INTERNAL_ERROR, SamplingParams
 from ..sampling import adjusted, choose_token, token_logprobs
@@ -106,10 +106,13 @@ def verify(
             if ends_prompt(seq, n):
                 params = seq.request.sampling
                 last = adjusted(sampling_rows(seq, rows)[-1], params, Counter())[None]
+                top = None if params.adjusts else tops[out.offsets[j + 1] - 1]
                 if seq.grammar is not None:
-                    last = masked(last, seq.grammar.bitmask())
-                first = choose(seq, last[0], 0, None if params.adjusts or seq.grammar
-                               else tops[out.offsets[j + 1] - 1])
+                    mask = seq.grammar.bitmask()
+                    top = top if top is not None and allows_token(mask, top) else None
+                    if top is None or not params.greedy or seq.request.logprobs is not None:
+                        last = masked(last, mask)
+                first = choose(seq, last[0], 0, top)
                 if seq.grammar is not None:
                     seq.grammar.accept(first)
                 first_logprob = logprobs_of(seq, last, [first])
@@ -126,11 +129,15 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
     if seq.request.sampling.adjusts:  # penalties count each node's own path: rows per node, as visited
         logits, tops = PathRows(seq, tree, logits), [None] * len(tree.tokens)
     if seq.grammar is not None:  # masked by the grammar's state at each node the walk reaches
-        logits, tops = GrammarRows(seq.grammar, logits), [None] * len(tree.tokens)
+        logits = GrammarRows(seq.grammar, logits, tops)
 
     def target_token_at(node: int) -> int:
-        token = choose(seq, logits[node], len(seq.output) + depths[node], tops[node])
-        if seq.grammar is not None and not seq.grammar.done:  # past its end the request has ended
+        if seq.grammar is None:
+            return choose(seq, logits[node], len(seq.output) + depths[node], tops[node])
+        top = logits.top(node)  # a greedy request takes its allowed argmax with no row masked (no min_tokens)
+        token = choose(seq, None if top is not None and seq.request.sampling.greedy else logits[node],
+                       len(seq.output) + depths[node], top)
+        if not seq.grammar.done:  # past its end the request has ended
             seq.grammar.accept(token)  # the walk goes on below it: the state follows the accepted path
         return token
 
@@ -170,17 +177,29 @@ class PathRows:
 class GrammarRows:
     """A tree's rows masked by the grammar where verification reads them: the walk visits an accepted
     path in order, and the state has consumed that path's tokens when it reaches each node, so each row
-    is masked exactly as plain constrained decoding would mask it (kept for the path's logprobs)."""
+    is masked exactly as plain constrained decoding would mask it (kept for the path's logprobs). A
+    greedy choice whose row's argmax the grammar allows takes it, with no row masked at all."""
 
-    def __init__(self, state: GrammarState, logits) -> None:
-        self.state, self.logits, self.rows = state, logits, {}
+    def __init__(self, state: GrammarState, logits, tops: list[int | None]) -> None:
+        self.state, self.logits, self.tops, self.masks, self.rows = state, logits, tops, {}, {}
+
+    def _mask(self, node: int):
+        """The node's mask, read when the walk reaches it (None past the grammar's end: nothing is kept)."""
+        if node not in self.masks:
+            self.masks[node] = None if self.state.done else self.state.bitmask()
+        return self.masks[node]
+
+    def top(self, node: int) -> int | None:
+        """The row's argmax where the grammar allows it there, else None."""
+        mask, top = self._mask(node), self.tops[node]
+        return top if top is not None and (mask is None or allows_token(mask, top)) else None
 
     def __getitem__(self, node):
         if isinstance(node, list):
-            return torch.stack([self.rows[n] for n in node])
-        if node not in self.rows:  # past the grammar's end (an accepted stop token) nothing is kept
-            row = self.logits[node]
-            self.rows[node] = row if self.state.done else masked(row, self.state.bitmask())
+            return torch.stack([self[n] for n in node])
+        if node not in self.rows:
+            mask, row = self._mask(node), self.logits[node]
+            self.rows[node] = row if mask is None else masked(row, mask)
         return self.rows[node]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..chat import encode_prompt
+from ..grammar.spec import GrammarSpec
 from ..request import Request, RequestOutput, SamplingParams, TokenLogprob
 from ..request_fields import Role, default, names
 from ..serving.detokenize import Rendered
@@ -181,6 +182,16 @@ def _logit_bias(tensors: dict[str, np.ndarray]) -> tuple[tuple[int, float], ...]
     return tuple(zip((int(i) for i in ids), (float(v) for v in values)))
 
 
+def _grammar(x: _Inputs) -> GrammarSpec | None:
+    kind = x.scalar("guided_decoding_guide_type", None, str) or None
+    guide = x.scalar("guided_decoding_guide", None, str) or ""
+    if kind is None:
+        if guide:
+            raise ValueError("guided_decoding_guide needs guided_decoding_guide_type")
+        return None
+    return GrammarSpec(kind, guide)
+
+
 def _prediction(x: _Inputs, tokenizer) -> tuple[int, ...]:
     """Predicted Outputs' text as token ids (the output's own tokenization: no special tokens)."""
     text = x.scalar("prediction", None, str)
@@ -232,6 +243,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         logprobs=x.scalar("logprobs", None, int),
         prompt_logprobs=x.scalar("prompt_logprobs", None, int),
         prediction=_prediction(x, tokenizer),
+        grammar=_grammar(x),
     )
     options = ResponseOptions(**{name: x.scalar(name, default(name), bool) for name in RESPONSE_OPTIONS})
     return request, options

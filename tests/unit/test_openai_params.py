@@ -103,7 +103,7 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"prompt": "x", "logit_bias": {"5": 101}}, {}, "logit_bias"),
     ({"prompt": "x", "logit_bias": [5]}, {}, "logit_bias"),
     ({"prompt": "x", "repetition_penalty": 1.2}, {}, "repetition_penalty"),
-    ({"prompt": "x", "response_format": {"type": "json_object"}}, {}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "yaml"}}, {}, "response_format"),
     ({"prompt": "x", "max_tokens": 0}, {}, "max_tokens"),
     ({"prompt": "x", "max_tokens": "8"}, {}, "max_tokens"),
     ({"prompt": "x", "temperature": -1}, {}, "temperature"),
@@ -127,12 +127,13 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"prompt": "x", "user": "u" * 257}, {}, "user"),
     ({"prompt": "x", "user": "\ud800"}, {}, "user"),
     ({"messages": []}, {}, "messages"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, {}, "messages[0]"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, {}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, {}, "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, {}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5", "max_completion_tokens": 6},
      {}, "max_tokens"),
     ({"prompt": "x", "logprobs": True}, {}, "logprobs"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, {}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, {}, "tools[0]"),
 ])
 def test_bad_or_unsupported_parameters_are_a_clear_400(body, headers, param):
     endpoint = "chat" if "messages" in body else "completions"

@@ -1,0 +1,119 @@
+"""Structured output and tools in the OpenAI frontend, without a server: every way a client asks for a
+grammar becomes one GrammarSpec (or a 400 naming the field), tools become a grammar where they are
+forced and compose with response_format where not, the history renders in the documented format, and
+an answer that is a call comes back as OpenAI's tool_calls, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaserve_backend.grammar.spec import EBNF, JSON, JSON_SCHEMA, REGEX, GrammarSpec
+from adaserve_backend.openai_frontend.bodies import Tally
+from adaserve_backend.openai_frontend.field_readers import OpenAIError
+from adaserve_backend.openai_frontend.params import parse
+from adaserve_backend.openai_frontend.tools import parse_calls, tool_messages
+from adaserve_backend.openai_frontend.triton_backend import ensemble_request
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                                            "parameters": SCHEMA}}
+
+
+@pytest.mark.parametrize("extra, kind, guide", [
+    ({"response_format": {"type": "json_object"}}, JSON, ""),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA, "strict": True}}},
+     JSON_SCHEMA, json.dumps(SCHEMA)),
+    ({"guided_json": SCHEMA}, JSON_SCHEMA, json.dumps(SCHEMA)),
+    ({"guided_json": json.dumps(SCHEMA)}, JSON_SCHEMA, json.dumps(SCHEMA)),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, REGEX, "[0-9]+"),
+    ({"guided_choice": ["yes", "no."]}, REGEX, r"(yes)|(no\.)"),
+    ({"guided_grammar": 'root ::= "a"'}, EBNF, 'root ::= "a"'),
+    ({"json_schema": SCHEMA}, JSON_SCHEMA, json.dumps(SCHEMA)),  # llama.cpp's
+])
+def test_each_way_of_asking_for_structured_output_is_one_grammar(extra, kind, guide):
+    for body, endpoint in ((CHAT | extra, "chat"), ({"model": "m", "prompt": "x"} | extra, "completions")):
+        gen = parse(body, endpoint)
+        assert gen.grammar == GrammarSpec(kind, guide)
+        tensors = ensemble_request(gen, "x", {"guided_decoding_guide_type"})
+        assert tensors["guided_decoding_guide_type"][0] == kind.encode()
+
+
+def test_text_asks_for_nothing_and_conflicts_or_bad_schemas_are_a_400():
+    assert parse(CHAT | {"response_format": {"type": "text"}}, "chat").grammar is None
+    for extra, param in [({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
+                          "response_format.json_schema.schema"),
+                         ({"guided_json": "{oops"}, "guided_json"),
+                         ({"guided_choice": []}, "guided_choice"),
+                         ({"response_format": {"type": "json_object"}, "min_tokens": 3}, "min_tokens"),
+                         ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
+                         ({"tool_choice": "required"}, "tool_choice"),
+                         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                          "tool_choice")]:
+        with pytest.raises(OpenAIError) as e:
+            parse(CHAT | extra, "chat")
+        assert e.value.status == 400 and e.value.param == param, extra
+    with pytest.raises(OpenAIError):  # an older repository without the inputs: refused, never ignored
+        ensemble_request(parse(CHAT | {"response_format": {"type": "json_object"}}, "chat"), "x", set())
+
+
+def test_forced_tools_are_a_grammar_of_calls_and_auto_composes_with_response_format():
+    required = parse(CHAT | {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}, "chat")
+    schema = json.loads(required.grammar.guide)
+    calls = schema["properties"]["tool_calls"]
+    assert calls["maxItems"] == 1 and calls["items"]["anyOf"][0]["properties"]["arguments"] == SCHEMA
+    pick = {"type": "function", "function": {"name": "get_weather"}}
+    named = parse(CHAT | {"tools": [WEATHER], "tool_choice": pick}, "chat")
+    assert named.tools.choice == "get_weather" and named.grammar.kind == JSON_SCHEMA
+    auto = parse(CHAT | {"tools": [WEATHER]}, "chat")
+    assert auto.grammar is None and auto.tools.choice == "auto"
+    both = parse(CHAT | {"tools": [WEATHER], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "answer", "schema": {"type": "object", "properties": {"text": {"type": "string"}}}}}}, "chat")
+    assert len(json.loads(both.grammar.guide)["anyOf"]) == 2
+    assert parse(CHAT | {"tools": [WEATHER], "tool_choice": "none"}, "chat").tools is None
+
+
+def test_the_history_renders_tools_calls_and_results_in_the_documented_format():
+    body = CHAT | {"tools": [WEATHER], "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]}
+    gen = parse(body, "chat")
+    out = tool_messages(gen.messages, gen.tools)
+    assert out[0]["role"] == "system" and out[0]["content"].startswith("Be brief.")
+    assert "get_weather" in out[0]["content"]
+    assert json.loads(out[2]["content"]) == {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}
+    assert out[3] == {"role": "tool", "content": "sunny, 21 C"}
+
+
+def test_an_answer_that_is_a_call_comes_back_as_tool_calls_whole_and_streamed():
+    use = parse(CHAT | {"tools": [WEATHER]}, "chat").tools
+    answer = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    assert parse_calls("It is sunny.", use) is None and parse_calls('{"tool_calls": [{"name": "x"}]}', use) is None
+    whole = Tally("chat", "m", tools=use)
+    whole.take(0, answer, {"finish_reason": "stop"})
+    choice = whole.whole()["choices"][0]
+    call = choice["message"]["tool_calls"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    streamed = Tally("chat", "m", tools=use, include_usage=True)
+    sent = []
+    for piece in (answer[:20], answer[20:]):
+        sent += streamed.chunks(streamed.take(0, piece, {}), None, 0)
+    assert sent == []  # held until the answer is known to be a call
+    sent = streamed.chunks(None, "stop", 0)
+    deltas = sent[0]["choices"][0]["delta"]
+    assert deltas["role"] == "assistant" and deltas["tool_calls"][0]["index"] == 0
+    assert deltas["tool_calls"][0]["function"]["name"] == "get_weather" and sent[0]["usage"] is None
+    assert sent[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    text = Tally("chat", "m", tools=use)
+    text.take(0, "It is sunny.", {})
+    sent = text.chunks(None, "stop", 0)
+    assert sent[0]["choices"][0]["delta"]["content"] == "It is sunny."
+    assert sent[-1]["choices"][0]["finish_reason"] == "stop"
