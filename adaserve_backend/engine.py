@@ -200,7 +200,7 @@ class Engine:
             if isinstance(item, Request):
                 seq = Sequence.start(item, next(self._seq_ids), slo, received, self.eos_token_ids)
                 if item.grammar is not None:
-                    seq.grammar = self.grammars.start(item.grammar)
+                    seq.grammar = self.grammars.start(item.grammar, item.max_tokens)
                 self._owed[item.request_id] = seq
                 self.scheduler.add(seq)
             else:

@@ -24,6 +24,8 @@ def append_tokens(seq: Sequence, tokens: list[int], tokenizer,
             reason = FinishReason.LENGTH
         if reason:
             break
+    if reason == FinishReason.STOP and seq.grammar is not None and seq.grammar.closed:
+        reason = FinishReason.LENGTH  # max_tokens was near: the grammar closed the answer (grammar/state.py)
     send = len(seq.output)
     if req.stop_strings:
         may_stop = len(seq.output) > req.min_tokens

@@ -74,7 +74,7 @@ def check(doc, schema: dict) -> bool:
 @torch.no_grad()
 def constrained_reference(path: str, prompt: list[int], spec: GrammarSpec, max_tokens: int) -> list[int]:
     """Greedy decoding under the grammar with transformers' own model: the oracle."""
-    hf, state, ids, out = hf_reference(path), grammars().start(spec), list(prompt), []
+    hf, state, ids, out = hf_reference(path), grammars().start(spec, max_tokens), list(prompt), []
     for _ in range(max_tokens):
         logits = hf(torch.tensor([ids])).logits[0, -1].float()
         token = int(torch.argmax(masked(logits, state.bitmask())))

@@ -4,11 +4,19 @@ never on the engine loop, and cached per grammar: the loop only starts a parse s
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable
 
+import torch
+
 from .spec import EBNF, JSON, JSON_SCHEMA, REGEX, GrammarSpec
-from .state import GrammarState
+from .state import Closing, GrammarState, pack
+
+# RFC 8259's interoperable integers (what a double holds exactly): an integer the schema leaves unbounded
+# is kept within them. Without a bound a small model given digits can write digits to max_tokens.
+SAFE_INTEGER = 2**53 - 1
+BRACKETS, COMMAS = set(b"]} \n"), set(b", ")
 
 
 class Grammars:
@@ -17,7 +25,7 @@ class Grammars:
         `stop_ids`: the tokens that end a generation, the only ones allowed once a grammar is complete.
         The vocabulary is read on first use (a tokenizer takes a fraction of a second)."""
         self._vocabulary, self.vocab_size, self.stop_ids = vocabulary, vocab_size, sorted(stop_ids)
-        self._compiler = None
+        self._compiler, self._closing = None, None
         self._lock = threading.Lock()
 
     def _compiler_now(self):
@@ -31,6 +39,7 @@ class Grammars:
                         xgr.TokenizerInfo.from_huggingface(v, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids))
                 # one thread: the host's cores are the engine's; the cache keeps every grammar compiled
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+                self._closing = closing_classes(info.decoded_vocab, self.vocab_size, self.stop_ids)
             return self._compiler
 
     def compile(self, spec: GrammarSpec):
@@ -42,7 +51,8 @@ class Grammars:
             if spec.kind == JSON:
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if spec.kind == JSON_SCHEMA:
-                return compiler.compile_json_schema(spec.guide, any_whitespace=False)
+                return compiler.compile_json_schema(json.dumps(bounded_integers(json.loads(spec.guide))),
+                                                    any_whitespace=False)
             if spec.kind == REGEX:
                 return compiler.compile_regex(spec.guide)
             assert spec.kind == EBNF, spec.kind
@@ -50,6 +60,37 @@ class Grammars:
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"the {spec.kind} grammar cannot be compiled: {str(e).strip().splitlines()[0]}") from None
 
-    def start(self, spec: GrammarSpec) -> GrammarState:
-        """A new request's parse state, before its first output token."""
-        return GrammarState(self.compile(spec), self.vocab_size)
+    def start(self, spec: GrammarSpec, max_tokens: int | None = None) -> GrammarState:
+        """A new request's parse state, before its first output token; with `max_tokens`, its last
+        tokens close the answer (state.Closing)."""
+        compiled = self.compile(spec)
+        return GrammarState(compiled, self.vocab_size, left=max_tokens, closing=self._closing)
+
+
+def bounded_integers(schema):
+    """The schema with every integer it leaves unbounded kept within SAFE_INTEGER."""
+    if isinstance(schema, list):
+        return [bounded_integers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_integers(v) for k, v in schema.items()}
+    kinds = out.get("type")
+    if (kinds == "integer" or isinstance(kinds, list) and "integer" in kinds) and not (
+            {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"} & set(out)):
+        out |= {"minimum": -SAFE_INTEGER, "maximum": SAFE_INTEGER}
+    return out
+
+
+def closing_classes(decoded_vocab: list[bytes], vocab_size: int, stop_ids: list[int]) -> Closing:
+    """The tokens that end an answer (state.Closing): the stop tokens; those made only of closing
+    brackets and braces; a quote followed by nothing but those (closing a string, and what holds it);
+    only commas (on to what the grammar still requires)."""
+    def only(chars: set[int], first: set[int] | None = None) -> torch.Tensor:
+        keep = torch.zeros(vocab_size, dtype=torch.bool)
+        for i, text in enumerate(decoded_vocab[:vocab_size]):
+            keep[i] = (bool(text.strip()) and (first is None or text[0] in first)
+                       and all(b in chars for b in text[1 if first else 0:]))
+        return keep
+    stops = torch.zeros(vocab_size, dtype=torch.bool)
+    stops[list(stop_ids)] = True
+    return Closing(*(pack(m) for m in (stops, only(BRACKETS), only(BRACKETS, set(b'"')), only(COMMAS))))

@@ -8,16 +8,50 @@ which leave it as it is.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 NEG_INF = float("-inf")
+CLOSING_TOKENS = 24  # the last this many tokens of max_tokens close the answer (a third of a short one)
+
+
+@dataclass(frozen=True)
+class Closing:
+    """How an answer closes before max_tokens cuts it: within the last CLOSING_TOKENS, of the tokens the
+    grammar allows, only those of the first class with any (packed masks [1, W]; compiler.closing_classes),
+    else all it allows. Inside free text (a string: most of the vocabulary allowed) a bracket is text, so
+    the quote that ends the string comes first; elsewhere brackets and braces do. A string ends, an array
+    ends, the object's required fields come as the grammar dictates, and the stop token as soon as the
+    grammar is complete: the answer parses, where a cut one would not (reported as finish_reason length
+    all the same, where the narrowing changed what was allowed)."""
+
+    stops: torch.Tensor
+    brackets: torch.Tensor
+    quoted: torch.Tensor  # a quote, then only brackets and braces
+    commas: torch.Tensor
+
+    def narrow(self, mask: torch.Tensor) -> torch.Tensor | None:
+        free_text = int(allowed(mask, mask.shape[1] * 32).sum()) > mask.shape[1] * 16
+        order = ((self.stops, self.quoted, self.commas) if free_text
+                 else (self.stops, self.brackets, self.quoted, self.commas))
+        for c in order:
+            narrowed = mask & c
+            if bool(narrowed.any()):
+                return narrowed
+        return None
 
 
 class GrammarState:
-    def __init__(self, compiled, vocab_size: int, matcher=None) -> None:
+    def __init__(self, compiled, vocab_size: int, matcher=None, left: int | None = None,
+                 closing: Closing | None = None) -> None:
+        """`left`: output tokens still allowed, this one included (None: no closing)."""
         import xgrammar as xgr
 
-        self.vocab_size = vocab_size
+        self.vocab_size, self.left, self.closing = vocab_size, left, closing
+        self.window = min(CLOSING_TOKENS, left // 3) if left is not None else 0
+        self.closed = False  # a chosen token's mask was narrowed to close the answer
+        self._narrowed = False  # ... the last mask read was
         self._matcher = matcher if matcher is not None else xgr.GrammarMatcher(compiled)
         self._words = xgr.get_bitmask_shape(1, vocab_size)[1]
 
@@ -30,20 +64,34 @@ class GrammarState:
         """Feed the token just chosen; a token the mask forbade is a bug here."""
         if self.done or not self._matcher.accept_token(token):
             raise RuntimeError(f"token {token} is not allowed by the request's grammar")
+        if self.left is not None:
+            self.closed |= self._narrowed
+            self.left -= 1
 
     def child(self, token: int) -> GrammarState | None:
         """The state after `token` (None where the grammar forbids it), this one left as it is."""
         if self.done:
             return None
         fork = self._matcher.fork()
-        return GrammarState(None, self.vocab_size, fork) if fork.accept_token(token) else None
+        if not fork.accept_token(token):
+            return None
+        child = GrammarState(None, self.vocab_size, fork, None, self.closing)
+        if self.left is not None:
+            child.left, child.window = self.left - 1, self.window
+        return child
 
     def bitmask(self) -> torch.Tensor:
-        """The next token's allowed set, as 32-token words [1, W]."""
-        if self.done:
-            return forbidden(self.vocab_size)
+        """The next token's allowed set, as 32-token words [1, W] (narrowed to close the answer within
+        the last CLOSING_TOKENS of max_tokens)."""
         mask = forbidden(self.vocab_size)
+        self._narrowed = False
+        if self.done:
+            return mask
         self._matcher.fill_next_token_bitmask(mask)
+        if self.closing is not None and self.left is not None and self.left <= self.window:
+            narrowed = self.closing.narrow(mask)
+            if narrowed is not None and not torch.equal(narrowed, mask):
+                self._narrowed, mask = True, narrowed
         return mask
 
     def tree_masks(self, tokens: list[int], parents: list[int]) -> tuple[torch.Tensor, list[bool]]:
@@ -78,6 +126,15 @@ def allows(masks: torch.Tensor, tokens: list[int], parents: list[int]) -> list[b
 def allows_token(bitmask: torch.Tensor, token: int) -> bool:
     """Whether a mask [1, W] allows the token."""
     return bool((int(bitmask[0, token >> 5]) >> (token & 31)) & 1)
+
+
+def pack(keep: torch.Tensor) -> torch.Tensor:
+    """Booleans [vocab] as a mask [1, W] of 32-token words (token i: bit i % 32 of word i // 32)."""
+    words = forbidden(keep.shape[0]).shape[1]
+    bits = torch.zeros(words * 32, dtype=torch.int64)
+    bits[: keep.shape[0]] = keep.long()
+    packed = (bits.view(words, 32) << torch.arange(32)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32).unsqueeze(0)
 
 
 def forbidden(vocab_size: int) -> torch.Tensor:

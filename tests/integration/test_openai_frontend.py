@@ -299,3 +299,44 @@ def test_hostile_requests_against_the_real_server_get_4xx_json_and_it_keeps_serv
         assert error is None or error["message"], name
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
     assert out.choices[0].text
+
+
+def test_structured_output_and_tool_calls_through_the_real_server(client):
+    """The official client's parse() with a pydantic model; json_object streamed; a completion held to a
+    choice; a forced tool call comes back as tool_calls, whole and streamed; a grammar that does not
+    compile is a 400 naming response_format, and the server keeps serving."""
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+        population: int
+
+    ask = [{"role": "user", "content": "Describe Paris as JSON."}]
+    parsed = client.beta.chat.completions.parse(model=MODEL, messages=ask, response_format=City, max_tokens=200,
+                                                temperature=0)
+    assert isinstance(parsed.choices[0].message.parsed, City)
+    stream = client.chat.completions.create(model=MODEL, messages=ask, response_format={"type": "json_object"},
+                                            max_tokens=200, temperature=0.8, seed=3, stream=True)
+    assert isinstance(json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)), dict)
+    choice = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer yes or no:", max_tokens=8,
+                                       temperature=0, extra_body={"guided_choice": ["yes", "no"]})
+    assert choice.choices[0].text in ("yes", "no")
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    call = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Rome?"}],
+                                          tools=[weather], tool_choice="required", max_tokens=100, temperature=0)
+    assert call.choices[0].finish_reason == "tool_calls"
+    made = call.choices[0].message.tool_calls[0]
+    assert made.function.name == "get_weather" and "city" in json.loads(made.function.arguments)
+    deltas = [c.choices[0] for c in client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=100, temperature=0,
+        stream=True) if c.choices]
+    streamed = [tc for d in deltas if d.delta.tool_calls for tc in d.delta.tool_calls]
+    assert streamed[0].function.name == "get_weather" and deltas[-1].finish_reason == "tool_calls"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=ask, max_tokens=8, extra_body={
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}})
+    assert "grammar" in str(e.value) or "schema" in str(e.value)
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens

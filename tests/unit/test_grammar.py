@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from adaserve_backend.grammar.spec import JSON, GrammarSpec
-from adaserve_backend.request import Request, SamplingParams
+from adaserve_backend.request import FinishReason, Request, SamplingParams
 from adaserve_backend.speculation.beam import FORBIDDEN_SCORE
 from adaserve_backend.speculation.constrained import prune
 from adaserve_backend.speculation.token_tree import CandidateTree
 from tests.engines import POLICIES, assert_all_blocks_free, make_engine, run_staggered, workload
-from tests.grammar_fixtures import SCHEMA, constrained_reference, grammars, valid, vocabulary
+from tests.grammar_fixtures import SCHEMA, constrained_reference, grammars, text, valid, vocabulary
 from tests.model_fixtures import tiny_checkpoint
 
 SPEC = GrammarSpec.schema(SCHEMA)
@@ -111,3 +111,24 @@ def test_a_bad_grammar_is_refused_at_add_request_and_min_tokens_with_one_too():
     with pytest.raises(ValueError, match="tokenizer"):
         no_vocab.add_request(Request("none", prompt, grammar=SPEC))
     assert torch.is_tensor(engine.grammars.start(SPEC).bitmask())
+
+
+def test_the_last_tokens_close_the_answer_so_it_parses_and_say_length():
+    """A random model never ends its JSON by itself: within the last tokens of max_tokens the grammar
+    closes it (strings, arrays, the required fields, the stop token), so every answer parses; those it
+    closed report finish_reason length, and greedy still equals the oracle (which closes alike)."""
+    target = tiny_checkpoint("llama", seed=5)
+    engine = make_engine(target, target, "adaserve")
+    engine.grammars = grammars()
+    reqs = [dataclasses.replace(r, max_tokens=40) for r in grammar_requests(target, n=8)]
+    for r in reqs:
+        engine.add_request(r)
+    got, reasons = {}, {}
+    for o in engine.drain():
+        got.setdefault(o.request_id, []).extend(o.new_token_ids)
+        if o.finished:
+            reasons[o.request_id] = o.finish_reason
+    for r in reqs:
+        assert valid(got[r.request_id]), text(got[r.request_id])
+        assert got[r.request_id] == constrained_reference(target, r.prompt_ids, SPEC, r.max_tokens)
+    assert FinishReason.LENGTH in reasons.values()
