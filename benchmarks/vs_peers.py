@@ -172,6 +172,9 @@ def main() -> None:
     ap.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="default",
                     help="prompt-heavy: the same families with prompts several times the outputs; repetitive: shapes "
                          "that repeat across requests (harness/prompts.py)")
+    ap.add_argument("--schema-share", type=float, default=0.0, metavar="F",
+                    help="this share of the requests asks for JSON valid against a schema (harness/schemas.py): "
+                    "response_format json_schema to the OpenAI servers, guided_decoding to Triton")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--exact-length", action="store_true",
                     help="every request asks for exactly its max_tokens (min_tokens, ignore_eos): every system then "
@@ -203,7 +206,7 @@ def main() -> None:
     deck = prompt_deck(args.prompts, args.seed)
     try:
         levels = build_levels(args.arrivals, args.rps, args.duration, args.windows, slos, deck, args.seed,
-                              args.output_scale, embedded_tokenizer())
+                              args.output_scale, embedded_tokenizer(), args.schema_share)
     except (ValueError, FileNotFoundError, PromptsExhausted) as e:  # before any server starts
         ap.error(str(e))
     repeats = repeat_share([it for lv in levels for it in lv.items])

@@ -21,7 +21,7 @@ from harness.metrics import RequestRecord
 from harness.prefill_bound import BoundResult, Job, prefill_only_bound
 from harness.slo_targets import SloTargets
 from harness.trace_windows import NAMED_TRACES, is_trace, load_trace, peak_arrivals, trace_window
-from harness.workload import PromptDeck, WorkItem, build_workload, gamma_arrivals, poisson_arrivals
+from harness.workload import PromptDeck, WorkItem, build_workload, gamma_arrivals, poisson_arrivals, with_schemas
 
 ARRIVALS = ("poisson", "gamma", *NAMED_TRACES, "azure:PATH")
 
@@ -74,10 +74,11 @@ def prompt_tokens(items: Sequence[WorkItem], tokenizer) -> tuple[int, ...]:
 
 
 def build_levels(kind: str, rates: Sequence[float], duration_s: float, windows: int, slos: SloTargets,
-                 deck: PromptDeck, seed: int, output_scale: float, tokenizer) -> list[Level]:
+                 deck: PromptDeck, seed: int, output_scale: float, tokenizer, schema_share: float = 0.0) -> list[Level]:
     """Per rate, `windows` windows of round(rate * duration) requests, in run order (each level's windows
     in turn). Window k of level i draws with seed + i*windows + k: with one window, each level's seed is
-    what it was before windows existed (seed + i)."""
+    what it was before windows existed (seed + i). `schema_share`: of each window's requests, this
+    share asks for JSON valid against a schema (workload.with_schemas)."""
     if windows < 1:
         raise ValueError(f"--windows must be at least 1, got {windows}")
     levels = []
@@ -86,8 +87,8 @@ def build_levels(kind: str, rates: Sequence[float], duration_s: float, windows: 
         for k in range(windows):
             s = seed + i * windows + k
             arrivals = arrivals_for(kind, rps, n, s)
-            items = render_chat(build_workload(arrivals, slos, deck=deck, seed=s, output_scale=output_scale),
-                                tokenizer)
+            items = render_chat(with_schemas(build_workload(arrivals, slos, deck=deck, seed=s,
+                                                            output_scale=output_scale), schema_share), tokenizer)
             levels.append(Level(rps, k, s, tuple(items), prompt_tokens(items, tokenizer), peak_arrivals(arrivals)))
     return levels
 

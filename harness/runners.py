@@ -97,6 +97,7 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
     generates the same number of tokens whatever its numerics make of the end of sequence."""
     import numpy as np
 
+    from adaserve_backend.request_fields import tensors as field_tensors
     from adaserve_backend.triton.grpc_client import EnsembleClient
 
     async def main():
@@ -108,6 +109,9 @@ def run_triton(url: str, items: Sequence[WorkItem], time_limit_s: float, model: 
                 extra_inputs["ttft_slo_ms"] = np.array([item.ttft_slo_ms], dtype=np.float32)
             if exact_length:
                 extra_inputs["min_tokens"] = np.array([item.max_tokens], dtype=np.int32)
+            if item.schema is not None:
+                extra_inputs |= field_tensors({"guided_decoding_guide_type": "json_schema",
+                                               "guided_decoding_guide": json.dumps(item.schema)})
             async for text, extra in client.stream(item.prompt, item.max_tokens, tpot_slo_ms=item.tpot_slo_ms,
                                                    chat=item.chat, extra=extra_inputs):
                 now = time.monotonic()
@@ -153,6 +157,9 @@ def run_openai(base_url: str, model: str, items: Sequence[WorkItem], time_limit_
                 if slo_fields:
                     body |= {k: v for k, v in (("tpot_slo_ms", item.tpot_slo_ms),
                                                ("ttft_slo_ms", item.ttft_slo_ms)) if math.isfinite(v)}
+                if item.schema is not None:  # OpenAI's field, which vLLM and our frontend both take
+                    body["response_format"] = {"type": "json_schema",
+                                               "json_schema": {"name": "answer", "schema": item.schema}}
                 chunks = 0
                 async with session.post(base_url.rstrip("/") + "/v1/completions", json=body) as resp:
                     if resp.status != 200:

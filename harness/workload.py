@@ -12,6 +12,7 @@ synthetic fluctuating trace where each category peaks at a different time.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import random
 from collections.abc import Sequence
@@ -32,6 +33,24 @@ class WorkItem:
     tpot_slo_ms: float
     arrival_s: float  # offset from the start of the run
     ttft_slo_ms: float = math.inf
+    schema: dict | None = None  # structured output: the answer a JSON object valid against it (with_schemas)
+
+
+def with_schemas(items: Sequence[WorkItem], share: float) -> list[WorkItem]:
+    """Every 1/share-th item (the first, then evenly) asks for its answer as JSON valid against one of
+    harness/schemas.py's schemas, in turn: its own prompt stays (no prompt sent twice), with the
+    schema task's instruction after it."""
+    from .schemas import schema_tasks
+
+    if not share:
+        return list(items)
+    tasks, out, given = schema_tasks(), [], 0
+    for i, it in enumerate(items):
+        if math.floor(i * share + 1e-9) > math.floor((i - 1) * share + 1e-9):  # item 0, then every 1/share
+            task, given = tasks[given % len(tasks)], given + 1
+            it = dataclasses.replace(it, prompt=f"{it.prompt}\n\n{task.prompt}", schema=task.schema)
+        out.append(it)
+    return out
 
 
 # ---- prompts -------------------------------------------------------------------------------------

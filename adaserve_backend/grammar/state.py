@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 NEG_INF = float("-inf")
-CLOSING_TOKENS = 24  # the last this many tokens of max_tokens close the answer (a third of a short one)
+CLOSING_TOKENS = 48  # the last this many tokens of max_tokens close the answer (a third of a short one)
 
 
 @dataclass(frozen=True)
