@@ -50,9 +50,11 @@ class Frontend:
     def __init__(self, backend: Backend, model_name: str, render_chat: Callable[[tuple[dict, ...]], str],
                  api_key: str | None = None, max_in_flight: int = MAX_IN_FLIGHT,
                  tenancy: Tenancy | None = None, context_room: Callable[[str], int] | None = None,
-                 logprob_renderer: Renderer | None = None, tiers: dict[str, str] | None = None) -> None:
+                 logprob_renderer: Renderer | None = None, tiers: dict[str, str] | None = None,
+                 max_model_len: int | None = None) -> None:
         """`context_room`: tokens a rendered prompt leaves in the model's context (None: not known here);
         `logprob_renderer`: how token ids read in logprobs (None: requests for logprobs get a 400)."""
+        self.max_model_len = max_model_len  # the model card's, as vLLM's names it
         self.backend, self.model_name, self.render_chat = backend, model_name, render_chat
         self.logprob_renderer, self.tiers = logprob_renderer, tiers or {}  # service_tiers.tier_classes
         self.context_room = context_room
@@ -118,7 +120,8 @@ class Frontend:
         return web.Response(text=text + (self.tenancy.metrics_text() if self.tenancy is not None else ""))
 
     def _model_card(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "adaserve"}
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "adaserve", "root": self.model_name}
+        return card | ({"max_model_len": self.max_model_len} if self.max_model_len else {})  # as vLLM's card
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_card()]})
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None, on_shutdown: Callable[[], None] | None =
     tokenizer, max_model_len = served_tokenizer(args.model_repository)
     frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
                         args.max_in_flight, tenancy, context_room(tokenizer, max_model_len), Renderer.of(tokenizer),
-                        repository_tiers(args.model_repository))
+                        repository_tiers(args.model_repository), max_model_len)
     serve_frontend(frontend, args.host, args.port, on_shutdown, args.drain_grace_s)
 
 

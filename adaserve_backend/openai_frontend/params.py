@@ -199,7 +199,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         max_tokens=max_tokens, max_tokens_given=max_tokens_given, n=n,
         temperature=number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
-        seed=integer(body, "seed", 0, None, 2**64 - 1),
+        seed=_seed(body),
         stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
         slo=_slo(body, headers or {}), tenant=utf8(user, "user") if user is not None else None,
@@ -208,6 +208,13 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0), logit_bias=_logit_bias(body),
         prediction=_prediction(body), best_of=best_of, service_tier=_service_tier(body),
     )
+
+
+def _seed(body: Mapping) -> int | None:
+    """OpenAI takes any 64-bit integer, negative ones too (vLLM's clients send -1); it travels to the
+    engine as a uint64, so a negative seed is taken modulo 2**64: the same seed, the same draws."""
+    seed = integer(body, "seed", -(2**63), None, 2**64 - 1)
+    return None if seed is None else seed % 2**64
 
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")  # OpenAI's, served as SLO classes (service_tiers.py)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 
 from ..chat import encode_prompt
+from .field_readers import bad
 
 
 def served_tokenizer(model_repository: str):
@@ -28,6 +29,9 @@ def chat_renderer(tokenizer) -> Callable[[tuple[dict, ...]], str]:
         raise SystemExit("the served model has no chat template: /v1/chat/completions cannot work")
 
     def render(messages: tuple[dict, ...]) -> str:
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        try:
+            return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # a template's raise_exception (roles out of order, say): the client's to fix
+            raise bad("messages", f"the model's chat template refused these messages: {e}") from None
 
     return render

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         frontend = Frontend(backend, args.served_model_name, chat_renderer(tokenizer), args.api_key or None,
                             args.max_in_flight, tenancy, context_room(tokenizer, config.target.max_model_len),
                             Renderer.of(tokenizer), tier_classes(config.scheduler.slo_classes,
-                                                                        config.scheduler.service_tiers))
+                                                                        config.scheduler.service_tiers),
+                            config.target.max_model_len)
         serve_frontend(frontend, args.host, args.port, on_shutdown=backend.stop, drain_grace_s=config.drain.grace_s)
     finally:
         started = time.monotonic()

@@ -30,7 +30,8 @@ def answers(requests: list[tuple[str, str, dict | None]]) -> list[tuple[int, obj
 
 def test_a_model_is_looked_up_by_id_and_any_other_is_openais_404():
     (ok, card), (missing, error) = answers([("GET", "/v1/models/adaserve", None), ("GET", "/v1/models/gpt-4o", None)])
-    assert ok == 200 and card == {"id": "adaserve", "object": "model", "created": 0, "owned_by": "adaserve"}
+    assert ok == 200 and card == {"id": "adaserve", "object": "model", "created": 0, "owned_by": "adaserve",
+                                  "root": "adaserve"}
     assert missing == 404 and error["error"]["type"] == "not_found_error" and error["error"]["param"] == "model"
 
 

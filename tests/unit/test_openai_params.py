@@ -109,7 +109,7 @@ def test_what_vllm_bench_serve_sends_is_accepted():
     ({"prompt": "x", "temperature": -1}, {}, "temperature"),
     ({"prompt": "x", "temperature": True}, {}, "temperature"),
     ({"prompt": "x", "top_p": 0}, {}, "top_p"),
-    ({"prompt": "x", "seed": -1}, {}, "seed"),
+    ({"prompt": "x", "seed": -(2**63) - 1}, {}, "seed"),
     ({"prompt": "x", "stop": ["a", ""]}, {}, "stop"),
     ({"prompt": "x", "stop": [str(i) for i in range(17)]}, {}, "stop"),
     ({"prompt": "x", "min_tokens": 20, "max_tokens": 10}, {}, "min_tokens"),

@@ -117,3 +117,22 @@ def test_an_answer_that_is_a_call_comes_back_as_tool_calls_whole_and_streamed():
     sent = text.chunks(None, "stop", 0)
     assert sent[0]["choices"][0]["delta"]["content"] == "It is sunny."
     assert sent[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_negative_seeds_a_model_card_like_vllms_and_a_template_that_refuses_is_a_400():
+    assert parse({"model": "m", "prompt": "x", "seed": -1}, "completions").seed == 2**64 - 1
+    from adaserve_backend.openai_frontend.http_app import Frontend
+    from adaserve_backend.openai_frontend.served_prompts import chat_renderer
+
+    card = Frontend(None, "adaserve", lambda m: "", max_model_len=2048)._model_card()
+    assert card["root"] == "adaserve" and card["max_model_len"] == 2048
+
+    class Refusing:
+        chat_template = "{{ raise_exception('roles must alternate') }}"
+
+        def apply_chat_template(self, *a, **k):
+            raise ValueError("roles must alternate")
+
+    with pytest.raises(OpenAIError) as e:
+        chat_renderer(Refusing())(({"role": "user", "content": "x"},))
+    assert e.value.status == 400 and "roles must alternate" in e.value.message
