@@ -164,8 +164,8 @@ class Request:
                              f"({max_model_len})")
         if any(not 0 <= t < vocab_size for t, _ in self.sampling.logit_bias):
             raise ValueError(f"logit_bias token ids must lie in [0, {vocab_size})")
-        if any(not 0 <= t < vocab_size for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must lie in [0, {vocab_size})")
+        if any(not 0 <= t < vocab_size for t in self.stop_token_ids) or len(self.stop_token_ids) > MAX_STOP_WORDS:
+            raise ValueError(f"stop_token_ids: at most {MAX_STOP_WORDS} token ids in [0, {vocab_size})")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:

@@ -74,6 +74,8 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField("ignore_eos", "BOOL", "generate on past end-of-sequence tokens, to max_tokens", False),
     RequestField("seed", "UINT64", "reproducible sampling"),
     RequestField("stop_words", "STRING", "stop strings (the output ends before the first one)", (), many=True),
+    RequestField("stop_token_ids", "INT32", "tokens that end the output (kept in it, as an end-of-sequence token)", (),
+                 many=True),
     RequestField("exclude_input_in_output", "BOOL", "non-streaming: leave the prompt out of text_output", False),
     RequestField("return_num_input_tokens", "BOOL", "output num_input_tokens", False),
     RequestField("return_num_output_tokens", "BOOL", "output num_output_tokens", False),

@@ -41,6 +41,7 @@ NOT_OFFERED = {
 }
 COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
           "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "logit_bias", "prediction",
+          "stop_token_ids",
           "service_tier", *SLO_HEADERS}
 COMMON |= set(STRUCTURED)  # response_format and the other servers' ways of asking for structured output
 KNOWN = {"completions": COMMON | {"prompt", "logprobs", "echo", "best_of"},
@@ -64,6 +65,7 @@ class Generation:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: tokens that end the output (kept in it)
     min_tokens: int = 0
     stream: bool = False
     include_usage: bool = False
@@ -200,7 +202,8 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         temperature=number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
         seed=_seed(body),
-        stop=tuple(stop), min_tokens=min_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
+        stop=tuple(stop), stop_token_ids=_stop_token_ids(body), min_tokens=min_tokens, stream=stream,
+        include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("continuous_usage_stats")),
         slo=_slo(body, headers or {}), tenant=utf8(user, "user") if user is not None else None,
         logprobs=_logprobs(body, endpoint), echo=echo,
@@ -208,6 +211,14 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0), logit_bias=_logit_bias(body),
         prediction=_prediction(body), best_of=best_of, service_tier=_service_tier(body),
     )
+
+
+def _stop_token_ids(body: Mapping) -> tuple[int, ...]:
+    raw = body.get("stop_token_ids") or []
+    if not (isinstance(raw, list) and len(raw) <= MAX_STOP and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in raw)):
+        raise bad("stop_token_ids", f"'stop_token_ids' must be a list of at most {MAX_STOP} token ids")
+    return tuple(raw)
 
 
 def _seed(body: Mapping) -> int | None:

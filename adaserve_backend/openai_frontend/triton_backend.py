@@ -23,6 +23,10 @@ MODEL = "adaserve"
 def ensemble_request(gen: Generation, prompt: Prompt, supported: set[str]) -> dict[str, np.ndarray]:
     extra = {"top_p": gen.top_p, "top_k": gen.top_k, "min_tokens": gen.min_tokens, "return_num_input_tokens": True,
              "stop_words": gen.stop or None}
+    if gen.stop_token_ids:
+        if "stop_token_ids" not in supported:
+            raise OpenAIError(400, "'stop_token_ids' is not supported by this server's model", "stop_token_ids")
+        extra["stop_token_ids"] = list(gen.stop_token_ids)
     adjusts = {"frequency_penalty": gen.frequency_penalty or None, "presence_penalty": gen.presence_penalty or None,
                "logit_bias_token_ids": [t for t, _ in gen.logit_bias] or None,
                "logit_bias_values": [b for _, b in gen.logit_bias] or None}

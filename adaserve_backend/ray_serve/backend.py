@@ -27,6 +27,7 @@ def engine_request(gen: Generation, prompt_ids: list[int]) -> Request:
     return Request(uuid.uuid4().hex, prompt_ids, max_tokens=max(1, gen.max_tokens), min_tokens=gen.min_tokens,
                    sampling=SamplingParams(gen.temperature, gen.top_p, gen.top_k, gen.seed, gen.frequency_penalty,
                                            gen.presence_penalty, gen.logit_bias), stop_strings=gen.stop,
+                   stop_token_ids=gen.stop_token_ids,
                    slo=gen.slo, tenant=gen.tenant, cache_scope=gen.cache_scope, logprobs=gen.logprobs,
                    prompt_logprobs=gen.logprobs if gen.echo else None, grammar=gen.grammar)
 

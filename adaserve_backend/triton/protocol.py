@@ -235,6 +235,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray], tokenizer=Non
         min_tokens=min_tokens,
         sampling=sampling,
         stop_strings=tuple(stop_words),
+        stop_token_ids=tuple(int(t) for t in np.asarray(tensors.get("stop_token_ids", [])).reshape(-1)),
         ignore_eos=x.scalar("ignore_eos", default("ignore_eos"), bool),
         slo=slo,
         arrival_time=_arrival(x),

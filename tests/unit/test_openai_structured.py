@@ -136,3 +136,13 @@ def test_negative_seeds_a_model_card_like_vllms_and_a_template_that_refuses_is_a
     with pytest.raises(OpenAIError) as e:
         chat_renderer(Refusing())(({"role": "user", "content": "x"},))
     assert e.value.status == 400 and "roles must alternate" in e.value.message
+
+
+def test_stop_token_ids_reach_the_model_or_are_refused():
+    gen = parse({"model": "m", "prompt": "x", "stop_token_ids": [7, 9]}, "completions")
+    assert list(ensemble_request(gen, "x", {"stop_token_ids"})["stop_token_ids"]) == [7, 9]
+    with pytest.raises(OpenAIError):
+        ensemble_request(gen, "x", set())
+    with pytest.raises(OpenAIError) as e:
+        parse({"model": "m", "prompt": "x", "stop_token_ids": ["a"]}, "completions")
+    assert e.value.param == "stop_token_ids"

@@ -199,3 +199,13 @@ def test_logprobs_are_parsed_and_bounded():
     assert req.logprobs == 3
     with pytest.raises(ValueError, match="logprobs must be in"):
         dataclasses.replace(req, logprobs=99).validate(100, 100)
+
+
+def test_stop_token_ids_and_a_grammar_travel_as_their_inputs():
+    tensors = {"input_ids": np.array([5, 6], dtype=np.int32), "stop_token_ids": np.array([7, 9], dtype=np.int32),
+               "guided_decoding_guide_type": np.array([b"regex"], dtype=object),
+               "guided_decoding_guide": np.array([b"[0-9]+"], dtype=object)}
+    request, _ = parse_request("r", tensors)
+    assert request.stop_token_ids == (7, 9) and request.grammar.kind == "regex" and request.grammar.guide == "[0-9]+"
+    with pytest.raises(ValueError, match="guided_decoding_guide_type"):
+        parse_request("r", {k: tensors[k] for k in ("input_ids", "guided_decoding_guide")})
