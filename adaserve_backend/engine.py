@@ -26,6 +26,7 @@ from .config import EngineConfig
 from .cost_model.cost_model import CostModel, load_cost_model
 from .device import check_device, on_cpu, synchronize
 from .grammar.compiler import Grammars
+from .grammar.spec import JSON, GrammarSpec
 from .inbox import Inbox
 from .model_runner import ModelRunner
 from .models import LlamaModel, load_model
@@ -247,6 +248,8 @@ class Engine:
         list(self.drain())
         self.reset_stats()
         self.estimator.forget_yield()  # random tokens teach the times, not what real text yields
+        if self.grammars is not None:  # the vocabulary's grammar tables, a second's work no request should wait for
+            self.grammars.compile(GrammarSpec(JSON))
         gc.collect()
         gc.freeze()
 
