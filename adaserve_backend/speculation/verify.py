@@ -151,8 +151,9 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
         draft.add_features(seq, len(seq.tokens) - 1, features[acc.path])
     predicted = (sum(is_predicted(cand.origin[tree.source[n]]) for n in acc.path[1:])
                  if cand is not None and seq.request.prediction else 0)
-    return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts, max(depths),
-                    logprobs_of(seq, logits[acc.path], acc.tokens), predicted)
+    # the path's rows only where the request asked: a grammar's or a penalty's rows are computed per node
+    logprobs = logprobs_of(seq, logits[acc.path], acc.tokens) if seq.request.logprobs is not None else None
+    return Verified(seq, acc.tokens, len(tree.tokens) - 1, acc.num_accepted_drafts, max(depths), logprobs, predicted)
 
 
 class PathRows:

@@ -24,7 +24,6 @@ the identity (zero output projections), so training begins exactly where the sav
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import glob
@@ -37,10 +36,9 @@ import time
 import torch
 from tqdm import tqdm
 
-from adaserve_backend.config import EMBEDDED_DEFAULT, ModelConfig
+from adaserve_backend.config import ModelConfig
 from adaserve_backend.models import load_model, load_tokenizer, locate, read_checkpoint
 from adaserve_backend.models.feature_draft import (
-    SHIPPED,
     DraftLayout,
     base_draft,
     eagle3_taps,
@@ -49,9 +47,9 @@ from adaserve_backend.models.feature_draft import (
     trained_draft,
 )
 from harness.prompts import BENCHMARK_FAMILIES, family_prompts
-from harness.run_dir import run_dir
 from tools.draft.data import HELD_OUT_FAMILIES, Prompt, build_prompts, encode
 from tools.draft.teacher import continuations, padded_batch, teacher_data
+from tools.draft.train_args import parse
 from tools.draft.ttt import SoftTargets, shifted_rows, step_loss, unrolled
 
 
@@ -169,34 +167,7 @@ def agreement_by_family(draft, data, soft, steps: int, batch_tokens: int) -> dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", required=True)
-    ap.add_argument("--target", default=EMBEDDED_DEFAULT)
-    ap.add_argument("--dtype", default="bfloat16", help="the served target's dtype (the teacher)")
-    ap.add_argument("--out", default=SHIPPED)
-    ap.add_argument("--plot", default=os.path.join(run_dir("draft-training"), "draft_training.png"))
-    ap.add_argument("--vocab", type=int, default=8192, help="tokens the draft head covers")
-    ap.add_argument("--topk", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=4, help="training-time test depth")
-    ap.add_argument("--decay", type=float, default=0.8, help="loss weight of step j: decay**j")
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch-tokens", type=int, default=4096)
-    ap.add_argument("--prompt-weight", type=float, default=0.2)
-    ap.add_argument("--eval-per-family", type=int, default=30)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--max-prompt-tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--teacher-only", action="store_true", help="stop after stage 2 (while shards are still generated)")
-    ap.add_argument("--shard", type=int, default=0,
-                    help="with --teacher-only: this process takes shards i %% of == shard")
-    ap.add_argument("--of", type=int, default=1)
-    ap.add_argument("--layers", type=int, help="decoder layers (default: the --init draft's, else 1)")
-    ap.add_argument("--init", help="warm start: a draft saved by this command (its head vocabulary and weights)")
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                    help="bfloat16 autocast for training (AMX; float32 master weights)")
-    args = ap.parse_args()
+    args = parse(__doc__)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
