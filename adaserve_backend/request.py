@@ -118,6 +118,7 @@ class Overloaded(RuntimeError):
 MAX_TENANT_CHARS = 256
 MAX_STOP_WORDS = 16
 MAX_STOP_CHARS = 1000  # per stop string: each one is matched against the output's tail every step
+MAX_STOP_TOKEN_IDS = 256  # each emitted token is looked up among them
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,8 @@ class Request:
                              f"({max_model_len})")
         if any(not 0 <= t < vocab_size for t, _ in self.sampling.logit_bias):
             raise ValueError(f"logit_bias token ids must lie in [0, {vocab_size})")
-        if any(not 0 <= t < vocab_size for t in self.stop_token_ids) or len(self.stop_token_ids) > MAX_STOP_WORDS:
-            raise ValueError(f"stop_token_ids: at most {MAX_STOP_WORDS} token ids in [0, {vocab_size})")
+        if any(not 0 <= t < vocab_size for t in self.stop_token_ids) or len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} token ids in [0, {vocab_size})")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:

@@ -64,10 +64,10 @@ def utf8(text: str, where: str) -> str:
     return text
 
 
-def flag(body: Mapping, name: str) -> bool:
-    v = body.get(name, False)
+def flag(body: Mapping, name: str, default: bool = False) -> bool:
+    v = body.get(name, default)
     if v is None:
-        return False
+        return default
     if not isinstance(v, bool):
         raise bad(name, f"'{name}' must be a boolean, got {v!r}")
     return v

@@ -30,10 +30,9 @@ from .drain import DEFAULT_GRACE_S, Drain, serve
 from .field_readers import OpenAIError, shown
 from .logprobs import Renderer, echo_text
 from .params import Generation, parse
-from .served_prompts import chat_renderer, context_room, served_tokenizer
+from .served_prompts import chat_prompt, chat_renderer, context_room, served_tokenizer
 from .service_tiers import repository_tiers, served_tier, with_tier
 from .tenancy import Tenancy, repository_tenancy
-from .tools import tool_messages
 
 log = logging.getLogger("adaserve.openai")
 MAX_BODY_BYTES = 4 * 2**20  # a prompt past the model's context is refused later anyway; aiohttp answers 413
@@ -170,8 +169,7 @@ class Frontend:
             raise OpenAIError(400, f"this request's {gen.generations} generations (n choices of each prompt) are "
                               f"more than this server runs at once ({self.max_in_flight})", "n")
         self._check_room(gen.generations - 1)
-        prompts = ((self.render_chat(tool_messages(gen.messages, gen.tools)),) if gen.messages is not None
-                   else gen.prompts)
+        prompts = (chat_prompt(self.render_chat, gen),) if gen.messages is not None else gen.prompts
         if not gen.max_tokens_given and self.context_room is not None:
             # a chat that left its length open gets the default or what the context leaves, whichever is
             # less (as OpenAI and vLLM), not a 400 for a long prompt; no room at all is still the engine's 400

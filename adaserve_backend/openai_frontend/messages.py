@@ -4,18 +4,23 @@ a tool result's call id, an assistant's earlier tool calls. Pure."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 
-from .field_readers import bad, utf8
+from .field_readers import bad, flag, utf8
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+CUSTOM_ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")  # any other role: the chat template renders it as it can
 
 
 def chat_message(i: int, m) -> dict:
     """A chat message: its role (developer read as system) and text; a tool result's call id; an
     assistant's earlier tool calls (then its content may be null)."""
     where = f"messages[{i}]"
-    if not isinstance(m, dict) or m.get("role") not in ROLES:
-        raise bad(where, f"{where} needs a role of system, developer, user, assistant or tool")
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not (
+            m["role"] in ROLES or CUSTOM_ROLE.match(m["role"])):
+        raise bad(where, f"{where} needs a role: system, developer, user, assistant, tool, or a name of its own "
+                  "(1-32 letters, digits, _ or -)")
     role = "system" if m["role"] == "developer" else m["role"]
     out = {"role": role}
     if role == "assistant" and m.get("tool_calls"):
@@ -49,3 +54,13 @@ def text_of(content, where: str) -> str:
                                          and isinstance(p.get("text"), str) for p in content):
         return utf8("".join(p["text"] for p in content), where)
     raise bad(where, f"'{where}' must be a string or a list of text parts (images and audio are not supported)")
+
+
+def assistant_prefill(body: Mapping, messages: tuple[dict, ...]) -> dict:
+    """vLLM's add_generation_prompt and continue_final_message: the answer goes on from the last
+    (assistant) message's text instead of starting a new turn."""
+    opened, continued = flag(body, "add_generation_prompt", True), flag(body, "continue_final_message")
+    if continued and (opened or messages[-1]["role"] != "assistant"):
+        raise bad("continue_final_message", "'continue_final_message' continues a last message of role assistant, "
+                  "with 'add_generation_prompt': false")
+    return {"add_generation_prompt": opened, "continue_final_message": continued}

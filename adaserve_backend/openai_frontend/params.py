@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..grammar.spec import GrammarSpec
-from ..request import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_TENANT_CHARS
+from ..request import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_TENANT_CHARS
 from ..request import MAX_STOP_WORDS as MAX_STOP
 from ..slo import SLO
 from .field_readers import bad, flag, integer, number, shown, utf8
-from .messages import chat_message, text_of
+from .messages import assistant_prefill, chat_message, text_of
 from .structured import FIELDS as STRUCTURED
 from .structured import grammar_of
 from .tools import FIELDS as TOOL_FIELDS
@@ -45,7 +45,8 @@ COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "
           "service_tier", *SLO_HEADERS}
 COMMON |= set(STRUCTURED)  # response_format and the other servers' ways of asking for structured output
 KNOWN = {"completions": COMMON | {"prompt", "logprobs", "echo", "best_of"},
-         "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", *TOOL_FIELDS}}
+         "chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", *TOOL_FIELDS,
+                           "add_generation_prompt", "continue_final_message"}}  # vLLM's, for assistant prefill
 
 
 Prompt = str | tuple[int, ...]  # a completion's prompt: text, or token ids sent as they are
@@ -83,6 +84,9 @@ class Generation:
     service_tier: str | None = None  # OpenAI's, served as an SLO class (service_tiers.py)
     grammar: GrammarSpec | None = None  # structured output (structured.py): every token one it allows
     tools: ToolUse | None = None  # chat: the tools the model may (or must) call (tools.py)
+    # chat, as vLLM: the assistant's turn opened after the messages; or the last (assistant) message continued
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @property
     def runs(self) -> int:
@@ -190,6 +194,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
     if max(n, best_of) * len(prompts) > MAX_GENERATIONS:
         raise bad("n", f"n={n} choices (best_of {best_of}) of {len(prompts)} prompts are "
                   f"{max(n, best_of) * len(prompts)} generations; at most {MAX_GENERATIONS} per request")
+    prefill = assistant_prefill(body, messages) if endpoint == "chat" else {}
     grammar, tools = grammar_of(body), tool_use(body) if endpoint == "chat" else None
     if tools is not None:
         grammar = with_tools(tools, grammar)
@@ -197,7 +202,7 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
         raise bad("min_tokens" if body.get("min_tokens") else "ignore_eos",
                   "min_tokens and ignore_eos cannot be combined with structured output: the grammar ends the output")
     return Generation(
-        grammar=grammar, tools=tools, prompts=tuple(prompts), messages=messages,
+        **prefill, grammar=grammar, tools=tools, prompts=tuple(prompts), messages=messages,
         max_tokens=max_tokens, max_tokens_given=max_tokens_given, n=n,
         temperature=number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
         top_p=number(body, "top_p", 1e-9, 1.0, 1.0), top_k=max(0, top_k),
@@ -215,9 +220,9 @@ def parse(body, endpoint: str, headers: Mapping[str, str] | None = None) -> Gene
 
 def _stop_token_ids(body: Mapping) -> tuple[int, ...]:
     raw = body.get("stop_token_ids") or []
-    if not (isinstance(raw, list) and len(raw) <= MAX_STOP and all(
+    if not (isinstance(raw, list) and len(raw) <= MAX_STOP_TOKEN_IDS and all(
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in raw)):
-        raise bad("stop_token_ids", f"'stop_token_ids' must be a list of at most {MAX_STOP} token ids")
+        raise bad("stop_token_ids", f"'stop_token_ids' must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
     return tuple(raw)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from ..chat import encode_prompt
 from .field_readers import bad
+from .tools import tool_messages
 
 
 def served_tokenizer(model_repository: str):
@@ -28,10 +29,21 @@ def chat_renderer(tokenizer) -> Callable[[tuple[dict, ...]], str]:
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit("the served model has no chat template: /v1/chat/completions cannot work")
 
-    def render(messages: tuple[dict, ...]) -> str:
+    def render(messages: tuple[dict, ...], add_generation_prompt: bool = True, continue_final: bool = False) -> str:
         try:
-            return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+            return tokenizer.apply_chat_template(list(messages), tokenize=False, continue_final_message=continue_final,
+                                                 add_generation_prompt=add_generation_prompt)
         except Exception as e:  # a template's raise_exception (roles out of order, say): the client's to fix
             raise bad("messages", f"the model's chat template refused these messages: {e}") from None
 
     return render
+
+
+def chat_prompt(render: Callable[..., str], gen) -> str:
+    """A chat Generation's prompt text: its messages (with its tools, tools.py) in the chat template,
+    its turn opened or its last message continued as it asked."""
+    messages = tool_messages(gen.messages, gen.tools)
+    if gen.add_generation_prompt and not gen.continue_final_message:
+        return render(messages)
+    return render(messages, add_generation_prompt=gen.add_generation_prompt, continue_final=gen.continue_final_message)
+

@@ -146,3 +146,20 @@ def test_stop_token_ids_reach_the_model_or_are_refused():
     with pytest.raises(OpenAIError) as e:
         parse({"model": "m", "prompt": "x", "stop_token_ids": ["a"]}, "completions")
     assert e.value.param == "stop_token_ids"
+
+
+def test_assistant_prefill_and_custom_roles_render_as_the_template_says():
+    from adaserve_backend.openai_frontend.served_prompts import chat_prompt, chat_renderer
+    from tests.unit.test_triton_protocol import tokenizer
+
+    render = chat_renderer(tokenizer())
+    body = {"model": "m", "messages": [{"role": "user", "content": "Name a fruit."},
+                                       {"role": "assistant", "content": "The fruit is"}],
+            "add_generation_prompt": False, "continue_final_message": True}
+    text = chat_prompt(render, parse(body, "chat"))
+    assert text.endswith("The fruit is") and not text.endswith("assistant\n")
+    opened = chat_prompt(render, parse({**body, "add_generation_prompt": True, "continue_final_message": False},
+                                       "chat"))
+    assert opened.endswith("<|im_start|>assistant\n")
+    custom = parse({"model": "m", "messages": [{"role": "narrator", "content": "Once upon a time"}]}, "chat")
+    assert "<|im_start|>narrator\nOnce upon a time" in chat_prompt(render, custom)
