@@ -53,7 +53,7 @@ def timed(kind: str, fn):
 def watch_grammar_time() -> None:
     """Every grammar call the engine makes, timed (the masks of verification and beams, the pruning)."""
     GS = grammar_state.GrammarState
-    for name in ("bitmask", "accept", "child", "tree_masks"):
+    for name in ("bitmask", "accept", "child", "tree_allows"):
         setattr(GS, name, timed(name, getattr(GS, name)))
     verify.masked = timed("apply mask", verify.masked)
     beam.beam_allowed = timed("beam masks", beam.beam_allowed)

@@ -1,11 +1,13 @@
 """Grammars compiled for one model's vocabulary, with xgrammar (docs/structured-output.md says why it and
 not llguidance). Compiling is done where requests come in (Engine.add_request, on the caller's thread),
-never on the engine loop, and cached per grammar: the loop only starts a parse state from the cache."""
+never on the engine loop, and cached per grammar (the most recently used CACHED_GRAMMARS): the loop only
+starts a parse state from the cache."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 import torch
@@ -17,6 +19,7 @@ from .state import Closing, GrammarState, pack
 # is kept within them. Without a bound a small model given digits can write digits to max_tokens.
 SAFE_INTEGER = 2**53 - 1
 BRACKETS, COMMAS, QUOTE = set(b"]} \n"), set(b", "), ord('"')
+CACHED_GRAMMARS = 256  # distinct grammars kept compiled: clients' schemas, without bound, would fill memory
 
 
 class Grammars:
@@ -26,6 +29,7 @@ class Grammars:
         The vocabulary is read on first use (a tokenizer takes a fraction of a second)."""
         self._vocabulary, self.vocab_size, self.stop_ids = vocabulary, vocab_size, sorted(stop_ids)
         self._compiler, self._closing = None, None
+        self._compiled: OrderedDict[GrammarSpec, object] = OrderedDict()  # guarded by _lock
         self._lock = threading.Lock()
 
     def _compiler_now(self):
@@ -37,14 +41,27 @@ class Grammars:
                 info = (xgr.TokenizerInfo(list(v), vocab_size=self.vocab_size, stop_token_ids=self.stop_ids)
                         if isinstance(v, (list, tuple)) else
                         xgr.TokenizerInfo.from_huggingface(v, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids))
-                # one thread: the host's cores are the engine's; the cache keeps every grammar compiled
-                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+                # one thread: the host's cores are the engine's; the one cache is ours (compile)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
                 self._closing = closing_classes(info.decoded_vocab, self.vocab_size, self.stop_ids)
             return self._compiler
 
     def compile(self, spec: GrammarSpec):
         """The compiled grammar (from the cache once compiled); ValueError naming what is wrong with it."""
         compiler = self._compiler_now()
+        with self._lock:
+            if spec in self._compiled:
+                self._compiled.move_to_end(spec)
+                return self._compiled[spec]
+        compiled = self._compile(compiler, spec)  # outside the lock: other requests' grammars compile meanwhile
+        with self._lock:
+            self._compiled[spec] = compiled
+            while len(self._compiled) > CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    @staticmethod
+    def _compile(compiler, spec: GrammarSpec):
         try:
             # JSON without free whitespace (json.dumps' separators): a small model given a choice of
             # whitespace between tokens can pad to max_tokens, and no client needs the padding

@@ -2,7 +2,7 @@
 
 The state has consumed exactly the request's output: each token is fed as it is chosen (verification
 walks an accepted path node by node, so a rejected draft is never fed and nothing rolls back). What
-speculation asks of it is read from copies (`child`) or in one call over a whole tree (`tree_masks`),
+speculation asks of it is read from copies (`child`) or in one call over a whole tree (`tree_allows`),
 which leave it as it is.
 """
 
@@ -94,12 +94,12 @@ class GrammarState:
                 self._narrowed, mask = True, narrowed
         return mask
 
-    def tree_masks(self, tokens: list[int], parents: list[int]) -> tuple[torch.Tensor, list[bool]]:
-        """For a token tree rooted at the last token fed: each node's next-token mask [n, W] and whether
-        the node itself is allowed (its token by its parent's mask, and its parent allowed), in one pass."""
+    def tree_allows(self, tokens: list[int], parents: list[int]) -> list[bool]:
+        """For a token tree rooted at the last token fed: whether each node is allowed (its token by its
+        parent's mask, and its parent allowed), from every node's mask filled in one call."""
         n = len(tokens)
         if self.done:
-            return forbidden(self.vocab_size).expand(n, -1), [True] + [False] * (n - 1)
+            return [True] + [False] * (n - 1)
         first, sibling, last = [-1] * n, [-1] * n, {}
         for i in range(1, n):
             p = parents[i]
@@ -110,8 +110,7 @@ class GrammarState:
             last[p] = i
         masks = torch.zeros(n, self._words, dtype=torch.int32)
         self._matcher.traverse_draft_tree(torch.tensor(first), torch.tensor(sibling), torch.tensor(tokens), masks)
-        bits = allows(masks, tokens, parents)
-        return masks, bits
+        return allows(masks, tokens, parents)
 
 
 def allows(masks: torch.Tensor, tokens: list[int], parents: list[int]) -> list[bool]:
@@ -154,5 +153,5 @@ def allowed(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
 def masked(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Logits [V] or [n, V] with the tokens the mask forbids at -inf (a new tensor)."""
     rows = logits.reshape(-1, logits.shape[-1])
-    keep = allowed(bitmask.expand(rows.shape[0], -1) if bitmask.shape[0] == 1 else bitmask, rows.shape[-1])
+    keep = allowed(bitmask, rows.shape[-1])  # [1, V] broadcasts over the rows
     return rows.masked_fill(~keep.to(rows.device), NEG_INF).reshape(logits.shape)

@@ -56,7 +56,7 @@ def _response_format(value) -> GrammarSpec | bool:
     if kind == "json_object":  # llama.cpp also takes a schema here
         return _schema("response_format.schema", value["schema"]) if value.get("schema") else GrammarSpec(JSON)
     spec = value.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name", ""), str) or "schema" not in spec and not spec:
+    if not isinstance(spec, dict) or not spec or not isinstance(spec.get("name", ""), str):
         raise bad("response_format.json_schema", "'json_schema' must be an object with 'name' and 'schema'")
     if not isinstance(spec.get("strict", False), (bool, type(None))):
         raise bad("response_format.json_schema.strict", "'strict' must be a boolean")

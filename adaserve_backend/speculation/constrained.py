@@ -18,7 +18,7 @@ def prune(seqs: Seqs[Sequence], cands: list[CandidateTree]) -> None:
     """Drop, from each grammar request's candidate tree, the nodes its grammar forbids (and theirs)."""
     for seq, cand in zip(seqs, cands):
         if seq.grammar is not None and len(cand) > 1:
-            _, ok = seq.grammar.tree_masks(cand.tokens, cand.parents)
+            ok = seq.grammar.tree_allows(cand.tokens, cand.parents)
             if not all(ok):
                 keep_nodes(cand, [i for i, good in enumerate(ok) if good])
 

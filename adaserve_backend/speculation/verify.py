@@ -107,15 +107,12 @@ def verify(
                 params = seq.request.sampling
                 last = adjusted(sampling_rows(seq, rows)[-1], params, Counter())[None]
                 top = None if params.adjusts else tops[out.offsets[j + 1] - 1]
-                if seq.grammar is not None:
-                    mask = seq.grammar.bitmask()
-                    top = top if top is not None and allows_token(mask, top) else None
-                    if top is None or not params.greedy or seq.request.logprobs is not None:
-                        last = masked(last, mask)
-                first = choose(seq, last[0], 0, top)
-                if seq.grammar is not None:
-                    seq.grammar.accept(first)
-                first_logprob = logprobs_of(seq, last, [first])
+                if seq.grammar is not None:  # the first token is a one-node walk under the grammar
+                    last = GrammarRows(seq.grammar, last, [top])
+                    first = grammar_choice(seq, last, 0, 0)
+                else:
+                    first = choose(seq, last[0], 0, top)
+                first_logprob = logprobs_of(seq, last[[0]], [first]) if seq.request.logprobs is not None else None
                 first_logprob = first_logprob[0] if first_logprob else None
             result.prefilled.append(Prefilled(seq, n, first, first_logprob, scored))
         except Exception as e:
@@ -134,12 +131,7 @@ def _accept(seq, tree: TokenTree, cand: CandidateTree | None, logits, tops: list
     def target_token_at(node: int) -> int:
         if seq.grammar is None:
             return choose(seq, logits[node], len(seq.output) + depths[node], tops[node])
-        top = logits.top(node)  # a greedy request takes its allowed argmax with no row masked (no min_tokens)
-        token = choose(seq, None if top is not None and seq.request.sampling.greedy else logits[node],
-                       len(seq.output) + depths[node], top)
-        if not seq.grammar.done:  # past its end the request has ended
-            seq.grammar.accept(token)  # the walk goes on below it: the state follows the accepted path
-        return token
+        return grammar_choice(seq, logits, node, len(seq.output) + depths[node])
 
     acc = accept(tree, target_token_at)
     target.commit(seq.seq_id, acc.path)
@@ -173,6 +165,16 @@ class PathRows:
                 n = self.tree.parents[n]
             self.rows[node] = adjusted(self.logits[node], self.seq.request.sampling, counts)
         return self.rows[node]
+
+
+def grammar_choice(seq: Sequence, rows: GrammarRows, node: int, num_output: int) -> int:
+    """The target's token at a node the walk reached, under the grammar, fed to its state (the walk goes on
+    below it). A greedy request takes its allowed argmax with no row masked (no min_tokens with a grammar)."""
+    top = rows.top(node)
+    token = choose(seq, None if top is not None and seq.request.sampling.greedy else rows[node], num_output, top)
+    if not seq.grammar.done:  # past its end the request has ended
+        seq.grammar.accept(token)
+    return token
 
 
 class GrammarRows:

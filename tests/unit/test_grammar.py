@@ -85,7 +85,7 @@ def test_the_drafts_beams_propose_only_tokens_the_grammar_allows():
         cands = propose(plan, max_len)
         for seq, cand in zip(plan.decode, cands):
             if seq.grammar is not None and len(cand) > 1:
-                ok = seq.grammar.tree_masks(cand.tokens, cand.parents)[1]
+                ok = seq.grammar.tree_allows(cand.tokens, cand.parents)
                 # a forbidden node only where a level had no allowed token left (then pruned: prune)
                 seen.append([good or score == FORBIDDEN_SCORE for good, score in zip(ok, cand.scores)])
         return cands
