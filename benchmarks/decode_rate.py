@@ -18,7 +18,6 @@ threads), as benchmarks/prefill_rate.py loads it for R, and freed before any ser
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,33 +63,20 @@ def rate_from_ms(per_seq: int, ms: dict[int, float]) -> dict[str, float]:
 
 
 def measure_decode_rate(repeats: int = 5, context: int = CONTEXT) -> DecodeRate:
-    """Load the served target, time each shape's forward (adaserve_backend.profiler.measure_forward:
-    median of `repeats` after a warm-up, rolled back each time), free the model."""
-    import torch
-
-    from adaserve_backend.config import EngineConfig
-    from adaserve_backend.model_runner import ModelRunner
-    from adaserve_backend.models import load_model
+    """Load the served target (its kernels chosen as the server chooses them), time each shape's forward
+    (adaserve_backend.profiler.measure_forward: median of `repeats` after a warm-up, rolled back each
+    time), free the model."""
     from adaserve_backend.profiler import measure_forward
-    from benchmarks.one_request import ENGINE_JSON
+    from benchmarks.served_target import served_target
     from harness.machine import cpu_model
 
-    cfg = EngineConfig.from_json(str(ENGINE_JSON))
-    threads = torch.get_num_threads()
-    if cfg.threads is not None:  # as the served engine runs (Engine sets the same)
-        torch.set_num_threads(cfg.threads)
-    runner, per_shape = None, {}
-    try:
-        runner = ModelRunner(load_model(cfg.target), cfg.target_cache)
+    per_shape = {}
+    with served_target() as (cfg, runner):
         for per_seq, sizes in shapes(cfg.scheduler.max_num_seqs, cfg.scheduler.token_budget).items():
             sizes = _fitting(runner, sizes, per_seq, context)
             if sizes:
                 per_shape |= rate_from_ms(per_seq, measure_forward(runner, sizes, per_seq, context, repeats,
                                                                    desc=f"decode rate, {per_seq} a sequence"))
-    finally:
-        runner = None  # the weights and the KV cache go before any server starts
-        gc.collect()
-        torch.set_num_threads(threads)
     if not per_shape:
         raise RuntimeError("the served KV cache holds no decode batch to time")
     return DecodeRate(max(per_shape.values()), per_shape, context, cfg.target.dtype, cpu_model())

@@ -10,7 +10,6 @@ measurement takes nothing from them.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,29 +43,16 @@ def rate_from_ms(ms: dict[int, float]) -> dict[int, float]:
 
 
 def measure_prefill_rate(sizes: Sequence[int] = SIZES, repeats: int = 5) -> PrefillRate:
-    """Load the served target, time an n-token prefill for each of `sizes`, free the model."""
-    import torch
-
-    from adaserve_backend.config import EngineConfig
-    from adaserve_backend.model_runner import ModelRunner
-    from adaserve_backend.models import load_model
+    """Load the served target (its kernels chosen as the server chooses them), time an n-token prefill
+    for each of `sizes`, free the model."""
     from benchmarks.forward_latency import measure_prefill
-    from benchmarks.one_request import ENGINE_JSON
+    from benchmarks.served_target import served_target
     from harness.machine import cpu_model
 
-    cfg = EngineConfig.from_json(str(ENGINE_JSON))
-    threads = torch.get_num_threads()
-    if cfg.threads is not None:  # as the served engine runs (Engine sets the same)
-        torch.set_num_threads(cfg.threads)
-    try:
-        runner = ModelRunner(load_model(cfg.target), cfg.target_cache)
+    with served_target() as (cfg, runner):
         if max(sizes) > runner.max_len:
             raise ValueError(f"a {max(sizes)}-token prefill exceeds the served max_model_len {runner.max_len}")
         per_size = rate_from_ms({n: measure_prefill(runner, n, repeats) for n in sizes})
-    finally:
-        runner = None  # the weights and the KV cache go before any server starts
-        gc.collect()
-        torch.set_num_threads(threads)
     return PrefillRate(max(per_size.values()), per_size, cfg.target.dtype, cpu_model())
 
 

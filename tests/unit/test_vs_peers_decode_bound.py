@@ -8,7 +8,9 @@ import math
 
 import pytest
 
+from adaserve_backend.config import EngineConfig
 from benchmarks import decode_rate
+from benchmarks.one_request import ENGINE_JSON
 from benchmarks.vs_peers_levels import build_levels, decode_bound_fields, decode_jobs
 from benchmarks.vs_peers_report import markdown_table, plot
 from benchmarks.vs_peers_windows import aggregate
@@ -89,9 +91,10 @@ def test_the_peak_decode_rate_is_the_fastest_shape_on_the_served_model(monkeypat
 
     import adaserve_backend.model_runner as model_runner
     import adaserve_backend.models as models
+    import adaserve_backend.models.kernel_choice as kernel_choice
     import adaserve_backend.profiler as profiler
 
-    timed = []
+    timed, chosen = [], []
 
     class Blocks:
         num_free_blocks = 24  # room for 24 sequences of one block each
@@ -112,8 +115,12 @@ def test_the_peak_decode_rate_is_the_fastest_shape_on_the_served_model(monkeypat
     monkeypatch.setattr(models, "load_model", lambda cfg: cfg)
     monkeypatch.setattr(model_runner, "ModelRunner", Runner)
     monkeypatch.setattr(profiler, "measure_forward", measure_forward)
+    monkeypatch.setattr(kernel_choice, "apply", lambda model, config: chosen.append((model, config)))
     threads = torch.get_num_threads()
     rate = decode_rate.measure_decode_rate(repeats=1)
+    # timed with the kernels the server would choose on this machine, not the default one
+    served = EngineConfig.from_json(str(ENGINE_JSON))
+    assert chosen == [(served.target, served.kernels)]
     # engine.json: max_num_seqs 32, token_budget 256; the cache holds 24 sequences, so 32 and 32x8 go
     assert timed == [(1, [1, 8, 16], decode_rate.CONTEXT), (8, [8, 64, 128], decode_rate.CONTEXT)]
     assert set(rate.per_shape) == {"1x1", "8x1", "16x1", "1x8", "8x8", "16x8"}
