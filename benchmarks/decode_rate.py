@@ -67,16 +67,19 @@ def measure_decode_rate(repeats: int = 5, context: int = CONTEXT) -> DecodeRate:
     (adaserve_backend.profiler.measure_forward: median of `repeats` after a warm-up, rolled back each
     time), free the model."""
     from adaserve_backend.profiler import measure_forward
-    from benchmarks.served_target import served_target
+    from benchmarks.served_target import on_served_target
     from harness.machine import cpu_model
 
-    per_shape = {}
-    with served_target() as (cfg, runner):
+    def measure(cfg, runner) -> dict[str, float]:
+        per_shape = {}
         for per_seq, sizes in shapes(cfg.scheduler.max_num_seqs, cfg.scheduler.token_budget).items():
             sizes = _fitting(runner, sizes, per_seq, context)
             if sizes:
                 per_shape |= rate_from_ms(per_seq, measure_forward(runner, sizes, per_seq, context, repeats,
                                                                    desc=f"decode rate, {per_seq} a sequence"))
+        return per_shape
+
+    cfg, per_shape = on_served_target(measure)
     if not per_shape:
         raise RuntimeError("the served KV cache holds no decode batch to time")
     return DecodeRate(max(per_shape.values()), per_shape, context, cfg.target.dtype, cpu_model())

@@ -46,13 +46,15 @@ def measure_prefill_rate(sizes: Sequence[int] = SIZES, repeats: int = 5) -> Pref
     """Load the served target (its kernels chosen as the server chooses them), time an n-token prefill
     for each of `sizes`, free the model."""
     from benchmarks.forward_latency import measure_prefill
-    from benchmarks.served_target import served_target
+    from benchmarks.served_target import on_served_target
     from harness.machine import cpu_model
 
-    with served_target() as (cfg, runner):
+    def measure(cfg, runner) -> dict[int, float]:
         if max(sizes) > runner.max_len:
             raise ValueError(f"a {max(sizes)}-token prefill exceeds the served max_model_len {runner.max_len}")
-        per_size = rate_from_ms({n: measure_prefill(runner, n, repeats) for n in sizes})
+        return rate_from_ms({n: measure_prefill(runner, n, repeats) for n in sizes})
+
+    cfg, per_size = on_served_target(measure)
     return PrefillRate(max(per_size.values()), per_size, cfg.target.dtype, cpu_model())
 
 

@@ -6,15 +6,17 @@ and a bound computed from it describes another machine."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-@contextlib.contextmanager
-def served_target() -> Iterator[tuple[object, object]]:
-    """(EngineConfig, ModelRunner) of the served target; on exit the model is freed and the threads and
-    the kernel choice are as they were, so nothing measured here stays with the process."""
+def on_served_target(measure: Callable[[object, object], T]) -> tuple[object, T]:
+    """(EngineConfig, measure(EngineConfig, ModelRunner)) for the served target. The model lives only
+    while `measure` runs: on return it is freed, before any server starts, and the threads and the kernel
+    choice are as they were, so nothing measured here stays with the process."""
     import torch
 
     from adaserve_backend.config import EngineConfig
@@ -30,16 +32,15 @@ def served_target() -> Iterator[tuple[object, object]]:
     before = ops.kernel_choice() if ops is not None else None
     if cfg.threads is not None:  # as the served engine runs (Engine sets the same)
         torch.set_num_threads(cfg.threads)
-    runner = None
     try:
         model = load_model(cfg.target)
         if on_cpu(cfg.target.device):
             choose_kernels(model, cfg.kernels)
-        runner = ModelRunner(model, cfg.target_cache)
-        yield cfg, runner
+        result = measure(cfg, ModelRunner(model, cfg.target_cache))
     finally:
-        runner = model = None  # the weights and the KV cache go before any server starts
+        model = None  # the weights and the KV cache go before any server starts
         gc.collect()
         torch.set_num_threads(threads)
         if before is not None:
             ops.set_kernel_choice(*before)
+    return cfg, result
