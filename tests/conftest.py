@@ -24,3 +24,20 @@ def checkpoint_root(tmp_path_factory):
 
     model_fixtures.CHECKPOINT_ROOT = tmp_path_factory.mktemp("checkpoints")
     yield model_fixtures.CHECKPOINT_ROOT
+
+
+@pytest.fixture(autouse=True)
+def default_kernel_choice():
+    """Every engine sets which CPU kernel serves bfloat16 products for the whole process
+    (models/kernel_choice.py). Where AMX tiles win, that choice outlived the test that made it, and a
+    later test comparing two kernels' bits (the quantized blocks against the pair kernel) saw AMX
+    instead: each test starts from the default, wherever an earlier one loaded the kernels."""
+    yield
+    import sys
+
+    linear = sys.modules.get("adaserve_backend.models.linear")
+    ops = linear.kernels() if linear is not None else None
+    if ops is not None:
+        from adaserve_backend.models.kernel_choice import DEFAULT
+
+        ops.set_kernel_choice(DEFAULT.pair_rows, DEFAULT.amx)

@@ -55,14 +55,8 @@ def test_config_rejects_what_it_does_not_know():
         KernelConfig(batch_invariant="yes")
 
 
-@pytest.fixture
-def restored():
-    yield
-    ops.set_kernel_choice(ALL_ROWS, False)
-
-
 @needs_pairs
-def test_a_rows_numbers_do_not_depend_on_the_rows_beside_it(restored):
+def test_a_rows_numbers_do_not_depend_on_the_rows_beside_it():
     """Under every batch-invariant plan this CPU offers, row i of a 200-row product (a prefill's shape) is
     bit for bit the same row alone, inside a 5-row and inside a 37-row one (a tree's): the AMX kernel
     tiles those three differently. An odd number of column blocks leaves a remainder group."""
@@ -83,7 +77,7 @@ def test_a_rows_numbers_do_not_depend_on_the_rows_beside_it(restored):
 
 
 @needs_pairs
-def test_apply_measures_and_sets_the_choice_for_the_process(restored):
+def test_apply_measures_and_sets_the_choice_for_the_process():
     model = our_model(tiny_checkpoint("llama"), "bfloat16")
     choice = kernel_choice.apply(model, KernelConfig())
     assert choice is not None and set(choice.timings) >= {"pairs", "onednn"}
