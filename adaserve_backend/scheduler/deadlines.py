@@ -8,7 +8,7 @@ Pure functions over sequences and the estimator's predictions, so the scheduler 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -121,10 +121,30 @@ def tokens_behind(seq: Sequence, prefilling: Iterable[Sequence]) -> int:
     return sum(prefill_left(s) for s in prefilling if edf_key(s) > key)
 
 
-def urgent_chunk(prefilling: list[Sequence], now: float, t_iter_s: float) -> int:
-    """The smallest per-iteration prefill chunk with which every prefilling request (in EDF order) that
-    still has a deadline completes its prompt before it, iterations taking `t_iter_s`. Prefill pacing
-    protects the decoding requests' TPOT; this is the floor under it that protects first tokens."""
+def urgent_chunk(prefilling: list[Sequence], now: float, iteration_s: Callable[[int], float], cap: int) -> int:
+    """The smallest per-iteration prefill chunk c <= cap with which every prefilling request (in EDF
+    order) that still has a deadline completes its prompt before it, iterations carrying c taking
+    `iteration_s(c)`; where even `cap` is not enough, what is needed at that chunk's iteration time
+    (more than `cap`). Prefill pacing protects the decoding requests' TPOT; this is the floor under it
+    that protects first tokens. Priced at the chunk it asks for, not at a full one: a full chunk's long
+    iterations fit few times before a deadline, so asking for it at that price left the prompts alone
+    until the last iterations and then carried them whole, stalling every stream for a full chunk's
+    time; priced at what it asks, the need spreads over the iterations before the deadline."""
+    at_cap = _deadlines_need(prefilling, now, iteration_s(cap))
+    if at_cap > cap:
+        return at_cap
+    lo, hi = 0, cap  # c / iteration_s(c) grows with c: the smallest c that suffices
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _deadlines_need(prefilling, now, iteration_s(mid)) <= mid:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _deadlines_need(prefilling: list[Sequence], now: float, t_iter_s: float) -> int:
+    """The per-iteration chunk the deadlines need, iterations taking `t_iter_s`."""
     need, through = 0, 0
     for seq in sorted(prefilling, key=edf_key):
         through += prefill_left(seq)

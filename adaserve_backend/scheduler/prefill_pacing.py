@@ -57,7 +57,7 @@ def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, 
     budget = _prefill_budget(prefill, decode, depth, width, now, est, full, spare_decodes, eager)
     if not within_tpot or not decode:
         return budget
-    urgent = min(urgent_chunk(prefill, now, est.prefill_iteration_s(len(decode), full)), full)
+    urgent = min(urgent_chunk(prefill, now, lambda chunk: est.prefill_iteration_s(len(decode), chunk), full), full)
     return max(min(budget, chunk_within_tpot(decode, depth, width, est, full)), urgent)
 
 
@@ -86,8 +86,7 @@ def _prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int,
     if eager:
         paced = paced_prefill(decode, depth, width, now, est, full)
         return max(paced, spared_prefill(decode, depth, width, now, est, full))
-    t_iter = est.prefill_iteration_s(len(decode), full)
-    urgent = min(urgent_chunk(prefill, now, t_iter), full)
+    urgent = min(urgent_chunk(prefill, now, lambda chunk: est.prefill_iteration_s(len(decode), chunk), full), full)
     if spare_decodes:
         urgent = min(urgent, spared_prefill(decode, depth, width, now, est, full))
     return max(paced_prefill(decode, depth, width, now, est, full), urgent)

@@ -178,8 +178,11 @@ def test_first_tokens_set_a_floor_under_prefill_pacing():
     a = Sequence.start(Request("a", [5] * 300), 1, SLO(100.0, 1000.0), now, frozenset())
     b = Sequence.start(Request("b", [5] * 100), 2, SLO(100.0, 1000.0), now - 0.5, frozenset())
     # b is due at +0.5 s (5 iterations of 0.1 s: 20 tokens each), a at +1.0 s behind b (400 in 10: 40)
-    assert urgent_chunk([a, b], now, 0.1) == 40
-    assert urgent_chunk([a], now + 2.0, 0.1) == 300  # late already: all of it now
+    assert urgent_chunk([a, b], now, lambda chunk: 0.1, 256) == 40
+    assert urgent_chunk([a], now + 2.0, lambda chunk: 0.1, 256) == 300  # late already: all of it now
+    # priced at the chunk it asks for (10 ms and 0.25 ms a token): 88 iterations of 5 tokens fit before
+    # a's deadline, so 5 tokens an iteration do; priced at a full chunk's 74 ms, 13 fit and it asked 31
+    assert urgent_chunk([a, b], now, lambda chunk: 0.01 + chunk / 4000, 256) == 5
     est = steep_estimator()
     assert math.isclose(est.first_token_s(0, 600, 256), 2 * est.prefill_iteration_s(0, 256)
                         + est.prefill_iteration_s(0, 88))

@@ -184,7 +184,7 @@ def test_slo_paced_prefill_follows_the_least_slack():
 
 
 def test_first_tokens_take_decoding_slack_only_as_far_as_decodes_still_make_their_targets():
-    """A prompt due in 3 s needs large chunks; beside a decoding request 52 ms ahead of its target
+    """A prompt due in 1.7 s needs large chunks; beside a decoding request 52 ms ahead of its target
     with no tokens left to win time back, the deadline overrides pacing unless spare_decodes; with
     many tokens left (decoding well under its target) the deadline gets its chunk either way."""
     est = steep_estimator()
@@ -195,7 +195,7 @@ def test_first_tokens_take_decoding_slack_only_as_far_as_decodes_still_make_thei
         d = running(sched, seq(100, max_tokens=max_tokens))[0]
         decoding(d, 10, 1.1 - t_iter - 0.052)
         req = Request(f"r{next(_ids)}", [5] * 300, max_tokens=10)
-        p = Sequence(req, next(_ids), SLO(tpot_ms=100, ttft_ms=3000), START, frozenset(), None, 300)
+        p = Sequence(req, next(_ids), SLO(tpot_ms=100, ttft_ms=1700), START, frozenset(), None, 300)
         sched.add(p)
         plan = sched.schedule(START)
         assert plan.decode == [d]
