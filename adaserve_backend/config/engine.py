@@ -136,13 +136,22 @@ class StreamingConfig:
       Every response costs CPU in the server, the gRPC frontend and the client (through the ensemble,
       twice), which on a 2-core machine comes out of the engine's step (see serving/coalesce.py). 0
       sends each iteration's tokens at once (vLLM's `--stream-interval 1`).
+    pace: a streamed request with a TPOT target, called directly (not through the ensemble, whose two
+      hops a response would make every response cost twice), gets one response per token, each an
+      interval after the previous one at the pace its tokens are made, held at most 0.9 of its target
+      (serving/pacing.py): the gaps a client measures between responses stay near its time per token
+      through speculation's bursts and the longer iterations that carry prefill chunks, in place of
+      max_hold_ms for it. False: its tokens leave as max_hold_ms says.
     """
 
     max_hold_ms: float = 0.0
+    pace: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_hold_ms) and self.max_hold_ms >= 0):
             raise ValueError(f"streaming.max_hold_ms must be a number of ms >= 0, got {self.max_hold_ms}")
+        if not isinstance(self.pace, bool):
+            raise ValueError(f"streaming.pace must be true or false, got {self.pace!r}")
 
 
 @dataclass(frozen=True)

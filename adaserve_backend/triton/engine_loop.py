@@ -23,6 +23,7 @@ from ..serving.coalesce import must_send, next_step_estimate
 from ..serving.detokenize import Rendered, StreamState, text_delta
 from ..serving.engine_thread import EngineHooks, EngineThread, Step
 from ..serving.errors import SHUTTING_DOWN, ErrorKind, output_error
+from ..serving.pacing import StreamPace
 from ..slo import BEST_EFFORT, attains, attains_ttft, tpot_seconds
 from . import exit_watchdog
 from .cancellation import CancellationWatcher
@@ -53,6 +54,7 @@ class Active:
     logprobs: list = field(default_factory=list)  # the made tokens' TokenLogprobs not sent yet, in order
     wants_logprobs: bool = False
     prompt_logprobs: list | None = None  # the prompt's, until a response carries them
+    pace: StreamPace | None = None  # a paced stream's timing (StreamingConfig.pace), from its first output
 
 
 class TritonEngineLoop(EngineHooks):
@@ -68,6 +70,7 @@ class TritonEngineLoop(EngineHooks):
         # a request that gave its targets as numbers equal to a class's is counted under that class
         self.class_of_targets = {(c.tpot_ms, c.ttft_ms): c.name for c in config.scheduler.slo_classes}
         self.max_hold_ms = config.streaming.max_hold_ms
+        self.pace = config.streaming.pace
         self.drain_grace_s = config.drain.grace_s
         self.stop_seen_at: float | None = None  # when the server's stop was first seen (the grace counts from it)
         self.next_step_s: float | None = None
@@ -194,6 +197,9 @@ class TritonEngineLoop(EngineHooks):
         if out.prompt_logprobs is not None:
             a.prompt_logprobs = out.prompt_logprobs
         if a.options.stream:
+            if self._paces(a, out):
+                self._send_paced(a, out)
+                return
             if self._holds(a, out):
                 a.stream.hold(out.new_token_ids)
                 a.held_since, a.last = a.held_since or out.emit_time, out
@@ -210,7 +216,23 @@ class TritonEngineLoop(EngineHooks):
             rendered = Rendered([], ids, text_delta(self.tokenizer, [], ids))
         self._send(a, out, rendered)
 
-    def _send(self, a: Active, out: RequestOutput, rendered: Rendered) -> None:
+    def _paces(self, a: Active, out: RequestOutput) -> bool:
+        """StreamingConfig.pace: a direct caller's stream with a TPOT target, until its last output."""
+        if a.pace is None and self.pace and a.watched and out.slo.tpot_s is not None:
+            a.pace = StreamPace.for_target(out.slo.tpot_s)
+        return a.pace is not None and not out.finished
+
+    def _send_paced(self, a: Active, out: RequestOutput) -> None:
+        """One response per token that renders text, each leaving at its time (serving/pacing.py), each
+        counting the output tokens sent through it."""
+        pieces = [r for t in out.new_token_ids if (r := a.stream.push(self.tokenizer, [t], final=False))]
+        times = a.pace.release_times(time.monotonic(), len(pieces), len(out.new_token_ids))
+        counted = out.num_output_tokens - len(a.stream.held) - sum(len(r.ids) for r in pieces)
+        for rendered, at in zip(pieces, times):
+            counted += len(rendered.ids)
+            self._send(a, replace(out, num_output_tokens=counted), rendered, at)
+
+    def _send(self, a: Active, out: RequestOutput, rendered: Rendered, at: float | None = None) -> None:
         logprobs = None
         if a.wants_logprobs:  # those of the output tokens this response carries, in order
             n = len(rendered.ids) if a.options.stream else len(a.output_ids)
@@ -219,7 +241,7 @@ class TritonEngineLoop(EngineHooks):
             out, a.prompt_logprobs = replace(out, prompt_logprobs=a.prompt_logprobs), None
         tensors = response_tensors(out, a.options, rendered, self.clock_offset_ns, logprobs, a.prompt_ids)
         self.responses.send(a.sender, reply(self.pb, (self.pb.Tensor(k, v) for k, v in tensors.items())),
-                            final=out.finished)
+                            final=out.finished, at=at)
 
     def _holds(self, a: Active, out: RequestOutput) -> bool:
         """Coalescing (StreamingConfig.max_hold_ms): never the first visible token nor the last."""

@@ -83,6 +83,9 @@ def test_streaming_hold_is_optional_and_checked():
     for bad in (-1, float("nan")):
         with pytest.raises(ValueError, match="max_hold_ms"):
             EngineConfig.from_dict({"streaming": {"max_hold_ms": bad}})
+    assert EngineConfig.from_dict({}).streaming.pace is False
+    with pytest.raises(ValueError, match="streaming.pace"):
+        EngineConfig.from_dict({"streaming": {"pace": "yes"}})
 
 
 def test_the_calibration_pool_is_checked_and_the_served_engine_pools():

@@ -228,6 +228,7 @@ def test_the_engine_is_built_on_its_loop_thread_and_a_failed_build_fails_initial
 def test_coalesced_streaming_sends_the_same_tokens_in_fewer_responses_the_first_at_once():
     engine = make_engine(tiny_checkpoint("llama"), None, "continuous", tokenizer=Detok())  # one token per step
     loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=engine)
+    loop.pace = False  # a paced stream is not coalesced (test_a_paced_stream_...)
 
     def stream(prompt):
         r = request(prompt, 60, stream=[True], min_tokens=[60])
@@ -243,6 +244,33 @@ def test_coalesced_streaming_sends_the_same_tokens_in_fewer_responses_the_first_
     loop.shutdown()
     assert ids_of(held) == ids_of(plain) and len(ids_of(held)) == 60
     assert len(plain.sender.sent) == 60 and sizes[0] == 1 and len(sizes) < 60
+
+
+def test_a_paced_stream_sends_each_token_in_its_own_response_counted_and_the_same_tokens():
+    """StreamingConfig.pace: a stream with a TPOT target gets one response per token (the target drafts
+    for itself here, so every step accepts several), each counting the tokens sent through it, until
+    its last step's, which leave at once; the tokens are those of the plain stream."""
+    target = tiny_checkpoint("llama")
+    loop = TritonEngineLoop(fake_pb, REPO_MODEL, engine=make_engine(target, target, "adaserve", tokenizer=Detok()))
+
+    def stream(**slo):
+        r = request([5, 6, 7], 40, stream=[True], min_tokens=[40], return_num_output_tokens=[True], **slo)
+        loop.submit(r)
+        wait(r)
+        return r
+
+    try:
+        loop.pace = True
+        best_effort = stream()  # no TPOT target: not paced
+        paced = stream(tpot_slo_ms=np.float32([1e4]), ttft_slo_ms=np.float32([1e7]))
+    finally:
+        loop.shutdown()
+    counts = [int(resp.tensors()["num_output_tokens"][0]) for resp, _ in paced.sender.sent]
+    assert ids_of(paced) == ids_of(best_effort) and len(ids_of(paced)) == 40
+    assert len(best_effort.sender.sent) < 40  # speculation: several tokens a step
+    # one token a response, but the last: the final step's tokens leave together, at once
+    assert counts[:-1] == list(range(1, len(counts))) and counts[-1] == 40
+    assert [f for _, f in paced.sender.sent].count(fake_pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL) == 1
 
 
 class LoopKilled(BaseException):
