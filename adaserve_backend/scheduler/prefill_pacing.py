@@ -57,8 +57,14 @@ def prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int, 
     budget = _prefill_budget(prefill, decode, depth, width, now, est, full, spare_decodes, eager)
     if not within_tpot or not decode:
         return budget
-    urgent = min(urgent_chunk(prefill, now, lambda chunk: est.prefill_iteration_s(len(decode), chunk), full), full)
+    urgent = deadlines_floor(prefill, len(decode), now, est, full)
     return max(min(budget, chunk_within_tpot(decode, depth, width, est, full)), urgent)
+
+
+def deadlines_floor(prefill: list[Sequence], n_decode: int, now: float, est: Estimator, full: int) -> int:
+    """What first-token deadlines need this iteration (urgent_chunk), each chunk priced beside `n_decode`
+    decoding requests, at most `full`."""
+    return min(urgent_chunk(prefill, now, lambda chunk: est.prefill_iteration_s(n_decode, chunk), full), full)
 
 
 def chunk_within_tpot(decode: list[Sequence], depth: int, width: int, est: Estimator, cap: int) -> int:
@@ -86,7 +92,7 @@ def _prefill_budget(prefill: list[Sequence], decode: list[Sequence], depth: int,
     if eager:
         paced = paced_prefill(decode, depth, width, now, est, full)
         return max(paced, spared_prefill(decode, depth, width, now, est, full))
-    urgent = min(urgent_chunk(prefill, now, lambda chunk: est.prefill_iteration_s(len(decode), chunk), full), full)
+    urgent = deadlines_floor(prefill, len(decode), now, est, full)
     if spare_decodes:
         urgent = min(urgent, spared_prefill(decode, depth, width, now, est, full))
     return max(paced_prefill(decode, depth, width, now, est, full), urgent)

@@ -84,10 +84,12 @@ class SendThread:
                 if at is not None and at > time.monotonic():
                     heapq.heappush(waiting, (at, next(order), sender, response, flags))
                 else:  # after what waits for the same request
-                    for entry in sorted(e for e in waiting if e[2] is sender):
-                        waiting.remove(entry)
+                    before = sorted(e for e in waiting if e[2] is sender)
+                    if before:
+                        waiting = [e for e in waiting if e[2] is not sender]
+                        heapq.heapify(waiting)
+                    for entry in before:
                         self._deliver(*entry[2:])
-                    heapq.heapify(waiting)
                     self._deliver(sender, response, flags)
             now = time.monotonic()
             while waiting and waiting[0][0] <= now:
